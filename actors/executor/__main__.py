@@ -1,0 +1,4 @@
+from actors.executor.actor import ExecutorActor
+from kernel.actor import main
+
+main(ExecutorActor)

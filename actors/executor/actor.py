@@ -1,0 +1,97 @@
+"""The executor actor: owns the model, the KV pool and the running batch, and steps it.
+
+It runs decode steps back to back on its own. Commands from the scheduler are queued as they
+arrive and applied between steps, while the model runs in a worker thread, so the bus never
+sits between two steps. Each step publishes one `StepOutput` with every sequence's new tokens.
+"""
+
+import asyncio
+import uuid
+
+from actors.executor.running_batch import RunningBatch
+from gpu.runner import ModelRunner
+from kernel.actor import Actor
+from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
+
+
+def pick_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class ExecutorActor(Actor):
+    """Runs the model: steps the running batch and publishes each step's tokens."""
+
+    name = "executor"
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.executor_id = uuid.uuid4().hex[:12]
+        self.runner = await asyncio.to_thread(
+            ModelRunner, cfg.model, device=pick_device(cfg.device), dtype=cfg.dtype,
+            num_kv_blocks=cfg.num_kv_blocks, block_size=cfg.block_size,
+        )
+        pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
+        self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
+        self.batch = RunningBatch(self.runner.block_size, self.max_model_len, self.runner.eos_token_ids)
+        self.scheduler_id: str | None = None
+        self.pending: list[Commands] = []
+        self.work = asyncio.Event()
+        self.step_count = 0
+        await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
+        await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
+        await self.bus.publish(self.subjects.executor_info, self.info())
+        self.spawn(self._step_loop(), "step_loop")
+        self.log.info("model_loaded", model=cfg.model, blocks=self.runner.num_kv_blocks,
+                      max_model_len=self.max_model_len, device=str(self.runner.device), dtype=str(self.runner.dtype))
+
+    def info(self) -> ExecutorInfo:
+        return ExecutorInfo(
+            executor_id=self.executor_id,
+            num_blocks=self.runner.num_kv_blocks,
+            block_size=self.runner.block_size,
+            max_model_len=self.max_model_len,
+            vocab_size=self.runner.vocab_size,
+            device=str(self.runner.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+        )
+
+    async def _on_describe(self, _message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
+        return self.info()
+
+    async def _on_commands(self, message: Commands, _reply_to: str | None) -> None:
+        self.pending.append(message)
+        self.work.set()
+
+    def _apply_pending(self) -> None:
+        for message in self.pending:
+            if message.scheduler_id != self.scheduler_id:
+                # A restarted scheduler resubmits what it wants; what the old one started is stale.
+                if self.scheduler_id is not None:
+                    self.batch.drop_all()
+                self.scheduler_id = message.scheduler_id
+            for command in message.commands:
+                self.batch.apply(command)
+        self.pending.clear()
+
+    async def _step_loop(self) -> None:
+        while True:
+            await self.work.wait()
+            self.work.clear()
+            self._apply_pending()
+            inputs, plan = self.batch.plan_step(self.config.max_prefill_tokens)
+            updates = []
+            if inputs:
+                tokens = await asyncio.to_thread(self.runner.step, inputs)
+                updates = self.batch.book(plan, tokens)
+            dropped = self.batch.take_dropped()
+            if updates or dropped:
+                self.step_count += 1
+                await self.bus.publish(
+                    self.subjects.step_outputs, StepOutput(self.executor_id, self.step_count, updates, dropped)
+                )
+            if inputs and len(self.batch):
+                self.work.set()  # keep stepping; a batch that cannot move waits for the next grant

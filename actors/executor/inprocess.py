@@ -1,0 +1,67 @@
+"""The scheduler's batcher and the executor's batch driven in one process, with no bus between.
+
+The same plain objects the actors wrap, stepped in a loop: the reference that tests compare the
+actor system against, and the in-process path the benchmark measures.
+"""
+
+from collections.abc import Callable
+
+from actors.executor.running_batch import RunningBatch
+from actors.scheduler.batching import ContinuousBatcher
+from gpu.runner import ModelRunner
+from schemas.errors import Error
+from schemas.generate import SamplingParams
+from schemas.step import Commands, StepOutput
+
+
+class InProcessEngine:
+    def __init__(self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048) -> None:
+        self.runner = runner
+        self.max_prefill_tokens = max_prefill_tokens
+        max_len = min(runner.max_model_len, runner.num_kv_blocks * runner.block_size)
+        self.batcher = ContinuousBatcher(
+            runner.num_kv_blocks, runner.block_size, max_len, runner.vocab_size, max_num_seqs, max_prefill_tokens
+        )
+        self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids)
+        self.outputs: dict[str, list[int]] = {}
+        self.finish_reasons: dict[str, str] = {}
+        self.steps = 0
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Error | None:
+        error = self.batcher.submit(request_id, prompt_ids, params, origin="in-process")
+        if error is None:
+            self.outputs[request_id] = []
+        return error
+
+    def abort(self, request_id: str) -> None:
+        self.batcher.abort(request_id)
+
+    def step(self) -> StepOutput:
+        """One scheduling round and one model step, as the two actors would do them."""
+        for command in self.batcher.schedule():
+            self.batch.apply(command)
+        inputs, plan = self.batch.plan_step(self.max_prefill_tokens)
+        updates = self.batch.book(plan, self.runner.step(inputs)) if inputs else []
+        self.steps += 1
+        output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())
+        self.batcher.on_step(output)
+        for update in updates:
+            if update.request_id in self.outputs:
+                self.outputs[update.request_id] += update.token_ids
+            if update.finish_reason:
+                self.finish_reasons[update.request_id] = update.finish_reason
+        return output
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.batcher.sequences)
+
+    def run(self, before_step: Callable[[int], None] | None = None, max_steps: int = 100_000) -> None:
+        """Steps until every request has finished; `before_step(i)` may submit more on the way."""
+        for i in range(max_steps):
+            if before_step:
+                before_step(i)
+            if not self.busy:
+                return
+            self.step()
+        raise RuntimeError(f"requests still running after {max_steps} steps")

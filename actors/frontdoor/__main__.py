@@ -1,0 +1,4 @@
+from actors.frontdoor.actor import FrontdoorActor
+from kernel.actor import main
+
+main(FrontdoorActor)

@@ -1,0 +1,129 @@
+"""The HTTP front door: OpenAI-compatible routes, the native `/generate`, and `/health`.
+
+Handlers parse with `openai_protocol`, run the request through the pipeline, and write either
+one JSON body or a stream of server-sent events. A client that goes away mid-request cancels
+its handler (or fails its next write), and closing the stream aborts the request downstream.
+"""
+
+import json
+import time
+
+import structlog
+from aiohttp import web
+
+from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor.pipeline import RequestPipeline, RequestStream
+from schemas.errors import Error
+
+log = structlog.get_logger()
+
+
+def error_response(error: Error) -> web.Response:
+    return web.json_response(protocol.error_body(error), status=error.http_status)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler):
+    """aiohttp's own errors (unknown route, wrong method, body too large) in OpenAI's error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 413: "payload_too_large"}.get(exc.status, "invalid_request")
+        return web.json_response(protocol.error_body(Error(code, exc.reason)), status=exc.status)
+
+
+class HttpApi:
+    def __init__(self, pipeline: RequestPipeline, model_name: str) -> None:
+        self.pipeline = pipeline
+        self.model_name = model_name
+        self.created = int(time.time())
+
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[errors_as_json])
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/generate", self.generate)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(protocol.models_response(self.model_name, self.created))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, protocol.parse_chat_request(await request.read(), self.model_name))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, protocol.parse_completion_request(await request.read(), self.model_name))
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, protocol.parse_generate_request(await request.read()))
+
+    async def _serve(self, request: web.Request, parsed: protocol.ParsedRequest | Error) -> web.StreamResponse:
+        if isinstance(parsed, Error):
+            return error_response(parsed)
+        stream = await self.pipeline.submit(parsed.request)
+        if isinstance(stream, Error):
+            return error_response(stream)
+        try:
+            if parsed.request.stream:
+                return await self._stream_events(request, parsed, stream)
+            return await self._whole_response(parsed, stream)
+        finally:
+            await stream.close()
+
+    async def _whole_response(self, parsed: protocol.ParsedRequest, stream: RequestStream) -> web.Response:
+        text, token_ids = [], []
+        async for output in stream:
+            if output.error:
+                return error_response(output.error)
+            text.append(output.text)
+            token_ids += output.token_ids
+            if output.finish_reason:
+                body = self._final_body(parsed.kind, stream, "".join(text), token_ids, output.finish_reason, output.completion_tokens)
+                return web.json_response(body)
+        raise AssertionError("a request stream ends with a finish_reason")
+
+    def _final_body(self, kind: str, stream: RequestStream, text: str, token_ids: list[int], finish: str, completion_tokens: int) -> dict:
+        args = (stream.request_id, self.model_name, self.created, text, finish, len(stream.prompt_ids), completion_tokens)
+        if kind == "chat":
+            return protocol.chat_completion_response(*args)
+        if kind == "completion":
+            return protocol.completion_response(*args)
+        return {
+            "request_id": stream.request_id, "text": text, "token_ids": token_ids, "finish_reason": finish,
+            "prompt_tokens": len(stream.prompt_ids), "completion_tokens": completion_tokens,
+        }
+
+    async def _stream_events(self, request: web.Request, parsed: protocol.ParsedRequest, stream: RequestStream) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        kind, rid, model, created = parsed.kind, stream.request_id, self.model_name, self.created
+        if kind == "chat":
+            await response.write(protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant")))
+        async for output in stream:
+            if output.error:
+                await response.write(protocol.sse_event(protocol.error_body(output.error)))
+                break
+            if output.text or output.finish_reason or (kind == "generate" and output.token_ids):
+                await response.write(protocol.sse_event(self._chunk(kind, stream, output)))
+            if output.finish_reason and parsed.include_usage_in_stream:
+                usage = protocol.usage_chunk(kind, rid, model, created, len(stream.prompt_ids), output.completion_tokens)
+                await response.write(protocol.sse_event(usage))
+        await response.write(protocol.SSE_DONE)
+        await response.write_eof()
+        return response
+
+    def _chunk(self, kind: str, stream: RequestStream, output) -> dict:
+        rid, model, created = stream.request_id, self.model_name, self.created
+        if kind == "chat":
+            return protocol.chat_chunk(rid, model, created, delta_text=output.text, finish_reason=output.finish_reason)
+        if kind == "completion":
+            return protocol.completion_chunk(rid, model, created, output.text, output.finish_reason)
+        return {"request_id": rid, "text": output.text, "token_ids": output.token_ids,
+                "finish_reason": output.finish_reason, "completion_tokens": output.completion_tokens}

@@ -1,0 +1,4 @@
+from actors.scheduler.actor import SchedulerActor
+from kernel.actor import main
+
+main(SchedulerActor)

@@ -1,0 +1,90 @@
+"""The scheduler actor: owns the request table, the queue, the running batch and the KV block ids.
+
+It wraps a `ContinuousBatcher`: submits, aborts and step outputs go in, executor commands come
+out, published as one message per scheduling round without waiting for a reply.
+"""
+
+import asyncio
+import uuid
+
+from actors.scheduler.batching import ContinuousBatcher
+from kernel.actor import Actor
+from schemas.errors import Error
+from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
+from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
+
+DESCRIBE_TIMEOUT_S = 2.0
+
+
+class SchedulerActor(Actor):
+    """Admits requests, batches them continuously and hands out KV blocks."""
+
+    name = "scheduler"
+
+    async def start(self) -> None:
+        self.scheduler_id = uuid.uuid4().hex[:12]
+        self.batcher: ContinuousBatcher | None = None
+        self.executor_id: str | None = None
+        await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
+        await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
+        await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest, self._on_request)
+        self.spawn(self._find_executor(), "find_executor")
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher is not None
+
+    async def _find_executor(self) -> None:
+        """Asks until an executor answers; later restarts announce themselves on the info subject."""
+        while self.batcher is None:
+            reply = await self.bus.request(
+                self.subjects.executor_describe, DescribeExecutor(), ExecutorInfo, DESCRIBE_TIMEOUT_S
+            )
+            if isinstance(reply, ExecutorInfo):
+                await self._on_executor_info(reply, None)
+            else:
+                await asyncio.sleep(0.2)
+
+    async def _on_executor_info(self, info: ExecutorInfo, _reply_to: str | None) -> None:
+        if info.executor_id == self.executor_id:
+            return
+        if self.batcher is None:
+            self.batcher = ContinuousBatcher(
+                info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
+                self.config.max_num_seqs, self.config.max_prefill_tokens,
+            )
+        else:
+            self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,
+                             requeued=len(self.batcher.sequences))
+            self.batcher.reset_executor(info.num_blocks, info.block_size, info.max_model_len, info.vocab_size)
+        self.executor_id = info.executor_id
+        self.log.info("executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len)
+        # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
+        await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, self.batcher.schedule()))
+
+    async def _on_request(self, message: SchedulerRequest, _reply_to: str | None) -> Accepted | Error | None:
+        match message:
+            case Submit(request_id, prompt_ids, params, origin):
+                if self.batcher is None:
+                    return Error("unavailable", "no executor is running yet", retriable=True)
+                error = self.batcher.submit(request_id, prompt_ids, params, origin)
+                if error:
+                    return error
+                await self._schedule()
+                return Accepted(request_id)
+            case Abort(request_id, reason):
+                if self.batcher and self.batcher.abort(request_id):
+                    self.log.info("request_aborted", request_id=request_id, reason=reason)
+                    await self._schedule()
+                return None
+
+    async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
+        if self.batcher is None or output.executor_id != self.executor_id:
+            return
+        self.batcher.on_step(output)
+        await self._schedule()
+
+    async def _schedule(self) -> None:
+        commands = self.batcher.schedule()
+        if commands:
+            await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, commands))

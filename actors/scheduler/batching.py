@@ -1,0 +1,208 @@
+"""Continuous batching over a paged KV cache: admission, chunked prefill, block grants, preemption.
+
+A plain object, no bus: the scheduler actor feeds it submits, aborts and step outputs, and
+publishes the executor commands it returns. Requests join and leave the running batch at every
+step. A waiting request is admitted only when blocks for its whole prompt are free, so prefill
+never stalls; decoding sequences get blocks a few steps ahead, and when none are left the
+youngest running sequence is preempted (its KV dropped, to be recomputed later), never failed.
+"""
+
+import bisect
+import itertools
+from collections import deque
+
+import msgspec
+
+from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.sequence import Sequence, State
+from schemas.errors import Error
+from schemas.generate import SamplingParams
+from schemas.step import Command, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
+
+
+class ContinuousBatcher:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        vocab_size: int,
+        max_num_seqs: int = 256,
+        max_prefill_tokens: int = 2048,
+        lookahead_tokens: int | None = None,
+    ) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+        # The executor steps on its own and may run a few steps ahead of what we have seen.
+        self.lookahead_tokens = lookahead_tokens if lookahead_tokens is not None else 2 * block_size
+        self.sequences: dict[str, Sequence] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self._arrivals = itertools.count()
+        self._commands: list[Command] = []
+
+    # -- input ----------------------------------------------------------------------------
+
+    def validate(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Error | None:
+        if request_id in self.sequences:
+            return Error("invalid_request", f"request id {request_id!r} is already in flight")
+        if not prompt_ids:
+            return Error("invalid_request", "the prompt is empty", param="prompt")
+        if params.max_tokens is None:
+            return Error(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.max_model_len} tokens, and the prompt has {len(prompt_ids)}.",
+                param="prompt",
+            )
+        if params.max_tokens <= 0:
+            return Error("invalid_request", "max_tokens must be at least 1", param="max_tokens")
+        bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            return Error("invalid_request", f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", param="prompt")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            return Error(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({len(prompt_ids)} in the prompt, {params.max_tokens} in the completion).",
+                param="max_tokens" if len(prompt_ids) < self.max_model_len else "prompt",
+            )
+        return None
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str) -> Error | None:
+        if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
+            params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
+        error = self.validate(request_id, prompt_ids, params)
+        if error:
+            return error
+        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals))
+        self.sequences[request_id] = seq
+        self.waiting.append(seq)
+        return None
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.state is State.WAITING:
+            self.waiting.remove(seq)
+        elif seq.state is State.RUNNING:
+            self._commands.append(DropSequence(request_id))
+            self._release(seq)
+            self.running.remove(seq)
+        return seq
+
+    def on_step(self, output: StepOutput) -> list[Sequence]:
+        """Books one step's results; returns the sequences that finished in it."""
+        finished = []
+        for update in output.updates:
+            seq = self.sequences.get(update.request_id)
+            if seq is None:
+                continue  # aborted while the step ran
+            seq.prefill_done += update.prefilled_tokens
+            seq.output_ids += update.token_ids
+            if update.finish_reason:
+                self._finish(seq)
+                finished.append(seq)
+        for request_id in output.dropped:
+            seq = self.sequences.get(request_id)
+            if seq is not None and seq.state is State.DRAINING:
+                seq.state = State.WAITING
+                arrivals = [s.arrival for s in self.waiting]
+                self.waiting.insert(bisect.bisect(arrivals, seq.arrival), seq)
+        return finished
+
+    def reset_executor(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
+        """A new executor knows nothing: every started request goes back to the queue and is
+        recomputed from its prompt and the tokens it already produced."""
+        self.pool = BlockPool(num_blocks)
+        self.block_size, self.max_model_len, self.vocab_size = block_size, max_model_len, vocab_size
+        self.lookahead_tokens = 2 * block_size
+        for seq in self.running + [s for s in self.sequences.values() if s.state is State.DRAINING]:
+            seq.blocks = []
+            seq.state = State.WAITING
+        self.running = []
+        self.waiting = deque(sorted((s for s in self.sequences.values()), key=lambda s: s.arrival))
+        self._commands = []
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def schedule(self) -> list[Command]:
+        """Decides the next changes to the running batch and returns them as executor commands."""
+        self._grow_decoding()
+        budget = 2 * self.max_prefill_tokens - sum(s.prefill_sent - s.prefill_done for s in self.running)
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.prefill_sent < len(seq.prefill_ids):
+                budget -= self._send_chunk(seq, budget)
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            if not self._admit(self.waiting[0]):
+                break
+            budget -= self._send_chunk(self.waiting.popleft(), budget)
+        commands, self._commands = self._commands, []
+        return commands
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _grow_decoding(self) -> None:
+        for seq in list(self.running):
+            if seq.state is not State.RUNNING or seq.prefilling:
+                continue
+            target = min(seq.total_len + self.lookahead_tokens, seq.max_total_len)
+            need = self._blocks_for(target) - len(seq.blocks)
+            while need > 0:
+                blocks = self.pool.allocate(need)
+                if blocks is not None:
+                    seq.blocks += blocks
+                    self._commands.append(GrantBlocks(seq.request_id, blocks))
+                    break
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Starts `seq` on the executor if blocks for all its tokens are free."""
+        tokens = seq.prompt_ids + seq.output_ids
+        blocks = self.pool.allocate(self._blocks_for(len(tokens) + 1))
+        if blocks is None:
+            return False
+        seq.state = State.RUNNING
+        seq.blocks = blocks
+        seq.prefill_ids, seq.prefill_sent, seq.prefill_done = tokens, 0, 0
+        self.running.append(seq)
+        self._commands.append(StartSequence(seq.request_id, seq.params, list(blocks), len(seq.output_ids)))
+        return True
+
+    def _send_chunk(self, seq: Sequence, budget: int) -> int:
+        start = seq.prefill_sent
+        end = min(len(seq.prefill_ids), start + budget)
+        self._commands.append(
+            PrefillChunk(seq.request_id, seq.prefill_ids[start:end], start, last=end == len(seq.prefill_ids))
+        )
+        seq.prefill_sent = end
+        return end - start
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._commands.append(DropSequence(seq.request_id))
+        self._release(seq)
+        self.running.remove(seq)
+        seq.state = State.DRAINING
+
+    def _finish(self, seq: Sequence) -> None:
+        del self.sequences[seq.request_id]
+        if seq.state is State.RUNNING:
+            self._release(seq)
+            self.running.remove(seq)
+        elif seq.state is State.WAITING:
+            self.waiting.remove(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.pool.release(seq.blocks)
+        seq.blocks = []

@@ -1,0 +1,41 @@
+"""The scheduler's record of one request."""
+
+import enum
+from dataclasses import dataclass, field
+
+from schemas.generate import SamplingParams
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # in the queue, holds no blocks
+    RUNNING = "running"  # started on the executor: prefilling or decoding
+    DRAINING = "draining"  # preempted; waits for the executor to confirm the drop before requeueing
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    origin: str
+    arrival: int
+    output_ids: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
+    # were sent to the executor, and how many it reported computed.
+    prefill_ids: list[int] = field(default_factory=list)
+    prefill_sent: int = 0
+    prefill_done: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.state is State.RUNNING and self.prefill_done < len(self.prefill_ids)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_total_len(self) -> int:
+        return len(self.prompt_ids) + self.params.max_tokens

@@ -1,0 +1,4 @@
+from actors.tokenizer.actor import TokenizerActor
+from kernel.actor import main
+
+main(TokenizerActor)

@@ -1,0 +1,87 @@
+"""The tokenizer actor: renders chat templates, encodes prompts, and turns step outputs into text.
+
+Stateless between requests: tokenizers form a queue group, so `Encode` and `Track` go to any one
+of them. Step outputs reach every tokenizer; each detokenizes the requests it tracks, ends those
+whose stop string matched (through the scheduler), and sends each origin its requests' new text
+in one message per step.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import jinja2
+from transformers import AutoTokenizer
+
+from actors.tokenizer.detokenizer import StreamingDetokenizer
+from kernel.actor import Actor
+from schemas.errors import Error
+from schemas.requests import Abort, OutputBatch, RequestOutput
+from schemas.step import StepOutput
+from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
+
+QUEUE_GROUP = "tokenizers"
+
+
+@dataclass
+class TrackedRequest:
+    origin: str
+    detokenizer: StreamingDetokenizer
+
+
+class TokenizerActor(Actor):
+    """Encodes prompts and detokenizes outputs, stop strings included."""
+
+    name = "tokenizer"
+
+    async def start(self) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+        self.tracked: dict[str, TrackedRequest] = {}
+        await self.bus.subscribe(self.subjects.tokenizer, TokenizerRequest, self._on_request, queue=QUEUE_GROUP)
+        await self.bus.subscribe(self.subjects.tokenizer_untrack, Untrack, self._on_untrack)
+        await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
+
+    async def _on_untrack(self, message: Untrack, _reply_to: str | None) -> None:
+        self.tracked.pop(message.request_id, None)
+
+    async def _on_request(self, message: TokenizerRequest, _reply_to: str | None) -> Encoded | Tracked | Error:
+        match message:
+            case Encode():
+                return self.encode(message)
+            case Track(request_id, origin, stop, skip_special_tokens):
+                detokenizer = StreamingDetokenizer(self.tokenizer.backend_tokenizer, stop, skip_special_tokens)
+                self.tracked[request_id] = TrackedRequest(origin, detokenizer)
+                return Tracked(request_id)
+
+    def encode(self, message: Encode) -> Encoded | Error:
+        if message.messages is not None:
+            if not message.messages:
+                return Error("invalid_request", "messages must not be empty", param="messages")
+            if self.tokenizer.chat_template is None:
+                return Error("invalid_request", "this model has no chat template; use completions", param="messages")
+            conversation = [{"role": m.role, "content": m.content} for m in message.messages]
+            try:
+                text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+            except jinja2.TemplateError as exc:
+                return Error("invalid_request", f"the chat template rejected the messages: {exc}", param="messages")
+            return Encoded(self.tokenizer.encode(text, add_special_tokens=False))
+        if message.text is None:
+            return Error("invalid_request", "nothing to encode", param="prompt")
+        return Encoded(self.tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
+
+    async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
+        batches: dict[str, list[RequestOutput]] = defaultdict(list)
+        for update in output.updates:
+            tracked = self.tracked.get(update.request_id)
+            if tracked is None or not (update.token_ids or update.finish_reason):
+                continue
+            text = tracked.detokenizer.push(update.token_ids, final=update.finish_reason is not None)
+            finish = "stop" if text.stopped else update.finish_reason
+            if text.stopped and update.finish_reason is None:
+                await self.bus.publish(self.subjects.scheduler, Abort(update.request_id, reason="stop"))
+            batches[tracked.origin].append(
+                RequestOutput(update.request_id, text.token_ids, text.text, finish, tracked.detokenizer.completion_tokens)
+            )
+            if finish:
+                del self.tracked[update.request_id]
+        for origin, outputs in batches.items():
+            await self.bus.publish(origin, OutputBatch(outputs))

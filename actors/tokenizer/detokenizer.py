@@ -1,0 +1,54 @@
+"""Incremental detokenization of one request's output, with stop strings.
+
+Text is released as soon as it is valid UTF-8, except the last few characters that could still
+become the start of a stop string: those wait until the next token or the end, so a client never
+sees text that a stop string later takes back.
+"""
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+@dataclass(frozen=True)
+class TextUpdate:
+    token_ids: list[int]  # the tokens consumed (none past a matched stop string)
+    text: str  # text released by this update
+    stopped: bool  # a stop string matched; the request must end
+
+
+class StreamingDetokenizer:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._stop = [s for s in stop if s]
+        self._holdback = max((len(s) for s in self._stop), default=1) - 1
+        self.text = ""  # everything decoded so far (cut at a stop string once one matched)
+        self._released = 0
+        self.completion_tokens = 0
+        self.stopped = False
+
+    def push(self, token_ids: list[int], final: bool = False) -> TextUpdate:
+        """Feeds new tokens; `final` releases the held-back tail (the request ends here)."""
+        consumed = []
+        for token_id in token_ids:
+            if self.stopped:
+                break
+            consumed.append(token_id)
+            self.completion_tokens += 1
+            piece = self._stream.step(self._tokenizer, token_id)
+            if piece:
+                self._append(piece)
+        end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._holdback)
+        released = self.text[self._released:end]
+        self._released = end
+        return TextUpdate(consumed, released, self.stopped)
+
+    def _append(self, piece: str) -> None:
+        search_from = max(0, len(self.text) - self._holdback)
+        self.text += piece
+        matches = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
+        if matches:
+            self.text = self.text[: min(matches)]
+            self.stopped = True

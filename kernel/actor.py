@@ -1,0 +1,128 @@
+"""What every actor shares: start-up from flags, a bus connection, heartbeats, owned tasks,
+and a graceful stop on SIGTERM.
+
+An actor subclass names itself, subscribes in `start`, and cleans up in `stop`. Its background
+tasks go through `spawn`, so an exception in one is never lost: it stops the actor with an
+error, and the supervisor restarts it (let it crash).
+"""
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Coroutine
+from typing import ClassVar
+
+import structlog
+import uvloop
+
+from kernel import config as config_module
+from kernel.bus import Bus
+from kernel.config import KernelConfig
+from kernel.log import configure
+from kernel.subjects import Subjects
+from schemas.health import Heartbeat
+
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class Actor:
+    name: ClassVar[str]
+
+    def __init__(self, config: KernelConfig, bus: Bus, args: argparse.Namespace) -> None:
+        self.config = config
+        self.bus = bus
+        self.args = args
+        self.subjects = Subjects(config.namespace)
+        self.instance_id = uuid.uuid4().hex[:12]
+        self.log = structlog.get_logger().bind(instance=self.instance_id)
+        self._tasks: set[asyncio.Task] = set()
+        self._failure: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Flags of this actor alone, beyond the shared configuration."""
+
+    async def start(self) -> None:
+        """Subscribe and start background work. Called once, after the bus is connected."""
+
+    async def stop(self) -> None:
+        """Release what the actor holds. Called once on shutdown."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the actor can serve now (reported in heartbeats)."""
+        return True
+
+    def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
+        """Runs `coro` as an owned task; if it fails, the actor stops with that failure."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        if not self._failure.done():
+            self._failure.set_exception(task.exception())
+
+    async def _heartbeat_loop(self) -> None:
+        subject = self.subjects.heartbeat(self.name)
+        while True:
+            beat = Heartbeat(self.name, self.instance_id, os.getpid(), self.ready, HEARTBEAT_INTERVAL_S)
+            await self.bus.publish(subject, beat)
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    async def run_until_stopped(self, stop_requested: asyncio.Event) -> None:
+        await self.start()
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.log.info("actor_started", pid=os.getpid())
+        stopper = asyncio.ensure_future(stop_requested.wait())
+        try:
+            await asyncio.wait([stopper, self._failure], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.stop()
+        if self._failure.done():
+            raise self._failure.exception()
+
+
+def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
+    """Entry point of `python -m actors.<name>`."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m actors.{actor_class.name}",
+        description=(actor_class.__doc__ or "").strip().splitlines()[0],
+    )
+    config_module.add_arguments(parser)
+    actor_class.add_arguments(parser)
+    args = parser.parse_args(argv)
+    config = config_module.from_args(args)
+    if not config.nats_url:
+        parser.error("--nats-url is required when an actor runs on its own")
+    log = configure(actor_class.name, config.log_format, config.log_level)
+    try:
+        uvloop.run(_serve(actor_class, config, args))
+    except Exception:
+        log.exception("actor_crashed")
+        sys.exit(1)
+
+
+async def _serve(actor_class: type[Actor], config: KernelConfig, args: argparse.Namespace) -> None:
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    bus = await Bus.connect(config.nats_url, name=actor_class.name)
+    try:
+        actor = actor_class(config, bus, args)
+        await actor.run_until_stopped(stop_requested)
+    finally:
+        await bus.close()
+    structlog.get_logger().info("actor_stopped")

@@ -1,0 +1,179 @@
+"""The only module that touches nats-py: typed publish, request and subscribe over msgpack.
+
+Actors hand it msgspec Structs and get Structs back. Anything that goes wrong on the wire (a
+message that does not decode, no responder, a timeout) comes back as a typed `Error`, never as
+a nats exception, so callers handle one kind of failure.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import structlog
+
+from schemas.errors import Error
+
+log = structlog.get_logger()
+
+# A handler gets the decoded message and the reply subject (None for plain publishes); what it
+# returns, if anything, is sent back as the reply.
+Handler = Callable[[Any, str | None], Awaitable[msgspec.Struct | None]]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes, message_type: Any) -> Any:
+    decoder = _decoders.get(message_type)
+    if decoder is None:
+        decoder = _decoders[message_type] = msgspec.msgpack.Decoder(message_type)
+    return decoder.decode(data)
+
+
+class Subscription:
+    def __init__(self, nats_subscription) -> None:
+        self._sub = nats_subscription
+
+    async def close(self) -> None:
+        try:
+            await self._sub.unsubscribe()
+        except nats.errors.Error:
+            pass  # the connection is already gone, and the subscription with it
+
+
+class Bus:
+    def __init__(self, connection) -> None:
+        self._nc = connection
+
+    @classmethod
+    async def connect(cls, url: str, name: str) -> "Bus":
+        """Connects, and keeps reconnecting forever if the server goes away."""
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("bus_error", error=repr(exc))
+
+        async def on_disconnect() -> None:
+            log.warning("bus_disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("bus_reconnected")
+
+        connection = await nats.connect(
+            url,
+            name=name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            connect_timeout=2,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        return cls(connection)
+
+    @property
+    def connected(self) -> bool:
+        return self._nc.is_connected
+
+    def new_inbox(self) -> str:
+        return self._nc.new_inbox()
+
+    async def publish(self, subject: str, message: msgspec.Struct) -> None:
+        await self._nc.publish(subject, encode(message))
+
+    async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
+        """Sends `message` and returns the decoded reply, or an `Error`."""
+        try:
+            reply = await self._nc.request(subject, encode(message), timeout=timeout_s)
+        except nats.errors.NoRespondersError:
+            return Error("unavailable", f"nothing is listening on {subject}", retriable=True)
+        except nats.errors.TimeoutError:
+            return Error("timeout", f"no reply on {subject} within {timeout_s} s", retriable=True)
+        except nats.errors.ConnectionClosedError:
+            return Error("unavailable", "the bus connection is closed", retriable=True)
+        try:
+            return decode(reply.data, reply_type | Error)
+        except msgspec.DecodeError as exc:
+            return Error("internal", f"undecodable reply on {subject}: {exc}")
+
+    async def request_stream(
+        self, subject: str, message: msgspec.Struct, reply_type: Any, is_final: Callable[[Any], bool], timeout_s: float
+    ) -> AsyncIterator[Any]:
+        """Sends `message` with a private inbox and yields every reply until `is_final` says stop.
+
+        A silence longer than `timeout_s` ends the stream with an `Error`.
+        """
+        inbox = self.new_inbox()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def collect(msg) -> None:
+            queue.put_nowait(msg.data)
+
+        sub = await self._nc.subscribe(inbox, cb=collect)
+        try:
+            await self._nc.publish(subject, encode(message), reply=inbox)
+            while True:
+                try:
+                    data = await asyncio.wait_for(queue.get(), timeout_s)
+                except TimeoutError:
+                    yield Error("timeout", f"no reply on {subject} within {timeout_s} s", retriable=True)
+                    return
+                try:
+                    item = decode(data, reply_type | Error)
+                except msgspec.DecodeError as exc:
+                    yield Error("internal", f"undecodable reply on {subject}: {exc}")
+                    return
+                yield item
+                if isinstance(item, Error) or is_final(item):
+                    return
+        finally:
+            await Subscription(sub).close()
+
+    async def subscribe(self, subject: str, message_type: Any, handler: Handler, queue: str = "") -> Subscription:
+        """Calls `handler` for each message, in order. Undecodable messages get an `Error` reply.
+
+        A handler that raises gets an `internal` Error sent back and the exception logged; the
+        subscription keeps serving, since one bad message must not stop the others.
+        """
+
+        async def on_message(msg) -> None:
+            reply_to = msg.reply or None
+            try:
+                message = decode(msg.data, message_type)
+            except msgspec.DecodeError as exc:
+                log.warning("undecodable_message", subject=subject, error=str(exc))
+                await self._reply(reply_to, Error("invalid_request", f"could not decode message: {exc}"))
+                return
+            try:
+                result = await handler(message, reply_to)
+            except Exception as exc:
+                log.exception("handler_failed", subject=subject)
+                await self._reply(reply_to, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))
+                return
+            if result is not None:
+                await self._reply(reply_to, result)
+
+        return Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
+
+    async def reply(self, reply_to: str, message: msgspec.Struct) -> None:
+        await self._nc.publish(reply_to, encode(message))
+
+    async def _reply(self, reply_to: str | None, message: msgspec.Struct) -> None:
+        if reply_to:
+            await self.reply(reply_to, message)
+
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        await self._nc.flush(timeout=timeout_s)
+
+    async def close(self) -> None:
+        try:
+            await self._nc.drain()
+        except (nats.errors.Error, asyncio.TimeoutError):
+            await self._nc.close()

@@ -1,0 +1,128 @@
+"""One configuration for the whole deployment, shared by the supervisor and every actor.
+
+Values come from CLI flags, then the environment (`KERNEL_<FIELD>`), then an optional TOML file
+(`--config`), then the defaults below. The supervisor hands its settings to each child as flags,
+so an actor started by hand on another machine takes exactly the same flags.
+"""
+
+import argparse
+import os
+import tomllib
+import typing
+from typing import Any
+
+import msgspec
+
+
+class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    nats_url: str | None = None
+    namespace: str = "llm"
+    data_dir: str = ".kernel"
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_prefill_tokens: int = 2048
+    max_restarts: int = 5
+    restart_period_s: float = 60.0
+    request_timeout_s: float = 600.0
+    log_format: str = "json"
+    log_level: str = "info"
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use in the `model` field."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model:
+            return os.path.basename(os.path.normpath(self.model))
+        return "demo"
+
+
+HELP = {
+    "nats_url": "use this NATS server instead of starting an embedded one (e.g. nats://host:4222)",
+    "namespace": "subject prefix, so several deployments can share one NATS cluster",
+    "data_dir": "where the embedded server, the demo model and other state live",
+    "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral); default: the built-in demo model",
+    "served_model_name": "the model name clients send; default: the model directory's name",
+    "host": "HTTP listen address",
+    "port": "HTTP listen port",
+    "device": "cpu, cuda, cuda:N, or auto (cuda when available)",
+    "dtype": "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16 on CUDA)",
+    "max_model_len": "context window in tokens (prompt + output); default: the model's",
+    "block_size": "tokens per KV cache block",
+    "num_kv_blocks": "KV cache blocks to allocate; default: sized from free memory",
+    "max_num_seqs": "most sequences in the running batch",
+    "max_prefill_tokens": "prompt tokens computed per step (chunked prefill budget)",
+    "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
+    "restart_period_s": "the window for --max-restarts",
+    "request_timeout_s": "a request that takes longer fails with a retriable error",
+    "log_format": "json (one object per line) or console (human-readable)",
+    "log_level": "debug, info, warning or error",
+}
+CHOICES = {
+    "log_format": ["json", "console"],
+    "log_level": ["debug", "info", "warning", "error"],
+    "dtype": ["auto", "float32", "bfloat16", "float16"],
+}
+ENV_PREFIX = "KERNEL_"
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per config field; every default is None so we can tell what was given."""
+    parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file")
+    for field in msgspec.structs.fields(KernelConfig):
+        parser.add_argument(
+            _flag(field.name),
+            dest=field.name,
+            type=_scalar_type(field.type),
+            default=None,
+            choices=CHOICES.get(field.name),
+            help=f"{HELP[field.name]} (default: {field.default})",
+        )
+
+
+def _scalar_type(annotation: Any) -> type:
+    """int for `int` and `int | None`, and so on."""
+    members = typing.get_args(annotation) or (annotation,)
+    return next(t for t in (int, float, str) if t in members)
+
+
+def from_args(args: argparse.Namespace) -> KernelConfig:
+    """Flags win over the environment, which wins over the TOML file."""
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        with open(args.config, "rb") as f:
+            values.update(tomllib.load(f))
+    for field in KernelConfig.__struct_fields__:
+        env = os.environ.get(ENV_PREFIX + field.upper())
+        if env is not None:
+            values[field] = env
+        given = getattr(args, field, None)
+        if given is not None:
+            values[field] = given
+    try:
+        return msgspec.convert(values, KernelConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
+
+
+def to_argv(config: KernelConfig) -> list[str]:
+    """The flags that reproduce `config` in a child process (defaults are left out)."""
+    argv: list[str] = []
+    defaults = KernelConfig()
+    for field in KernelConfig.__struct_fields__:
+        value = getattr(config, field)
+        if value is not None and value != getattr(defaults, field):
+            argv += [_flag(field), str(value)]
+    return argv

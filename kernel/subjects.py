@@ -1,0 +1,53 @@
+"""Every subject name in one place: `<namespace>.<actor>.<verb>`."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subjects:
+    namespace: str = "llm"
+
+    def _(self, *parts: str) -> str:
+        return ".".join((self.namespace, *parts))
+
+    @property
+    def generate(self) -> str:  # public: the bus API for other services
+        return self._("generate")
+
+    @property
+    def tokenizer(self) -> str:  # Encode, Track (queue group)
+        return self._("tokenizer", "requests")
+
+    @property
+    def tokenizer_untrack(self) -> str:  # Untrack, to every tokenizer: any of them may track it
+        return self._("tokenizer", "untrack")
+
+    @property
+    def scheduler(self) -> str:  # Submit, Abort
+        return self._("scheduler", "requests")
+
+    @property
+    def executor_commands(self) -> str:
+        return self._("executor", "commands")
+
+    @property
+    def executor_describe(self) -> str:
+        return self._("executor", "describe")
+
+    @property
+    def executor_info(self) -> str:  # broadcast when an executor starts
+        return self._("executor", "info")
+
+    @property
+    def step_outputs(self) -> str:
+        return self._("executor", "steps")
+
+    def origin(self, origin_id: str) -> str:
+        return self._("origin", origin_id)
+
+    def heartbeat(self, actor: str) -> str:
+        return self._("heartbeat", actor)
+
+    @property
+    def all_heartbeats(self) -> str:
+        return self._("heartbeat", "*")

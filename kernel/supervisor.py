@@ -1,0 +1,165 @@
+"""`python -m kernel.supervisor`: starts the bus and every actor, restarts what dies, and
+shuts everything down in order on Ctrl-C or SIGTERM.
+
+With no arguments it builds the demo model into the data dir (once), starts an embedded
+nats-server, and serves on http://127.0.0.1:8000.
+"""
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import msgspec
+import structlog
+import uvloop
+
+from kernel import config as config_module
+from kernel.bus import Bus
+from kernel.children import ChildProcess, RestartBudget
+from kernel.config import KernelConfig
+from kernel.log import configure
+from kernel.nats_server import EmbeddedNats
+from kernel.subjects import Subjects
+from schemas.health import Heartbeat
+
+# Start order; shutdown goes the other way, so the door closes before the engine stops.
+ACTORS = ("executor", "scheduler", "tokenizer", "frontdoor")
+STOP_TIMEOUT_S = 10.0
+
+log = structlog.get_logger()
+
+
+class GaveUp(Exception):
+    """An actor crashed more often than the restart budget allows."""
+
+
+class Supervisor:
+    def __init__(self, config: KernelConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir).resolve()
+        self.nats: EmbeddedNats | None = None
+        self.children: dict[str, ChildProcess] = {}
+        self.budget = RestartBudget(config.max_restarts, config.restart_period_s)
+        self.stopping = False
+        self._ready: set[str] = set()
+        self._announced = False
+
+    async def run(self, stop_requested: asyncio.Event) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.model is None:
+            self.config = msgspec.structs.replace(self.config, model=await self._build_demo_model())
+        if self.config.nats_url is None:
+            self.nats = EmbeddedNats(self.data_dir)
+            await self.nats.start()
+            self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
+        bus = await Bus.connect(self.config.nats_url, name="supervisor")
+        await bus.subscribe(Subjects(self.config.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
+        argv = config_module.to_argv(self.config)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for name in ACTORS:
+                    child = self.children[name] = ChildProcess(name, argv)
+                    await child.start()
+                    group.create_task(self._watch(child))
+                if self.nats:
+                    group.create_task(self._watch_nats())
+                group.create_task(self._stop_on(stop_requested))
+        finally:
+            await bus.close()
+
+    async def _build_demo_model(self) -> str:
+        target = self.data_dir / "models" / "demo"
+        log.info("demo_model", path=str(target))
+        builder = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpu.model_builder", "--out", str(target), "--arch", "llama", "--size", "demo"
+        )
+        if await builder.wait() != 0:
+            raise RuntimeError("building the demo model failed")
+        return str(target)
+
+    async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        if beat.ready:
+            self._ready.add(beat.actor)
+        if not self._announced and self._ready >= set(ACTORS):
+            self._announced = True
+            url = f"http://{self.config.host}:{self.config.port}"
+            log.info("serving", url=url, model=self.config.model_name, nats_url=self.config.nats_url)
+
+    async def _watch(self, child: ChildProcess) -> None:
+        while True:
+            code = await child.wait()
+            if self.stopping:
+                return
+            log.error("child_exited", child=child.name, code=code, pid=child.pid)
+            if not self.budget.allow():
+                message = (
+                    f"{child.name} crashed; more than {self.budget.max_restarts} restarts within "
+                    f"{self.budget.period_s:g} s, giving up"
+                )
+                log.critical("giving_up", child=child.name, message=message)
+                raise GaveUp(message)
+            child.restarts += 1
+            await child.start()
+
+    async def _watch_nats(self) -> None:
+        """The bus server restarts on the same port; the actors reconnect on their own."""
+        while True:
+            code = await self.nats.process.wait()
+            if self.stopping:
+                return
+            log.error("nats_exited", code=code)
+            if not self.budget.allow():
+                raise GaveUp("nats-server keeps dying, giving up")
+            await self.nats.start()
+
+    async def _stop_on(self, stop_requested: asyncio.Event) -> None:
+        await stop_requested.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stops the actors front to back, then the bus server."""
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("shutting_down")
+        for name in reversed(ACTORS):
+            if name in self.children:
+                await self.children[name].stop(STOP_TIMEOUT_S)
+        if self.nats:
+            await self.nats.stop()
+        log.info("stopped")
+
+
+async def _main(config: KernelConfig) -> int:
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    supervisor = Supervisor(config)
+    try:
+        await supervisor.run(stop_requested)
+    except* GaveUp as group:
+        await supervisor.shutdown()
+        print(f"supervisor: {group.exceptions[0]}", file=sys.stderr)
+        return 1
+    except* Exception:
+        await supervisor.shutdown()
+        raise
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernel.supervisor",
+        description="Serve a Hugging Face causal LM over HTTP (OpenAI-compatible) and NATS.",
+    )
+    config_module.add_arguments(parser)
+    config = config_module.from_args(parser.parse_args(argv))
+    configure("supervisor", config.log_format, config.log_level)
+    sys.exit(uvloop.run(_main(config)))
+
+
+if __name__ == "__main__":
+    main()

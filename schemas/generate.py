@@ -1,0 +1,57 @@
+"""The public generation API: what a client sends on `<ns>.generate` and what comes back.
+
+The HTTP frontdoor translates OpenAI requests into these same messages, so the bus API and HTTP
+share one pipeline. A streaming request gets `GenerateChunk`s at its reply inbox, in order, then
+one `GenerateResult` (or an `Error`).
+"""
+
+import msgspec
+
+from schemas.errors import Error
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_tokens: int | None = 16  # None: up to the end of the context window
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or less: no top-k filter
+    seed: int | None = None  # None: the server picks one, so the draw is still reproducible
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="generate"):
+    """Exactly one of `text`, `input_ids` and `messages` carries the prompt."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    params: SamplingParams = SamplingParams()
+    stream: bool = False
+    model: str | None = None
+
+
+class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
+    request_id: str
+    sequence: int  # 0, 1, 2... so a client can check that nothing was lost or repeated
+    token_ids: list[int]
+    text: str
+
+
+class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+GenerateReply = GenerateChunk | GenerateResult | Error

@@ -1,0 +1,44 @@
+"""The life of one request between its origin, the scheduler and the tokenizer.
+
+The origin (the frontdoor, for HTTP and bus clients alike) submits a tokenized request to the
+scheduler and receives `RequestOutput`s on its own subject: text from the tokenizer as tokens
+arrive, and errors from the scheduler. Anyone may abort a request by id.
+"""
+
+import msgspec
+
+from schemas.errors import Error
+from schemas.generate import SamplingParams
+
+
+class Submit(msgspec.Struct, frozen=True, tag="submit"):
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams  # seed always set by the origin
+    origin: str
+
+
+class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
+    request_id: str
+
+
+class Abort(msgspec.Struct, frozen=True, tag="abort"):
+    request_id: str
+    reason: str = "abort"  # "abort" (client gone) or "stop" (a stop string matched)
+
+
+class RequestOutput(msgspec.Struct, frozen=True):
+    request_id: str
+    token_ids: list[int]  # new tokens since the last output
+    text: str  # new text since the last output
+    finish_reason: str | None = None  # "stop", "length", or None while running
+    completion_tokens: int = 0  # output tokens so far, up to a matched stop string
+    error: Error | None = None  # set when the request failed after it was accepted
+
+
+class OutputBatch(msgspec.Struct, frozen=True, tag="outputs"):
+    outputs: list[RequestOutput]
+
+
+SchedulerRequest = Submit | Abort
+SchedulerReply = Accepted | Error

@@ -1,0 +1,75 @@
+"""Scheduler <-> executor: the hot loop.
+
+The scheduler owns block ids and decides what runs; the executor keeps the admitted batch and
+steps it on its own, so no bus round trip sits between two GPU steps. Commands are deltas,
+published without waiting; the executor answers each step with one `StepOutput` that carries
+every sequence's new tokens, which the scheduler and the tokenizers consume.
+"""
+
+import msgspec
+
+from schemas.generate import SamplingParams
+
+
+class StartSequence(msgspec.Struct, frozen=True, tag="start"):
+    request_id: str
+    params: SamplingParams
+    block_table: list[int]
+    num_output_tokens: int = 0  # outputs generated before a preemption: they count toward max_tokens
+
+
+class PrefillChunk(msgspec.Struct, frozen=True, tag="prefill"):
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    last: bool  # the final chunk: its last position draws the next token
+
+
+class GrantBlocks(msgspec.Struct, frozen=True, tag="grant"):
+    request_id: str
+    block_ids: list[int]
+
+
+class DropSequence(msgspec.Struct, frozen=True, tag="drop"):
+    """Forget a sequence: aborted, preempted, or finished by a stop string."""
+
+    request_id: str
+
+
+Command = StartSequence | PrefillChunk | GrantBlocks | DropSequence
+
+
+class Commands(msgspec.Struct, frozen=True):
+    scheduler_id: str  # a new scheduler process: the executor drops what the old one started
+    commands: list[Command]
+
+
+class SequenceUpdate(msgspec.Struct, frozen=True):
+    request_id: str
+    token_ids: list[int]  # tokens drawn this step (none for a non-final prefill chunk)
+    prefilled_tokens: int = 0  # prompt tokens computed this step
+    finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
+
+
+class StepOutput(msgspec.Struct, frozen=True):
+    executor_id: str
+    step: int
+    updates: list[SequenceUpdate]
+    # Sequences dropped since the last output: every token they drew is in this or an earlier output.
+    dropped: list[str] = []
+
+
+class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):
+    pass
+
+
+class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
+    """Sent on request and broadcast when an executor starts, so a scheduler learns of restarts."""
+
+    executor_id: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    device: str
+    dtype: str

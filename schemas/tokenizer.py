@@ -1,0 +1,41 @@
+"""Frontdoor <-> tokenizer: encoding prompts, and tracking requests for detokenization.
+
+Tokenizers form a NATS queue group. `Encode` and `Track` go to one of them; step outputs are
+broadcast to all, and each tokenizer detokenizes only the requests it tracks.
+"""
+
+import msgspec
+
+from schemas.errors import Error
+from schemas.generate import ChatMessage
+
+
+class Encode(msgspec.Struct, frozen=True, tag="encode"):
+    text: str | None = None
+    messages: list[ChatMessage] | None = None  # rendered with the model's chat template
+    add_special_tokens: bool = True
+
+
+class Encoded(msgspec.Struct, frozen=True, tag="encoded"):
+    token_ids: list[int]
+
+
+class Track(msgspec.Struct, frozen=True, tag="track"):
+    """Detokenize this request's output and send it to `origin`; end it on a stop string."""
+
+    request_id: str
+    origin: str  # the subject the text goes to
+    stop: list[str] = []
+    skip_special_tokens: bool = True
+
+
+class Tracked(msgspec.Struct, frozen=True, tag="tracked"):
+    request_id: str
+
+
+class Untrack(msgspec.Struct, frozen=True, tag="untrack"):
+    request_id: str
+
+
+TokenizerRequest = Encode | Track
+TokenizerReply = Encoded | Tracked | Error
