@@ -42,6 +42,10 @@ class Subjects:
     def step_outputs(self) -> str:
         return self._("executor", "steps")
 
+    @property
+    def admin_stats(self) -> str:  # public: GetStats -> SchedulerStats
+        return self._("admin", "stats")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -11,7 +11,7 @@ from actors.scheduler.batching import ContinuousBatcher
 from gpu.runner import ModelRunner
 from schemas.errors import Error
 from schemas.generate import SamplingParams
-from schemas.step import Commands, StepOutput
+from schemas.step import StepOutput
 
 
 class InProcessEngine:
@@ -56,12 +56,13 @@ class InProcessEngine:
     def busy(self) -> bool:
         return bool(self.batcher.sequences)
 
-    def run(self, before_step: Callable[[int], None] | None = None, max_steps: int = 100_000) -> None:
-        """Steps until every request has finished; `before_step(i)` may submit more on the way."""
+    def run(self, before_step: Callable[[int], None] | None = None, min_steps: int = 0, max_steps: int = 100_000) -> None:
+        """Steps until every request has finished and `min_steps` have passed; `before_step(i)`
+        may submit more requests on the way."""
         for i in range(max_steps):
             if before_step:
                 before_step(i)
-            if not self.busy:
+            if i >= min_steps and not self.busy:
                 return
             self.step()
         raise RuntimeError(f"requests still running after {max_steps} steps")

@@ -5,14 +5,15 @@ one JSON body or a stream of server-sent events. A client that goes away mid-req
 its handler (or fails its next write), and closing the stream aborts the request downstream.
 """
 
-import json
 import time
 
+import msgspec
 import structlog
 from aiohttp import web
 
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.pipeline import RequestPipeline, RequestStream
+from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 
 log = structlog.get_logger()
@@ -47,10 +48,17 @@ class HttpApi:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
+        app.router.add_get("/admin/stats", self.stats)
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        reply = await self.pipeline.bus.request(self.pipeline.subjects.admin_stats, GetStats(), SchedulerStats, 5.0)
+        if isinstance(reply, Error):
+            return error_response(reply)
+        return web.json_response(msgspec.to_builtins(reply))
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(protocol.models_response(self.model_name, self.created))

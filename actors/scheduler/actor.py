@@ -9,6 +9,7 @@ import uuid
 
 from actors.scheduler.batching import ContinuousBatcher
 from kernel.actor import Actor
+from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
@@ -28,6 +29,7 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest, self._on_request)
+        await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
         self.spawn(self._find_executor(), "find_executor")
 
     @property
@@ -77,6 +79,11 @@ class SchedulerActor(Actor):
                     self.log.info("request_aborted", request_id=request_id, reason=reason)
                     await self._schedule()
                 return None
+
+    async def _on_stats(self, _message: GetStats, _reply_to: str | None) -> SchedulerStats | Error:
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        return self.batcher.stats()
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:

@@ -15,6 +15,7 @@ import msgspec
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.sequence import Sequence, State
+from schemas.admin import SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import Command, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
@@ -128,6 +129,9 @@ class ContinuousBatcher:
         self.running = []
         self.waiting = deque(sorted((s for s in self.sequences.values()), key=lambda s: s.arrival))
         self._commands = []
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.waiting), len(self.running), self.pool.num_blocks, self.pool.num_free)
 
     # -- scheduling -----------------------------------------------------------------------
 
