@@ -1,0 +1,89 @@
+"""Starts the real supervisor (embedded nats-server, every actor a process) for end-to-end tests."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    data_dir: Path
+    port: int
+    events: list[dict] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def nats_url(self) -> str:
+        return self.wait_for("serving")["nats_url"]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.data_dir / "models" / "demo"
+
+    def _read_logs(self) -> None:
+        for line in self.process.stderr:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                sys.stderr.write(line)
+                continue
+            with self._lock:
+                self.events.append(event)
+
+    def find(self, event: str, **match) -> list[dict]:
+        with self._lock:
+            return [e for e in self.events if e.get("event") == event and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_for(self, event: str, timeout_s: float = STARTUP_TIMEOUT_S, count: int = 1, **match) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.find(event, **match)
+            if len(found) >= count:
+                return found[count - 1]
+            if self.process.poll() is not None:
+                raise RuntimeError(f"supervisor exited with {self.process.returncode} before {event!r}")
+            time.sleep(0.05)
+        raise TimeoutError(f"no {event!r} event {match} within {timeout_s} s")
+
+    def child_pid(self, actor: str) -> int:
+        return self.find("child_started", child=actor)[-1]["pid"]
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+def start_server(data_dir: Path, *flags: str) -> RunningServer:
+    port = free_port()
+    command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(port), *flags]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = RunningServer(process, data_dir, port)
+    threading.Thread(target=server._read_logs, daemon=True).start()
+    try:
+        server.wait_for("serving")
+    except Exception:
+        server.stop()
+        raise
+    return server

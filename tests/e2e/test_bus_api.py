@@ -1,0 +1,82 @@
+"""The `llm.generate` bus API, used by a plain nats-py client."""
+
+import msgspec
+import nats
+import pytest
+
+from schemas.errors import Error
+from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+
+Reply = GenerateChunk | GenerateResult | Error
+
+
+@pytest.fixture
+async def nc(server):
+    connection = await nats.connect(server.nats_url)
+    yield connection
+    await connection.drain()
+
+
+def encode(message) -> bytes:
+    return msgspec.msgpack.encode(message)
+
+
+async def test_generate_returns_the_completion(nc):
+    request = GenerateRequest(text="Once upon a time", params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request), timeout=60)).data, type=Reply)
+    assert isinstance(reply, GenerateResult)
+    assert reply.finish_reason == "length"
+    assert reply.completion_tokens == len(reply.token_ids) == 10
+    assert reply.prompt_tokens > 0
+
+
+async def test_streamed_chunks_arrive_in_order_then_the_result(nc):
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    whole = msgspec.msgpack.decode(
+        (await nc.request("llm.generate", encode(GenerateRequest(text="Hello", params=params)), timeout=60)).data, type=Reply)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("llm.generate", encode(GenerateRequest(text="Hello", params=params, stream=True)), reply=inbox)
+    chunks = []
+    while True:
+        item = msgspec.msgpack.decode((await sub.next_msg(timeout=60)).data, type=Reply)
+        if isinstance(item, GenerateResult):
+            break
+        assert isinstance(item, GenerateChunk)
+        chunks.append(item)
+    assert [c.sequence for c in chunks] == list(range(len(chunks)))
+    assert [t for c in chunks for t in c.token_ids] == item.token_ids == whole.token_ids
+    assert "".join(c.text for c in chunks) == item.text == whole.text
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1 not msgpack",
+        msgspec.msgpack.encode({"type": "no-such-tag"}),
+        msgspec.msgpack.encode({"type": "generate", "text": 12}),
+        msgspec.msgpack.encode({"type": "generate", "text": "hi", "params": {"max_tokens": "ten"}}),
+    ],
+)
+async def test_malformed_messages_get_error_replies(nc, payload):
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", payload, timeout=30)).data, type=Reply)
+    assert isinstance(reply, Error)
+    assert reply.code == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (GenerateRequest(text="hi", params=SamplingParams(max_tokens=0)), "invalid_request"),
+        (GenerateRequest(text="hi", params=SamplingParams(max_tokens=10**7)), "context_length_exceeded"),
+        (GenerateRequest(messages=[]), "invalid_request"),
+        (GenerateRequest(text="hi", input_ids=[1, 2]), "invalid_request"),
+        (GenerateRequest(text="hi", model="other"), "not_found"),
+    ],
+)
+async def test_bad_requests_get_error_replies(nc, request_, code):
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request_), timeout=30)).data, type=Reply)
+    assert isinstance(reply, Error)
+    assert reply.code == code
+    good = GenerateRequest(text="ok", params=SamplingParams(max_tokens=2))
+    assert isinstance(msgspec.msgpack.decode((await nc.request("llm.generate", encode(good), timeout=60)).data, type=Reply), GenerateResult)
