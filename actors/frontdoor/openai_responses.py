@@ -1,0 +1,104 @@
+"""OpenAI response bodies, stream chunks and error bodies, as dicts ready to encode.
+
+The HTTP handlers do the writing; these only fix the shapes, which the tests check against the
+official `openai` SDK's types. Ids are our request ids with OpenAI's prefixes.
+"""
+
+from typing import Literal
+
+import msgspec
+
+from schemas.errors import Error
+
+SSE_DONE = b"data: [DONE]\n\n"
+_json = msgspec.json.Encoder()
+
+_ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
+_CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
+
+# OpenAI's error `type` for the statuses that have their own; other 4xx are invalid requests.
+_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def sse_event(payload: dict) -> bytes:
+    return b"data: " + _json.encode(payload) + b"\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, choices: list) -> dict:
+    return {"id": _ID_PREFIX[kind] + request_id, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def chat_completion_response(
+    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+) -> dict:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    body = _envelope("chat", "chat.completion", request_id, model, created, [choice])
+    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def completion_response(
+    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    body = _envelope("completion", "text_completion", request_id, model, created, [choice])
+    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def chat_chunk(
+    request_id: str,
+    model: str,
+    created: int,
+    delta_text: str | None = None,
+    role: str | None = None,
+    finish_reason: str | None = None,
+) -> dict:
+    """The first chunk of a stream gives the role (with empty content, as OpenAI does); the last
+    gives the finish_reason, with an empty delta when it brings no text."""
+    delta: dict = {}
+    if role is not None:
+        delta = {"role": role, "content": delta_text or ""}
+    elif delta_text:
+        delta = {"content": delta_text}
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("chat", _CHUNK_OBJECT["chat"], request_id, model, created, [choice])
+
+
+def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None = None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("completion", _CHUNK_OBJECT["completion"], request_id, model, created, [choice])
+
+
+def usage_chunk(
+    kind: Literal["chat", "completion"],
+    request_id: str,
+    model: str,
+    created: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict:
+    """The extra last chunk OpenAI sends when `stream_options.include_usage` is set."""
+    body = _envelope(kind, _CHUNK_OBJECT[kind], request_id, model, created, [])
+    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def error_body(error: Error) -> dict:
+    status = error.http_status
+    kind = "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
+
+
+def models_response(model: str, created: int, owned_by: str = "kernel") -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": owned_by}]}
