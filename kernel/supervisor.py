@@ -140,13 +140,13 @@ async def _main(config: KernelConfig) -> int:
     supervisor = Supervisor(config)
     try:
         await supervisor.run(stop_requested)
-    except* GaveUp as group:
+    except BaseExceptionGroup as group:
         await supervisor.shutdown()
-        print(f"supervisor: {group.exceptions[0]}", file=sys.stderr)
+        gave_up, others = group.split(GaveUp)
+        if others:
+            raise others
+        print(f"supervisor: {gave_up.exceptions[0]}", file=sys.stderr)
         return 1
-    except* Exception:
-        await supervisor.shutdown()
-        raise
     return 0
 
 

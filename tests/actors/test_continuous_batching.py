@@ -6,6 +6,7 @@ the tokens it would get alone, and every KV block is either free or held by exac
 
 import random
 
+import msgspec
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -64,7 +65,7 @@ def alone(llama_dir):
     cache = {}
 
     def run(prompt, params):
-        key = (tuple(prompt), params)
+        key = (tuple(prompt), msgspec.msgpack.encode(params))
         if key not in cache:
             cache[key] = run_schedule(runner, [(prompt, params)], [0], 4096)[0][0]
         return cache[key]
