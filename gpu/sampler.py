@@ -1,0 +1,108 @@
+"""Batched token sampling whose randomness is a pure function of (seed, output position, token).
+
+Each row draws with Gumbel-max: argmax(logits / temperature + Gumbel noise), where the noise of
+token i comes from a counter-based hash of (seed, position, i), not from a stateful generator. So a
+request draws the same tokens whatever else shares its batch, and a preempted request that is
+recomputed draws them again. No per-row Python and no host sync: the caller reads the result.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+_INT64_RANGE = 1 << 64
+
+
+def _as_int64(value: int) -> int:
+    """The int64 with the same 64 bits as `value` mod 2**64 (torch has no uint64 arithmetic)."""
+    value %= _INT64_RANGE
+    return value - _INT64_RANGE if value >= 1 << 63 else value
+
+
+_GOLDEN = _as_int64(0x9E3779B97F4A7C15)
+_MIX_A = _as_int64(0xBF58476D1CE4E5B9)
+_MIX_B = _as_int64(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    # Logical shift on int64: torch's >> is arithmetic, so clear the copied sign bits.
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    # splitmix64's finalizer over int64 tensors; multiplication wraps mod 2**64 as uint64 would.
+    z = (z ^ _shift_right(z, 30)) * _MIX_A
+    z = (z ^ _shift_right(z, 27)) * _MIX_B
+    return z ^ _shift_right(z, 31)
+
+
+def uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    # seed, position: [S] int64 -> [S, V] float32, uniform in (0, 1), a pure function of (seed, position, index)
+    row_key = _mix64(_mix64(seed + _GOLDEN) + position * _GOLDEN)  # [S]
+    index = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=seed.device)  # [V]
+    bits = _mix64(row_key[:, None] + index[None, :] * _GOLDEN)  # [S, V]
+    # The top 24 bits are exact in float32; the half-step offset keeps 0 and 1 out.
+    return (_shift_right(bits, 40).float() + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    temperature: torch.Tensor  # [S] float32; <= 0 means greedy
+    top_p: torch.Tensor  # [S] float32; 1 keeps everything
+    top_k: torch.Tensor  # [S] int64; <= 0 keeps everything
+    seed: torch.Tensor  # [S] int64
+    position: torch.Tensor  # [S] int64, index of the output token being drawn
+    # Host-side summaries, so a batch that needs no filtering (or no randomness) skips that work.
+    all_greedy: bool
+    any_filtering: bool
+
+    @classmethod
+    def from_lists(
+        cls,
+        temperature: list[float],
+        top_p: list[float],
+        top_k: list[int],
+        seed: list[int],
+        position: list[int],
+        device: torch.device | str,
+    ) -> "SamplingTensors":
+        sampled = [t > 0 for t in temperature]
+        return cls(
+            temperature=torch.tensor(temperature, dtype=torch.float32).to(device, non_blocking=True),
+            top_p=torch.tensor(top_p, dtype=torch.float32).to(device, non_blocking=True),
+            top_k=torch.tensor(top_k, dtype=torch.int64).to(device, non_blocking=True),
+            seed=torch.tensor([_as_int64(s) for s in seed], dtype=torch.int64).to(device, non_blocking=True),
+            position=torch.tensor(position, dtype=torch.int64).to(device, non_blocking=True),
+            all_greedy=not any(sampled),
+            any_filtering=any(s and (k > 0 or p < 1) for s, k, p in zip(sampled, top_k, top_p)),
+        )
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Sets to -inf every logit outside the row's top k, then outside the smallest set whose
+    probability reaches top_p. logits: [S, V] float32; top_k: [S]; top_p: [S] -> [S, V]"""
+    vocab = logits.shape[-1]
+    ordered, order = logits.sort(dim=-1, descending=True, stable=True)  # [S, V]
+    ranks = torch.arange(vocab, device=logits.device)  # [V]
+    k = torch.where(top_k > 0, top_k, vocab)  # [S]
+    drop = ranks[None, :] >= k[:, None]  # [S, V]
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # [S, V], probability of the better-ranked tokens
+    drop |= mass_before >= top_p[:, None]
+    drop[:, 0] = False  # the most likely token always stays
+    return logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """One token per row. logits: [S, V] float32 -> [S] int64"""
+    greedy = logits.argmax(dim=-1)  # [S]
+    if params.all_greedy:
+        return greedy
+    temperature = torch.where(params.temperature > 0, params.temperature, 1.0)  # [S]; greedy rows discarded below
+    scaled = logits / temperature[:, None]  # [S, V]
+    if params.any_filtering:
+        scaled = filter_top_k_top_p(scaled, params.top_k, params.top_p)
+    gumbel = -torch.log(-torch.log(uniform_noise(params.seed, params.position, logits.shape[-1])))  # [S, V]
+    drawn = (scaled + gumbel).argmax(dim=-1)  # [S]
+    return torch.where(params.temperature > 0, drawn, greedy)

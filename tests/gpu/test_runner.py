@@ -1,0 +1,89 @@
+"""ModelRunner's contract with the executor, and the batch and cache layout beneath it."""
+
+import pytest
+import torch
+
+from gpu.batch import ForwardBatch
+from gpu.kv_cache import KVCache
+from gpu.runner import ModelRunner, SequenceInput
+
+
+@pytest.fixture(scope="module")
+def runner(build_tiny_model):
+    return ModelRunner(build_tiny_model("llama"), num_kv_blocks=32, block_size=4)
+
+
+def test_batch_flattens_sequences_and_maps_slots():
+    # Sequence 0: 3 cached tokens, 3 new (positions 3..5) in blocks [7, 2]; sequence 1: a decode at 4 in [5, 1].
+    batch = ForwardBatch.build([[10, 11, 12], [13]], [3, 4], [[7, 2], [5, 1]], block_size=4, device="cpu")
+    assert batch.input_ids.tolist() == [10, 11, 12, 13]
+    assert batch.positions.tolist() == [3, 4, 5, 4]
+    assert batch.slot_mapping.tolist() == [7 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 1 * 4 + 0]
+    assert batch.query_start.tolist() == [0, 3, 4]
+    assert batch.context_lens.tolist() == [6, 5]
+    assert batch.last_token_index.tolist() == [2, 3]
+    assert batch.block_tables.dtype == torch.int32 and batch.block_tables.tolist() == [[7, 2], [5, 1]]
+
+
+def test_cache_write_lands_in_the_mapped_slot():
+    cache = KVCache(num_layers=2, num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
+    k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
+    cache.write(1, k, v, torch.tensor([2 * 4 + 1, 0 * 4 + 3]))
+    assert torch.equal(cache.layers[1][0, 2, 1], k[0]) and torch.equal(cache.layers[1][1, 0, 3], v[1])
+    assert cache.layers[0].abs().sum() == 0
+    assert KVCache.bytes_per_block(2, 4, 2, 8, torch.bfloat16) == 2 * 2 * 4 * 2 * 8 * 2
+
+
+def test_attributes(runner, build_tiny_model):
+    assert (runner.device, runner.dtype, runner.block_size, runner.num_kv_blocks) == (torch.device("cpu"), torch.float32, 4, 32)
+    assert runner.max_model_len == 2048 and runner.vocab_size == 1024
+    assert runner.eos_token_ids == [4, 1]  # <|eot_id|>, <|end_of_text|>
+    sized = ModelRunner(build_tiny_model("llama"), kv_cache_bytes=10 * KVCache.bytes_per_block(2, 4, 2, 16, torch.float32), block_size=4)
+    assert sized.num_kv_blocks == 10
+    assert ModelRunner(build_tiny_model("llama")).num_kv_blocks == (256 << 20) // KVCache.bytes_per_block(2, 16, 2, 16, torch.float32)
+
+
+def test_only_sampling_sequences_get_tokens(runner):
+    assert runner.step([]) == []
+    out = runner.step([
+        SequenceInput([5, 6, 7], 0, [0], sample=False),
+        SequenceInput([8, 9], 0, [1], sample=True),
+    ])
+    assert out[0] is None and isinstance(out[1], int) and 0 <= out[1] < runner.vocab_size
+
+
+def test_seeded_draw_is_the_same_alone_and_in_a_batch(runner):
+    prompt = [20, 21, 22, 23, 24, 25]
+    seeded = dict(sample=True, temperature=1.0, top_p=0.9, top_k=50, seed=1234, output_index=3)
+    alone = runner.step([SequenceInput(prompt, 0, [0, 1], **seeded)])
+    crowd = runner.step([
+        SequenceInput([30, 31, 32], 0, [2], sample=True, temperature=0.7, seed=9),
+        SequenceInput(prompt, 0, [4, 3], **seeded),
+        SequenceInput([40], 0, [5], sample=True),
+    ])
+    assert crowd[1] == alone[0]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (SequenceInput([], 0, [0], sample=True), "empty"),
+        (SequenceInput([1, 2, 3, 4, 5], 0, [0], sample=True), "block table of 1 blocks"),
+        (SequenceInput([1], 4, [0], sample=True), "block table of 1 blocks"),
+        (SequenceInput([1], 0, [32], sample=True), "block ids"),
+        (SequenceInput([1], 0, [-1], sample=True), "block ids"),
+        (SequenceInput([1024], 0, [0], sample=True), "token ids"),
+        (SequenceInput([1], -1, [0], sample=True), "negative"),
+        (SequenceInput([1], 2048, list(range(32)), sample=True), "max_model_len"),
+    ],
+)
+def test_bad_input_is_rejected_before_any_work(runner, bad, message):
+    before = runner.kv.layers[0].clone()
+    with pytest.raises(ValueError, match=message):
+        runner.step([SequenceInput([7], 0, [3], sample=True), bad])
+    assert torch.equal(runner.kv.layers[0], before)
+
+
+def test_unknown_dtype_is_rejected(build_tiny_model):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ModelRunner(build_tiny_model("llama"), dtype="float8", num_kv_blocks=4)
