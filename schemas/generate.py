@@ -52,6 +52,7 @@ class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error

@@ -16,6 +16,9 @@ class Submit(msgspec.Struct, frozen=True, tag="submit"):
     prompt_ids: list[int]
     params: SamplingParams  # seed always set by the origin
     origin: str
+    # Tokens the client already received: a request resubmitted after a crash continues after them.
+    output_ids: list[int] = []
+    cache_namespace: str = ""  # prefix-cache isolation: requests share cached KV only within one namespace
 
 
 class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
@@ -33,6 +36,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     text: str  # new text since the last output
     finish_reason: str | None = None  # "stop", "length", or None while running
     completion_tokens: int = 0  # output tokens so far, up to a matched stop string
+    output_index: int = 0  # the position of token_ids[0] among the request's outputs
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, once known
     error: Error | None = None  # set when the request failed after it was accepted
 
 

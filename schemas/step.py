@@ -16,6 +16,7 @@ class StartSequence(msgspec.Struct, frozen=True, tag="start"):
     params: SamplingParams
     block_table: list[int]
     num_output_tokens: int = 0  # outputs generated before a preemption: they count toward max_tokens
+    cached_tokens: int = 0  # leading tokens whose KV the block table already holds (a cached prefix)
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, tag="prefill"):
@@ -47,8 +48,10 @@ class Commands(msgspec.Struct, frozen=True):
 class SequenceUpdate(msgspec.Struct, frozen=True):
     request_id: str
     token_ids: list[int]  # tokens drawn this step (none for a non-final prefill chunk)
+    output_index: int = 0  # the position of token_ids[0] among the request's outputs
     prefilled_tokens: int = 0  # prompt tokens computed this step
     finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
+    cached_tokens: int | None = None  # set on the first update after a start: prompt tokens reused from the cache
 
 
 class StepOutput(msgspec.Struct, frozen=True):

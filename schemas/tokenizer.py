@@ -27,6 +27,7 @@ class Track(msgspec.Struct, frozen=True, tag="track"):
     origin: str  # the subject the text goes to
     stop: list[str] = []
     skip_special_tokens: bool = True
+    delivered_ids: list[int] = []  # output tokens already sent on: a re-track after a crash resumes after them
 
 
 class Tracked(msgspec.Struct, frozen=True, tag="tracked"):
