@@ -113,8 +113,9 @@ class RunningBatch:
             else:
                 seq.position += 1
             drawn = [] if token is None else [token]
+            output_index = seq.num_outputs
             finish = self._record(seq, token) if token is not None else None
-            updates.append(SequenceUpdate(seq.request_id, drawn, planned.prefill_tokens, finish))
+            updates.append(SequenceUpdate(seq.request_id, drawn, output_index, planned.prefill_tokens, finish))
             if finish:
                 del self.sequences[seq.request_id]
         return updates
