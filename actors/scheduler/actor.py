@@ -66,10 +66,10 @@ class SchedulerActor(Actor):
 
     async def _on_request(self, message: SchedulerRequest, _reply_to: str | None) -> Accepted | Error | None:
         match message:
-            case Submit(request_id, prompt_ids, params, origin):
+            case Submit(request_id, prompt_ids, params, origin, output_ids):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
-                error = self.batcher.submit(request_id, prompt_ids, params, origin)
+                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids)
                 if error:
                     return error
                 await self._schedule()

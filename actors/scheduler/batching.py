@@ -9,7 +9,7 @@ youngest running sequence is preempted (its KV dropped, to be recomputed later),
 
 import bisect
 import itertools
-from collections import deque
+from collections import Counter, deque
 
 import msgspec
 
@@ -45,6 +45,7 @@ class ContinuousBatcher:
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self._arrivals = itertools.count()
         self._commands: list[Command] = []
+        self._unacked_drops: Counter[str] = Counter()  # drops sent that the executor has not confirmed
 
     # -- input ----------------------------------------------------------------------------
 
@@ -74,13 +75,17 @@ class ContinuousBatcher:
             )
         return None
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str) -> Error | None:
+    def submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str, output_ids: list[int] = ()
+    ) -> Error | None:
+        """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
+        crash): the request continues after them, as if it had been preempted."""
         if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
             params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         error = self.validate(request_id, prompt_ids, params)
         if error:
             return error
-        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals))
+        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids))
         self.sequences[request_id] = seq
         self.waiting.append(seq)
         return None
@@ -92,29 +97,43 @@ class ContinuousBatcher:
         if seq.state is State.WAITING:
             self.waiting.remove(seq)
         elif seq.state is State.RUNNING:
-            self._commands.append(DropSequence(request_id))
-            self._release(seq)
+            self._drop(seq)
             self.running.remove(seq)
         return seq
 
     def on_step(self, output: StepOutput) -> list[Sequence]:
-        """Books one step's results; returns the sequences that finished in it."""
+        """Books one step's results; returns the sequences that finished in it.
+
+        An update may come from a run of the sequence that was dropped since (a preemption, or an
+        abort and a resubmission under the same id). Its tokens still count when they continue
+        the sequence exactly where it stands, since every run draws the same tokens; repeats and
+        tokens past a gap are ignored, as is the prefill progress of a dropped run.
+        """
         finished = []
         for update in output.updates:
             seq = self.sequences.get(update.request_id)
             if seq is None:
                 continue  # aborted while the step ran
-            seq.prefill_done += update.prefilled_tokens
+            stale = self._unacked_drops[update.request_id] > 0
+            if not stale:
+                seq.prefill_done += update.prefilled_tokens
+            if update.output_index != len(seq.output_ids):
+                continue
             seq.output_ids += update.token_ids
             if update.finish_reason:
+                if stale and seq.state is State.RUNNING:
+                    self._drop(seq)  # the current run is now surplus
                 self._finish(seq)
                 finished.append(seq)
         for request_id in output.dropped:
-            seq = self.sequences.get(request_id)
-            if seq is not None and seq.state is State.DRAINING:
-                seq.state = State.WAITING
-                arrivals = [s.arrival for s in self.waiting]
-                self.waiting.insert(bisect.bisect(arrivals, seq.arrival), seq)
+            self._unacked_drops[request_id] -= 1
+            if self._unacked_drops[request_id] <= 0:
+                del self._unacked_drops[request_id]
+                seq = self.sequences.get(request_id)
+                if seq is not None and seq.state is State.DRAINING:
+                    seq.state = State.WAITING
+                    arrivals = [s.arrival for s in self.waiting]
+                    self.waiting.insert(bisect.bisect(arrivals, seq.arrival), seq)
         return finished
 
     def reset_executor(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
@@ -193,9 +212,15 @@ class ContinuousBatcher:
         seq.prefill_sent = end
         return end - start
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _drop(self, seq: Sequence) -> None:
+        """Tells the executor to forget `seq` and frees its blocks; we count the drop until the
+        executor confirms it, so updates of the dropped run are recognised."""
         self._commands.append(DropSequence(seq.request_id))
+        self._unacked_drops[seq.request_id] += 1
         self._release(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._drop(seq)
         self.running.remove(seq)
         seq.state = State.DRAINING
 
