@@ -32,6 +32,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_restarts: int = 5
     restart_period_s: float = 60.0
     request_timeout_s: float = 600.0
+    max_migrations: int = 3
     log_format: str = "json"
     log_level: str = "info"
 
@@ -63,6 +64,7 @@ HELP = {
     "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
+    "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
     "log_format": "json (one object per line) or console (human-readable)",
     "log_level": "debug, info, warning or error",
 }

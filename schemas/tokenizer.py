@@ -27,11 +27,14 @@ class Track(msgspec.Struct, frozen=True, tag="track"):
     origin: str  # the subject the text goes to
     stop: list[str] = []
     skip_special_tokens: bool = True
-    delivered_ids: list[int] = []  # output tokens already sent on: a re-track after a crash resumes after them
+    # What the origin already received, so a re-track after a crash resumes exactly after it.
+    delivered_ids: list[int] = []
+    delivered_chars: int = 0
 
 
 class Tracked(msgspec.Struct, frozen=True, tag="tracked"):
     request_id: str
+    instance_id: str  # the tokenizer now tracking it: if that one dies, the origin tracks it elsewhere
 
 
 class Untrack(msgspec.Struct, frozen=True, tag="untrack"):

@@ -18,8 +18,9 @@ class FrontdoorActor(Actor):
 
     async def start(self) -> None:
         cfg = self.config
-        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.request_timeout_s)
+        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.request_timeout_s, cfg.max_migrations)
         await self.pipeline.start()
+        self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
         await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
         app = HttpApi(self.pipeline, cfg.model_name).build_app()
@@ -33,3 +34,4 @@ class FrontdoorActor(Actor):
     async def stop(self) -> None:
         await self.runner.cleanup()
         await self.bus_api.close()
+        await self.pipeline.close()

@@ -62,7 +62,7 @@ class BusApi:
                 if output.finish_reason:
                     result = GenerateResult(
                         stream.request_id, "".join(text), token_ids, output.finish_reason,
-                        len(stream.prompt_ids), output.completion_tokens,
+                        len(stream.prompt_ids), output.completion_tokens, stream.cached_tokens,
                     )
                     await self.bus.reply(reply_to, result)
         finally:

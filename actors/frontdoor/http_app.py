@@ -12,7 +12,8 @@ import structlog
 from aiohttp import web
 
 from actors.frontdoor import openai_protocol as protocol
-from actors.frontdoor.pipeline import RequestPipeline, RequestStream
+from actors.frontdoor.pipeline import RequestPipeline
+from actors.frontdoor.request_stream import RequestStream
 from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 

@@ -3,25 +3,31 @@
 The frontdoor is the origin of every request it takes, over HTTP or the bus: it encodes the prompt
 with a tokenizer, asks one to track the output, submits to the scheduler, and receives the text on
 its own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
+When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
+it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
 """
 
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator
 
 import msgspec
 import structlog
 
+from actors.frontdoor.request_stream import RequestRecord, RequestStream
 from kernel.bus import Bus
+from kernel.liveness import Liveness
 from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
-from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit
+from schemas.health import Heartbeat
+from schemas.requests import Abort, Accepted, OutputBatch, Submit
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
 log = structlog.get_logger()
 CONTROL_TIMEOUT_S = 10.0  # encode, track and submit are quick; a slower answer means an actor is down
+RETRY_INTERVAL_S = 0.25
+LIVENESS_CHECK_S = 0.5
 
 
 def check_params(params: SamplingParams) -> Error | None:
@@ -39,54 +45,28 @@ def check_params(params: SamplingParams) -> Error | None:
     return None
 
 
-class RequestStream:
-    """The outputs of one accepted request. Iterate until an output carries a finish_reason."""
-
-    def __init__(self, pipeline: "RequestPipeline", request_id: str, prompt_ids: list[int], timeout_s: float) -> None:
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.finished = False
-        self._pipeline = pipeline
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._timeout_s = timeout_s
-
-    def deliver(self, output: RequestOutput) -> None:
-        self._queue.put_nowait(output)
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        deadline = asyncio.get_running_loop().time() + self._timeout_s
-        while not self.finished:
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                output = await asyncio.wait_for(self._queue.get(), max(remaining, 0.0))
-            except TimeoutError:
-                output = RequestOutput(self.request_id, [], "", "error", error=Error(
-                    "timeout", f"the request took longer than {self._timeout_s:g} s", retriable=True))
-            if output.finish_reason:
-                self.finished = True
-            yield output
-
-    async def close(self) -> None:
-        """Ends the request; aborts it downstream if it has not finished."""
-        await self._pipeline.release(self)
-
-
 class RequestPipeline:
-    def __init__(self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float) -> None:
+    def __init__(self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float, max_migrations: int) -> None:
         self.bus = bus
         self.subjects = subjects
         self.origin = subjects.origin(origin_id)
         self.request_timeout_s = request_timeout_s
+        self.max_migrations = max_migrations
         self.streams: dict[str, RequestStream] = {}
+        self.liveness = Liveness()
+        self._migrations: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         await self.bus.subscribe(self.origin, OutputBatch, self._on_outputs)
+        await self.bus.subscribe(self.subjects.all_heartbeats, Heartbeat, self._on_heartbeat)
 
     async def _on_outputs(self, batch: OutputBatch, _reply_to: str | None) -> None:
         for output in batch.outputs:
             stream = self.streams.get(output.request_id)
             if stream is not None:
                 stream.deliver(output)
+
+    # -- one request ----------------------------------------------------------------------
 
     async def encode(self, request: GenerateRequest) -> list[int] | Error:
         if request.input_ids is not None:
@@ -95,7 +75,7 @@ class RequestPipeline:
         reply = await self.bus.request(self.subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
         return reply.token_ids if isinstance(reply, Encoded) else reply
 
-    async def submit(self, request: GenerateRequest) -> RequestStream | Error:
+    async def submit(self, request: GenerateRequest, cache_namespace: str = "") -> RequestStream | Error:
         """Encodes and submits `request`; the caller must `close()` the stream it gets."""
         prompts = [p for p in (request.text, request.input_ids, request.messages) if p is not None]
         if len(prompts) != 1:
@@ -109,18 +89,29 @@ class RequestPipeline:
         params = request.params
         if params.seed is None:  # a seed of our own keeps the draw reproducible after a restart
             params = msgspec.structs.replace(params, seed=random.getrandbits(63))
-        request_id = uuid.uuid4().hex
-        stream = self.streams[request_id] = RequestStream(self, request_id, prompt_ids, self.request_timeout_s)
-        track = Track(request_id, self.origin, params.stop, params.skip_special_tokens)
-        reply = await self.bus.request(self.subjects.tokenizer, track, Tracked, CONTROL_TIMEOUT_S)
-        if isinstance(reply, Tracked):
-            submit = Submit(request_id, prompt_ids, params, self.origin)
-            reply = await self.bus.request(self.subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
+        record = RequestRecord(uuid.uuid4().hex, prompt_ids, params, cache_namespace)
+        stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
+        reply = await self._track(record)
+        if not isinstance(reply, Error):
+            reply = await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S)
         if isinstance(reply, Error):
             await self.release(stream)
             return reply
-        log.info("request_submitted", request_id=request_id, prompt_tokens=len(prompt_ids))
+        log.info("request_submitted", request_id=record.request_id, prompt_tokens=len(prompt_ids))
         return stream
+
+    async def _track(self, record: RequestRecord) -> Tracked | Error:
+        params = record.params
+        track = Track(record.request_id, self.origin, params.stop, params.skip_special_tokens,
+                      record.delivered_ids, record.delivered_chars)
+        reply = await self.bus.request(self.subjects.tokenizer, track, Tracked, CONTROL_TIMEOUT_S)
+        if isinstance(reply, Tracked):
+            record.tokenizer_id = reply.instance_id
+        return reply
+
+    def _submit_message(self, record: RequestRecord) -> Submit:
+        return Submit(record.request_id, record.prompt_ids, record.params, self.origin,
+                      list(record.delivered_ids), record.cache_namespace)
 
     async def release(self, stream: RequestStream) -> None:
         self.streams.pop(stream.request_id, None)
@@ -129,3 +120,66 @@ class RequestPipeline:
             log.info("request_aborted", request_id=stream.request_id)
             await self.bus.publish(self.subjects.scheduler, Abort(stream.request_id))
             await self.bus.publish(self.subjects.tokenizer_untrack, Untrack(stream.request_id))
+
+    # -- migration ------------------------------------------------------------------------
+
+    async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        first = self.liveness.observe(beat)
+        if first and beat.actor == "scheduler":
+            # There is one scheduler: a new one means the old one is gone, whatever its heartbeats say.
+            replaced = [i for i in self.liveness.instances.values() if i.actor == "scheduler" and i.instance_id != beat.instance_id]
+            for instance in replaced:
+                del self.liveness.instances[instance.instance_id]
+            if replaced:
+                self._migrate_all(lambda record: False, reason="scheduler restarted")
+
+    async def watch_liveness(self) -> None:
+        """Migrates the requests that a dead scheduler or tokenizer leaves behind."""
+        while True:
+            await asyncio.sleep(LIVENESS_CHECK_S)
+            for dead in self.liveness.expire():
+                log.warning("actor_lost", actor=dead.actor, instance=dead.instance_id)
+                if dead.actor == "scheduler":
+                    self._migrate_all(lambda record: False, reason="scheduler lost")
+                elif dead.actor == "tokenizer":
+                    self._migrate_all(lambda record, gone=dead.instance_id: record.tokenizer_id == gone,
+                                      reason="tokenizer lost")
+
+    def _migrate_all(self, needs_retrack, reason: str) -> None:
+        for stream in list(self.streams.values()):
+            if not stream.finished:
+                task = asyncio.create_task(self._migrate(stream, needs_retrack(stream.record), reason))
+                self._migrations.add(task)
+                task.add_done_callback(self._migrations.discard)
+
+    async def _migrate(self, stream: RequestStream, retrack: bool, reason: str) -> None:
+        record = stream.record
+        record.migrations += 1
+        if record.migrations > self.max_migrations:
+            stream.fail(Error("unavailable", f"the request was migrated {self.max_migrations} times; retry it", retriable=True))
+            return
+        log.info("request_migrating", request_id=record.request_id, reason=reason, delivered=len(record.delivered_ids))
+        if retrack:
+            reply = await self._retry(lambda: self._track(record))
+            if isinstance(reply, Error):
+                stream.fail(reply)
+                return
+        await self.bus.publish(self.subjects.scheduler, Abort(record.request_id, reason="migrate"))
+        reply = await self._retry(lambda: self.bus.request(
+            self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S))
+        if isinstance(reply, Error):
+            stream.fail(reply)
+
+    async def _retry(self, attempt):
+        """Repeats `attempt` while it fails with a retriable error, up to the request timeout."""
+        deadline = asyncio.get_running_loop().time() + self.request_timeout_s
+        while True:
+            reply = await attempt()
+            if not (isinstance(reply, Error) and reply.retriable) or asyncio.get_running_loop().time() > deadline:
+                return reply
+            await asyncio.sleep(RETRY_INTERVAL_S)
+
+    async def close(self) -> None:
+        for task in self._migrations:
+            task.cancel()
+        await asyncio.gather(*self._migrations, return_exceptions=True)

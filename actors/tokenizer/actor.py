@@ -26,6 +26,7 @@ QUEUE_GROUP = "tokenizers"
 class TrackedRequest:
     origin: str
     detokenizer: StreamingDetokenizer
+    cached_tokens: int | None = None
 
 
 class TokenizerActor(Actor):
@@ -47,10 +48,12 @@ class TokenizerActor(Actor):
         match message:
             case Encode():
                 return self.encode(message)
-            case Track(request_id, origin, stop, skip_special_tokens):
-                detokenizer = StreamingDetokenizer(self.tokenizer.backend_tokenizer, stop, skip_special_tokens)
+            case Track(request_id, origin, stop, skip_special_tokens, delivered_ids, delivered_chars):
+                detokenizer = StreamingDetokenizer(
+                    self.tokenizer.backend_tokenizer, stop, skip_special_tokens, delivered_ids, delivered_chars
+                )
                 self.tracked[request_id] = TrackedRequest(origin, detokenizer)
-                return Tracked(request_id)
+                return Tracked(request_id, self.instance_id)
 
     def encode(self, message: Encode) -> Encoded | Error:
         if message.messages is not None:
@@ -72,15 +75,26 @@ class TokenizerActor(Actor):
         batches: dict[str, list[RequestOutput]] = defaultdict(list)
         for update in output.updates:
             tracked = self.tracked.get(update.request_id)
-            if tracked is None or not (update.token_ids or update.finish_reason):
+            if tracked is None:
                 continue
-            text = tracked.detokenizer.push(update.token_ids, final=update.finish_reason is not None)
+            if update.cached_tokens is not None:  # reported when a run starts, before its first token
+                tracked.cached_tokens = update.cached_tokens
+            if not update.token_ids:
+                continue
+            detokenizer = tracked.detokenizer
+            start = detokenizer.completion_tokens
+            # After a restart upstream a run may repeat tokens we have, or skip ahead of us while
+            # the resubmitted run catches up: only the exact continuation counts.
+            if not update.output_index <= start < update.output_index + len(update.token_ids):
+                continue
+            text = detokenizer.push(update.token_ids, final=update.finish_reason is not None, first_index=update.output_index)
             finish = "stop" if text.stopped else update.finish_reason
             if text.stopped and update.finish_reason is None:
                 await self.bus.publish(self.subjects.scheduler, Abort(update.request_id, reason="stop"))
-            batches[tracked.origin].append(
-                RequestOutput(update.request_id, text.token_ids, text.text, finish, tracked.detokenizer.completion_tokens)
-            )
+            batches[tracked.origin].append(RequestOutput(
+                update.request_id, text.token_ids, text.text, finish, detokenizer.completion_tokens,
+                output_index=start, cached_tokens=tracked.cached_tokens,
+            ))
             if finish:
                 del self.tracked[update.request_id]
         for origin, outputs in batches.items():

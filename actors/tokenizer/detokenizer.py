@@ -19,7 +19,16 @@ class TextUpdate:
 
 
 class StreamingDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: list[str],
+        skip_special_tokens: bool = True,
+        delivered_ids: list[int] = (),
+        delivered_chars: int = 0,
+    ) -> None:
+        """`delivered_ids` and `delivered_chars`: what the client already has, when tracking
+        resumes after a crash; decoding continues after them and nothing is released twice."""
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._stop = [s for s in stop if s]
@@ -28,9 +37,18 @@ class StreamingDetokenizer:
         self._released = 0
         self.completion_tokens = 0
         self.stopped = False
+        if delivered_ids:
+            self.push(list(delivered_ids))
+            self._released = delivered_chars
 
-    def push(self, token_ids: list[int], final: bool = False) -> TextUpdate:
-        """Feeds new tokens; `final` releases the held-back tail (the request ends here)."""
+    def push(self, token_ids: list[int], final: bool = False, first_index: int | None = None) -> TextUpdate:
+        """Feeds new tokens; `final` releases the held-back tail (the request ends here).
+
+        `first_index` is the output position of `token_ids[0]`: tokens this detokenizer already
+        consumed are skipped, so a repeat after a restart upstream is harmless.
+        """
+        if first_index is not None:
+            token_ids = token_ids[max(0, self.completion_tokens - first_index):]
         consumed = []
         for token_id in token_ids:
             if self.stopped:

@@ -1,0 +1,81 @@
+"""The origin's record of one request, and the stream of its outputs to the client.
+
+The record (prompt ids, sampling parameters, and every token and character delivered so far) is
+the one durable copy of the request: whatever dies downstream, the origin can resubmit from it,
+and because outputs are numbered by their position, the client never receives a token twice.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from schemas.errors import Error
+from schemas.generate import SamplingParams
+from schemas.requests import RequestOutput
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    cache_namespace: str = ""
+    delivered_ids: list[int] = field(default_factory=list)
+    delivered_chars: int = 0
+    cached_tokens: int = 0
+    tokenizer_id: str = ""  # the tokenizer instance tracking the request
+    migrations: int = 0
+
+
+class RequestStream:
+    """Outputs of one accepted request, in order. Iterate until one carries a finish_reason."""
+
+    def __init__(self, record: RequestRecord, timeout_s: float, on_close) -> None:
+        self.record = record
+        self.finished = False
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._timeout_s = timeout_s
+        self._on_close = on_close
+
+    @property
+    def request_id(self) -> str:
+        return self.record.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.record.prompt_ids
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.record.cached_tokens
+
+    def deliver(self, output: RequestOutput) -> None:
+        """Takes an output if it continues exactly where the client stands (or ends the request)."""
+        record = self.record
+        if output.error is None and output.output_index != len(record.delivered_ids):
+            return  # a repeat from a run that was replaced, or another tokenizer's copy
+        record.delivered_ids += output.token_ids
+        record.delivered_chars += len(output.text)
+        if output.cached_tokens is not None:
+            record.cached_tokens = output.cached_tokens
+        self._queue.put_nowait(output)
+
+    def fail(self, error: Error) -> None:
+        self._queue.put_nowait(RequestOutput(self.request_id, [], "", "error", error=error))
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        while not self.finished:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                output = await asyncio.wait_for(self._queue.get(), max(remaining, 0.0))
+            except TimeoutError:
+                output = RequestOutput(self.request_id, [], "", "error", error=Error(
+                    "timeout", f"the request took longer than {self._timeout_s:g} s", retriable=True))
+            if output.finish_reason:
+                self.finished = True
+            yield output
+
+    async def close(self) -> None:
+        """Ends the request; aborts it downstream if it has not finished."""
+        await self._on_close(self)

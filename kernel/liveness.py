@@ -1,0 +1,42 @@
+"""Who is alive, from heartbeats: each actor instance reports every interval, and one that misses
+a few in a row is taken for dead (crashed, or stuck and no longer running its event loop)."""
+
+import time
+from dataclasses import dataclass
+
+from schemas.health import Heartbeat
+
+MISSED_BEATS = 3
+
+
+@dataclass
+class Instance:
+    actor: str
+    instance_id: str
+    ready: bool
+    deadline: float  # monotonic time after which it counts as dead
+
+
+class Liveness:
+    def __init__(self, missed_beats: int = MISSED_BEATS) -> None:
+        self.missed_beats = missed_beats
+        self.instances: dict[str, Instance] = {}
+
+    def observe(self, beat: Heartbeat, now: float | None = None) -> bool:
+        """Records a heartbeat; True when it is the first from this instance."""
+        now = time.monotonic() if now is None else now
+        deadline = now + self.missed_beats * beat.interval_s
+        known = self.instances.get(beat.instance_id)
+        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.ready, deadline)
+        return known is None
+
+    def expire(self, now: float | None = None) -> list[Instance]:
+        """Forgets and returns the instances whose heartbeats stopped."""
+        now = time.monotonic() if now is None else now
+        dead = [i for i in self.instances.values() if i.deadline < now]
+        for instance in dead:
+            del self.instances[instance.instance_id]
+        return dead
+
+    def ready(self, actor: str) -> bool:
+        return any(i.actor == actor and i.ready for i in self.instances.values())
