@@ -33,6 +33,8 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     restart_period_s: float = 60.0
     request_timeout_s: float = 600.0
     max_migrations: int = 3
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_concurrent_requests: int = 2048
     log_format: str = "json"
     log_level: str = "info"
 
@@ -64,6 +66,8 @@ HELP = {
     "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
+    "max_body_bytes": "HTTP request bodies larger than this get 413",
+    "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
     "log_format": "json (one object per line) or console (human-readable)",
     "log_level": "debug, info, warning or error",

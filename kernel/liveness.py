@@ -13,6 +13,7 @@ MISSED_BEATS = 3
 class Instance:
     actor: str
     instance_id: str
+    pid: int
     ready: bool
     deadline: float  # monotonic time after which it counts as dead
 
@@ -27,7 +28,7 @@ class Liveness:
         now = time.monotonic() if now is None else now
         deadline = now + self.missed_beats * beat.interval_s
         known = self.instances.get(beat.instance_id)
-        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.ready, deadline)
+        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.pid, beat.ready, deadline)
         return known is None
 
     def expire(self, now: float | None = None) -> list[Instance]:
@@ -40,3 +41,7 @@ class Liveness:
 
     def ready(self, actor: str) -> bool:
         return any(i.actor == actor and i.ready for i in self.instances.values())
+
+    def not_ready(self, actors: tuple[str, ...]) -> list[str]:
+        """Of `actors`, those with no live instance that can serve now."""
+        return [actor for actor in actors if not self.ready(actor)]

@@ -19,6 +19,7 @@ from kernel import config as config_module
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
 from kernel.config import KernelConfig
+from kernel.liveness import Liveness
 from kernel.log import configure
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects
@@ -27,6 +28,7 @@ from schemas.health import Heartbeat
 # Start order; shutdown goes the other way, so the door closes before the engine stops.
 ACTORS = ("executor", "scheduler", "tokenizer", "frontdoor")
 STOP_TIMEOUT_S = 10.0
+LIVENESS_CHECK_S = 0.5
 
 log = structlog.get_logger()
 
@@ -45,6 +47,7 @@ class Supervisor:
         self.stopping = False
         self._ready: set[str] = set()
         self._announced = False
+        self.liveness = Liveness()
 
     async def run(self, stop_requested: asyncio.Event) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +68,7 @@ class Supervisor:
                     group.create_task(self._watch(child))
                 if self.nats:
                     group.create_task(self._watch_nats())
+                group.create_task(self._kill_stuck_actors())
                 group.create_task(self._stop_on(stop_requested))
         finally:
             await bus.close()
@@ -80,6 +84,7 @@ class Supervisor:
         return str(target)
 
     async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        self.liveness.observe(beat)
         if beat.ready:
             self._ready.add(beat.actor)
         if not self._announced and self._ready >= set(ACTORS):
@@ -102,6 +107,17 @@ class Supervisor:
                 raise GaveUp(message)
             child.restarts += 1
             await child.start()
+
+    async def _kill_stuck_actors(self) -> None:
+        """A child whose process lives but whose heartbeats stopped is stuck (a deadlock, a hung
+        device call, SIGSTOP): kill it, so the watcher restarts it."""
+        while not self.stopping:
+            await asyncio.sleep(LIVENESS_CHECK_S)
+            for dead in self.liveness.expire():
+                child = self.children.get(dead.actor)
+                if child and child.pid == dead.pid and child.process.returncode is None:
+                    log.error("actor_stuck", child=child.name, pid=child.pid)
+                    child.process.kill()
 
     async def _watch_nats(self) -> None:
         """The bus server restarts on the same port; the actors reconnect on their own."""

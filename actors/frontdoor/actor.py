@@ -23,7 +23,7 @@ class FrontdoorActor(Actor):
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
         await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
-        app = HttpApi(self.pipeline, cfg.model_name).build_app()
+        app = HttpApi(self.pipeline, cfg.model_name, cfg.max_body_bytes, cfg.max_concurrent_requests).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()

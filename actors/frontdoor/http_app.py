@@ -12,12 +12,17 @@ import structlog
 from aiohttp import web
 
 from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.pipeline import RequestPipeline
 from actors.frontdoor.request_stream import RequestStream
 from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 
 log = structlog.get_logger()
+
+
+PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
+RETRY_AFTER_S = 1
 
 
 def error_response(error: Error) -> web.Response:
@@ -37,23 +42,38 @@ async def errors_as_json(request: web.Request, handler):
 
 
 class HttpApi:
-    def __init__(self, pipeline: RequestPipeline, model_name: str) -> None:
+    def __init__(self, pipeline: RequestPipeline, model_name: str, max_body_bytes: int, max_concurrent_requests: int) -> None:
         self.pipeline = pipeline
         self.model_name = model_name
+        self.max_body_bytes = max_body_bytes
+        self.max_concurrent_requests = max_concurrent_requests
+        self.openapi_document = openapi_document()
         self.created = int(time.time())
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_as_json])
+        app = web.Application(middlewares=[errors_as_json], client_max_size=self.max_body_bytes)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/health/ready", self.ready)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/admin/stats", self.stats)
+        app.router.add_get("/openapi.json", self.openapi)
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def openapi(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.openapi_document)
+
+    async def ready(self, _request: web.Request) -> web.Response:
+        """Ready when every actor a request passes through has a live, ready instance now."""
+        missing = self.pipeline.liveness.not_ready(PIPELINE_ACTORS)
+        if missing:
+            return web.json_response({"status": "unavailable", "not_ready": missing}, status=503)
+        return web.json_response({"status": "ready"})
 
     async def stats(self, _request: web.Request) -> web.Response:
         reply = await self.pipeline.bus.request(self.pipeline.subjects.admin_stats, GetStats(), SchedulerStats, 5.0)
@@ -76,6 +96,11 @@ class HttpApi:
     async def _serve(self, request: web.Request, parsed: protocol.ParsedRequest | Error) -> web.StreamResponse:
         if isinstance(parsed, Error):
             return error_response(parsed)
+        if len(self.pipeline.streams) >= self.max_concurrent_requests:
+            response = error_response(Error(
+                "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
         stream = await self.pipeline.submit(parsed.request)
         if isinstance(stream, Error):
             return error_response(stream)

@@ -1,13 +1,19 @@
 """The supervisor restarts what dies, gives up on a crash loop, and leaves nothing behind."""
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
+import msgspec
+import nats
 import pytest
+
+from schemas.admin import GetStats, SchedulerStats
 
 from tests.e2e.server import start_server
 
@@ -36,7 +42,7 @@ def wait_for_ready_restart(server, actor: str, starts: int = 2, timeout_s: float
 
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("supervised"), "--num-kv-blocks", "64")
+    running = start_server(tmp_path_factory.mktemp("supervised"), "--num-kv-blocks", "128", "--max-concurrent-requests", "3")
     yield running
     running.stop()
 
@@ -86,3 +92,96 @@ def test_help_explains_every_flag():
     out = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--model", "--nats-url", "--port", "--log-format", "--max-restarts", "--max-prefill-tokens"):
         assert flag in out
+
+
+def scheduler_stats(server) -> SchedulerStats:
+    """Over the bus, so it works while the frontdoor is down."""
+
+    async def ask():
+        nc = await nats.connect(server.nats_url)
+        reply = await nc.request("llm.admin.stats", msgspec.msgpack.encode(GetStats()), timeout=5)
+        await nc.drain()
+        return msgspec.msgpack.decode(reply.data, type=SchedulerStats)
+
+    return asyncio.run(ask())
+
+
+def start_streams(server, count: int) -> threading.Event:
+    """Long streaming requests in the background; setting the returned event hangs them up."""
+    hang_up = threading.Event()
+
+    def stream():
+        body = {"model": "demo", "prompt": "Go on", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        try:
+            with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
+                for _ in response.iter_lines():
+                    if hang_up.is_set():
+                        return
+        except httpx.HTTPError:
+            pass  # the connection dies with the frontdoor
+
+    for _ in range(count):
+        threading.Thread(target=stream, daemon=True).start()
+    return hang_up
+
+
+def wait_for(condition, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def test_killed_frontdoor_frees_the_work_of_its_connections(own_server):
+    start_streams(own_server, 3)
+    wait_for(lambda: scheduler_stats(own_server).running == 3, 30)
+    os.kill(own_server.child_pid("frontdoor"), signal.SIGKILL)
+    started = time.monotonic()
+    wait_for(lambda: scheduler_stats(own_server).running == 0, 10)
+    assert time.monotonic() - started < 10
+    stats = scheduler_stats(own_server)
+    assert stats.waiting == 0
+    assert own_server.find("orphans_aborted")
+
+
+def test_too_many_concurrent_requests_get_429(own_server):
+    wait_for(lambda: _answers(own_server), 60)
+    hang_up = start_streams(own_server, 3)
+    wait_for(lambda: scheduler_stats(own_server).running == 3, 30)
+    response = complete(own_server)
+    hang_up.set()
+    assert response.status_code == 429
+    assert response.headers["Retry-After"]
+    assert response.json()["error"]["type"] == "rate_limit_error"
+    wait_for(lambda: scheduler_stats(own_server).running == 0, 10)
+    assert complete(own_server).status_code == 200
+
+
+def test_oversized_body_gets_413(own_server):
+    wait_for(lambda: _answers(own_server), 60)
+    response = httpx.post(f"{own_server.base_url}/v1/completions", content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == 413
+    assert response.json()["error"]["message"]
+
+
+def test_stuck_actor_is_detected_and_restarted(own_server):
+    wait_for(lambda: _answers(own_server), 60)
+    assert httpx.get(f"{own_server.base_url}/health/ready").status_code == 200
+    pid = own_server.child_pid("tokenizer")
+    starts = len(own_server.find("child_started", child="tokenizer"))
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: httpx.get(f"{own_server.base_url}/health/ready").status_code == 503, 10)
+    assert "tokenizer" in httpx.get(f"{own_server.base_url}/health/ready").json()["not_ready"]
+    own_server.wait_for("actor_stuck", timeout_s=15, child="tokenizer")
+    wait_for_ready_restart(own_server, "tokenizer", starts=starts + 1)
+    wait_for(lambda: httpx.get(f"{own_server.base_url}/health/ready").status_code == 200, 30)
+    assert complete(own_server).status_code == 200
+
+
+def _answers(server) -> bool:
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,58 @@
+"""The OpenAPI document of the HTTP API, served at `/openapi.json`.
+
+Request bodies are described from the same msgspec Structs that parse them, so the document
+cannot drift from what the server accepts.
+"""
+
+import msgspec
+
+from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody
+from schemas.admin import SchedulerStats
+
+REF = "#/components/schemas/{name}"
+
+
+def _json_body(schema_name: str) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(name=schema_name)}}}}
+
+
+def _responses(ok: str, *errors: int) -> dict:
+    error = {"description": "an OpenAI-style error", "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}}}
+    return {"200": {"description": ok}, **{str(code): error for code in errors}}
+
+
+ERROR_BODY = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+
+
+def openapi_document() -> dict:
+    (chat, completion, generate, stats), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, GenerateBody, SchedulerStats], ref_template=REF
+    )
+    components["ErrorBody"] = ERROR_BODY
+    post_errors = (400, 404, 413, 429, 503)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "kernel-llm", "version": "0.1.0",
+                 "description": "OpenAI-compatible completions and chat, a native generate route, health and admin."},
+        "paths": {
+            "/v1/chat/completions": {"post": {"requestBody": _json_body("ChatCompletionRequest"),
+                                              "responses": _responses("a chat completion, or an SSE stream of chunks", *post_errors)}},
+            "/v1/completions": {"post": {"requestBody": _json_body("CompletionRequest"),
+                                         "responses": _responses("a completion, or an SSE stream of chunks", *post_errors)}},
+            "/generate": {"post": {"requestBody": _json_body("GenerateBody"),
+                                   "responses": _responses("generated text and token ids, or an SSE stream", *post_errors)}},
+            "/v1/models": {"get": {"responses": _responses("the served model")}},
+            "/health": {"get": {"responses": _responses("the process answers")}},
+            "/health/ready": {"get": {"responses": {**_responses("every actor can serve now"),
+                                                    "503": {"description": "an actor is down or stuck"}}}},
+            "/admin/stats": {"get": {"responses": _responses("queue, running batch and KV blocks", 503)}},
+            "/openapi.json": {"get": {"responses": _responses("this document")}},
+        },
+        "components": {"schemas": components},
+    }
