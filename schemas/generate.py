@@ -36,6 +36,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     params: SamplingParams = SamplingParams()
     stream: bool = False
     model: str | None = None
+    user: str = ""  # the tenant; cached prefixes are shared only within one
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):

@@ -42,7 +42,7 @@ class BusApi:
             await self.bus.reply(reply_to, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))
 
     async def _generate(self, request: GenerateRequest, reply_to: str) -> None:
-        stream = await self.pipeline.submit(request)
+        stream = await self.pipeline.submit(request, cache_namespace=request.user)
         if isinstance(stream, Error):
             await self.bus.reply(reply_to, stream)
             return

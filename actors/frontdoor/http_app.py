@@ -101,7 +101,7 @@ class HttpApi:
                 "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
-        stream = await self.pipeline.submit(parsed.request)
+        stream = await self.pipeline.submit(parsed.request, cache_namespace=parsed.user)
         if isinstance(stream, Error):
             return error_response(stream)
         try:
@@ -124,7 +124,8 @@ class HttpApi:
         raise AssertionError("a request stream ends with a finish_reason")
 
     def _final_body(self, kind: str, stream: RequestStream, text: str, token_ids: list[int], finish: str, completion_tokens: int) -> dict:
-        args = (stream.request_id, self.model_name, self.created, text, finish, len(stream.prompt_ids), completion_tokens)
+        args = (stream.request_id, self.model_name, self.created, text, finish, len(stream.prompt_ids), completion_tokens,
+                stream.cached_tokens)
         if kind == "chat":
             return protocol.chat_completion_response(*args)
         if kind == "completion":
@@ -132,6 +133,7 @@ class HttpApi:
         return {
             "request_id": stream.request_id, "text": text, "token_ids": token_ids, "finish_reason": finish,
             "prompt_tokens": len(stream.prompt_ids), "completion_tokens": completion_tokens,
+            "cached_tokens": stream.cached_tokens,
         }
 
     async def _stream_events(self, request: web.Request, parsed: protocol.ParsedRequest, stream: RequestStream) -> web.StreamResponse:
@@ -147,7 +149,8 @@ class HttpApi:
             if output.text or output.finish_reason or (kind == "generate" and output.token_ids):
                 await response.write(protocol.sse_event(self._chunk(kind, stream, output)))
             if output.finish_reason and parsed.include_usage_in_stream:
-                usage = protocol.usage_chunk(kind, rid, model, created, len(stream.prompt_ids), output.completion_tokens)
+                usage = protocol.usage_chunk(kind, rid, model, created, len(stream.prompt_ids), output.completion_tokens,
+                                             stream.cached_tokens)
                 await response.write(protocol.sse_event(usage))
         await response.write(protocol.SSE_DONE)
         await response.write_eof()

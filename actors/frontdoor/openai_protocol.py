@@ -71,6 +71,7 @@ class OpenAIFields(SamplingFields, kw_only=True):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    user: str | None = None  # names the tenant when no API keys are configured
 
 
 class ContentPart(msgspec.Struct):
@@ -126,6 +127,7 @@ class ParsedRequest:
     kind: Literal["chat", "completion", "generate"]
     request: GenerateRequest
     include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
+    user: str = ""  # the OpenAI `user` field: the prefix-cache namespace when no API keys are configured
 
 
 def parse_chat_request(body: bytes, served_model: str) -> ParsedRequest | Error:
@@ -313,7 +315,7 @@ def _openai_parsed(
     stream = bool(req.stream)
     request = msgspec.structs.replace(prompt, params=_sampling_params(req, max_tokens), stream=stream, model=model)
     include_usage = stream and req.stream_options is not None and bool(req.stream_options.include_usage)
-    return ParsedRequest(kind, request, include_usage)
+    return ParsedRequest(kind, request, include_usage, req.user or "")
 
 
 def _sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingParams:

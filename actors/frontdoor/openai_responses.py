@@ -24,11 +24,12 @@ def sse_event(payload: dict) -> bytes:
     return b"data: " + _json.encode(payload) + b"\n\n"
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -37,7 +38,8 @@ def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, ch
 
 
 def chat_completion_response(
-    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
     choice = {
         "index": 0,
@@ -46,15 +48,16 @@ def chat_completion_response(
         "finish_reason": finish_reason,
     }
     body = _envelope("chat", "chat.completion", request_id, model, created, [choice])
-    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+    return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def completion_response(
-    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     body = _envelope("completion", "text_completion", request_id, model, created, [choice])
-    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+    return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chat_chunk(
@@ -88,10 +91,11 @@ def usage_chunk(
     created: int,
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
     """The extra last chunk OpenAI sends when `stream_options.include_usage` is set."""
     body = _envelope(kind, _CHUNK_OBJECT[kind], request_id, model, created, [])
-    return body | {"usage": _usage(prompt_tokens, completion_tokens)}
+    return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def error_body(error: Error) -> dict:

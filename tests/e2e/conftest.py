@@ -1,6 +1,6 @@
 import pytest
 
-from tests.e2e.server import start_server
+from ops.local_server import start_server
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.e2e.server import start_server
+from ops.local_server import start_server
 
 EXAMPLES_PER_ROUTE = 25
 

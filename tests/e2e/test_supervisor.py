@@ -15,7 +15,7 @@ import pytest
 
 from schemas.admin import GetStats, SchedulerStats
 
-from tests.e2e.server import start_server
+from ops.local_server import start_server
 
 
 def alive(pid: int) -> bool:

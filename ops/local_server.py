@@ -1,4 +1,5 @@
-"""Starts the real supervisor (embedded nats-server, every actor a process) for end-to-end tests."""
+"""Starts a real local deployment (the supervisor, an embedded nats-server, every actor a process)
+and follows its JSON logs: for end-to-end tests and fault drills."""
 
 import json
 import os
@@ -77,7 +78,7 @@ class RunningServer:
 def start_server(data_dir: Path, *flags: str) -> RunningServer:
     port = free_port()
     command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(port), *flags]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = RunningServer(process, data_dir, port)
     threading.Thread(target=server._read_logs, daemon=True).start()

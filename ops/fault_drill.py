@@ -1,0 +1,160 @@
+"""Fault drill: streams a mixed workload (half HTTP through the openai SDK, half over the bus;
+half greedy, half seeded), kills one actor with SIGKILL mid-stream, and reports what the clients
+saw against an uninterrupted run of the same workload.
+
+    python -m ops.fault_drill --kill scheduler --requests 32 --max-tokens 24
+"""
+
+import argparse
+import asyncio
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nats
+from openai import AsyncOpenAI
+
+from ops.local_server import RunningServer, start_server
+from schemas.errors import Error
+from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+
+Reply = GenerateChunk | GenerateResult | Error
+
+
+@dataclass
+class ClientLog:
+    """What one client received; `arrivals` are the monotonic times of its chunks."""
+
+    text: str = ""
+    token_ids: list[int] | None = None  # bus clients see ids; HTTP clients see text and a count
+    completion_tokens: int = 0
+    arrivals: list[float] = field(default_factory=list)
+
+
+def workload(count: int) -> list[dict]:
+    return [
+        {"prompt": f"Request {i}: " + "tell me more " * (i % 5), "seed": 1000 + i,
+         "temperature": 0.0 if i % 2 == 0 else 0.8}
+        for i in range(count)
+    ]
+
+
+async def over_http(base_url: str, item: dict, max_tokens: int, progress: asyncio.Event) -> ClientLog:
+    log = ClientLog()
+    async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        stream = await client.completions.create(
+            model="demo", prompt=item["prompt"], max_tokens=max_tokens, temperature=item["temperature"],
+            seed=item["seed"], stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.choices:
+                log.text += chunk.choices[0].text
+                log.arrivals.append(time.monotonic())
+                progress.set()
+            if chunk.usage:
+                log.completion_tokens = chunk.usage.completion_tokens
+    return log
+
+
+async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event) -> ClientLog:
+    params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    request = GenerateRequest(text=item["prompt"], params=params, stream=True)
+    await nc.publish("llm.generate", msgspec.msgpack.encode(request), reply=inbox)
+    log, chunks = ClientLog(token_ids=[]), []
+    while True:
+        reply = msgspec.msgpack.decode((await sub.next_msg(timeout=120)).data, type=Reply)
+        if isinstance(reply, Error):
+            raise RuntimeError(f"bus request failed: {reply}")
+        if isinstance(reply, GenerateResult):
+            break
+        chunks.append(reply)
+        log.arrivals.append(time.monotonic())
+        progress.set()
+    await sub.unsubscribe()
+    if [c.sequence for c in chunks] != list(range(len(chunks))):
+        raise RuntimeError("a chunk was lost or repeated")
+    log.token_ids = [t for c in chunks for t in c.token_ids]
+    log.text = "".join(c.text for c in chunks)
+    if log.token_ids != reply.token_ids or log.text != reply.text:
+        raise RuntimeError("the streamed chunks disagree with the final result")
+    log.completion_tokens = reply.completion_tokens
+    return log
+
+
+async def run_workload(server: RunningServer, count: int, max_tokens: int, kill=None) -> tuple[list[ClientLog], float | None]:
+    """Runs the workload; `kill()` is called once streams are flowing. Returns the logs and the kill time."""
+    nc = await nats.connect(server.nats_url)
+    progress = asyncio.Event()
+    tasks = [
+        over_http(server.base_url, item, max_tokens, progress) if i % 2 else over_bus(nc, item, max_tokens, progress)
+        for i, item in enumerate(workload(count))
+    ]
+    gathered = asyncio.gather(*tasks)
+    killed_at = None
+    if kill:
+        await progress.wait()
+        await asyncio.sleep(0.3)
+        killed_at = time.monotonic()
+        kill()
+    logs = await gathered
+    await nc.drain()
+    return logs, killed_at
+
+
+def compare(reference: list[ClientLog], logs: list[ClientLog]) -> tuple[int, int]:
+    """(requests whose output differs, tokens repeated or missing), counted against the reference."""
+    differing, token_errors = 0, 0
+    for want, got in zip(reference, logs):
+        if got.text != want.text or got.token_ids != want.token_ids:
+            differing += 1
+        if want.token_ids is not None:
+            token_errors += sum(a != b for a, b in zip(got.token_ids, want.token_ids))
+            token_errors += abs(len(got.token_ids) - len(want.token_ids))
+        else:
+            token_errors += abs(got.completion_tokens - want.completion_tokens)
+    return differing, token_errors
+
+
+def stall_s(logs: list[ClientLog], killed_at: float) -> float:
+    """The longest any client waited, across the kill, for its next chunk."""
+    waits = []
+    for log in logs:
+        before = [t for t in log.arrivals if t <= killed_at]
+        after = [t for t in log.arrivals if t > killed_at]
+        if after:
+            waits.append(after[0] - (before[-1] if before else killed_at))
+    return max(waits, default=0.0)
+
+
+async def drill(actor: str, count: int, max_tokens: int, data_dir: Path) -> dict:
+    server = start_server(data_dir, "--num-kv-blocks", "512")
+    try:
+        reference, _ = await run_workload(server, count, max_tokens)
+        pid = server.child_pid(actor)
+        logs, killed_at = await run_workload(server, count, max_tokens, kill=lambda: os.kill(pid, signal.SIGKILL))
+        differing, token_errors = compare(reference, logs)
+        return {"actor": actor, "requests": count, "max_tokens": max_tokens, "lost": 0, "differing": differing,
+                "tokens_repeated_or_missing": token_errors, "longest_stall_s": round(stall_s(logs, killed_at), 2),
+                "restarted": server.child_pid(actor) != pid}
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--kill", choices=["scheduler", "executor", "tokenizer"], required=True)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as data_dir:
+        result = asyncio.run(drill(args.kill, args.requests, args.max_tokens, Path(data_dir)))
+    print(" | ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
