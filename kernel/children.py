@@ -40,10 +40,11 @@ class RestartBudget:
 
 
 class ChildProcess:
-    """One actor process: `python -m actors.<name> <flags>`."""
+    """One actor process: `python -m actors.<actor> <flags>`; `name` tells replicas apart."""
 
-    def __init__(self, name: str, argv: list[str]) -> None:
+    def __init__(self, name: str, actor: str, argv: list[str]) -> None:
         self.name = name
+        self.actor = actor
         self.argv = argv
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
@@ -54,7 +55,7 @@ class ChildProcess:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", f"actors.{self.name}", *self.argv,
+            sys.executable, "-m", f"actors.{self.actor}", *self.argv,
             start_new_session=True,  # Ctrl-C reaches the supervisor only, which stops children in order
             preexec_fn=_die_with_parent,
         )

@@ -28,6 +28,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_size: int = 16
     num_kv_blocks: int | None = None
     max_num_seqs: int = 256
+    tokenizers: int = 1
     max_prefill_tokens: int = 2048
     max_restarts: int = 5
     restart_period_s: float = 60.0
@@ -62,6 +63,7 @@ HELP = {
     "block_size": "tokens per KV cache block",
     "num_kv_blocks": "KV cache blocks to allocate; default: sized from free memory",
     "max_num_seqs": "most sequences in the running batch",
+    "tokenizers": "tokenizer processes, sharing the work as a NATS queue group",
     "max_prefill_tokens": "prompt tokens computed per step (chunked prefill budget)",
     "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
     "restart_period_s": "the window for --max-restarts",

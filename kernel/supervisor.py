@@ -62,8 +62,8 @@ class Supervisor:
         argv = config_module.to_argv(self.config)
         try:
             async with asyncio.TaskGroup() as group:
-                for name in ACTORS:
-                    child = self.children[name] = ChildProcess(name, argv)
+                for name, actor in self._child_names():
+                    child = self.children[name] = ChildProcess(name, actor, argv)
                     await child.start()
                     group.create_task(self._watch(child))
                 if self.nats:
@@ -72,6 +72,14 @@ class Supervisor:
                 group.create_task(self._stop_on(stop_requested))
         finally:
             await bus.close()
+
+    def _child_names(self) -> list[tuple[str, str]]:
+        """(name, actor) in start order; tokenizer replicas are tokenizer, tokenizer-2, ..."""
+        names = []
+        for actor in ACTORS:
+            copies = self.config.tokenizers if actor == "tokenizer" else 1
+            names += [(actor if i == 0 else f"{actor}-{i + 1}", actor) for i in range(copies)]
+        return names
 
     async def _build_demo_model(self) -> str:
         target = self.data_dir / "models" / "demo"
@@ -114,8 +122,8 @@ class Supervisor:
         while not self.stopping:
             await asyncio.sleep(LIVENESS_CHECK_S)
             for dead in self.liveness.expire():
-                child = self.children.get(dead.actor)
-                if child and child.pid == dead.pid and child.process.returncode is None:
+                child = next((c for c in self.children.values() if c.pid == dead.pid), None)
+                if child and child.process.returncode is None:
                     log.error("actor_stuck", child=child.name, pid=child.pid)
                     child.process.kill()
 
@@ -140,7 +148,7 @@ class Supervisor:
             return
         self.stopping = True
         log.info("shutting_down")
-        for name in reversed(ACTORS):
+        for name, _ in reversed(self._child_names()):
             if name in self.children:
                 await self.children[name].stop(STOP_TIMEOUT_S)
         if self.nats:

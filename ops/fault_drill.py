@@ -2,7 +2,7 @@
 half greedy, half seeded), kills one actor with SIGKILL mid-stream, and reports what the clients
 saw against an uninterrupted run of the same workload.
 
-    python -m ops.fault_drill --kill scheduler --requests 32 --max-tokens 24
+    python -m ops.fault_drill --kill tokenizer --tokenizers 2 --requests 32 --max-tokens 24
 """
 
 import argparse
@@ -86,15 +86,18 @@ async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event) -> 
     return log
 
 
-async def run_workload(server: RunningServer, count: int, max_tokens: int, kill=None) -> tuple[list[ClientLog], float | None]:
-    """Runs the workload; `kill()` is called once streams are flowing. Returns the logs and the kill time."""
+async def run_workload(
+    server: RunningServer, count: int, max_tokens: int, kill=None
+) -> tuple[list[ClientLog | BaseException], float | None]:
+    """Runs the workload; `kill()` is called once streams are flowing. Returns each client's log
+    (or the exception that ended it) and the kill time."""
     nc = await nats.connect(server.nats_url)
     progress = asyncio.Event()
     tasks = [
         over_http(server.base_url, item, max_tokens, progress) if i % 2 else over_bus(nc, item, max_tokens, progress)
         for i, item in enumerate(workload(count))
     ]
-    gathered = asyncio.gather(*tasks)
+    gathered = asyncio.gather(*tasks, return_exceptions=True)
     killed_at = None
     if kill:
         await progress.wait()
@@ -106,10 +109,16 @@ async def run_workload(server: RunningServer, count: int, max_tokens: int, kill=
     return logs, killed_at
 
 
-def compare(reference: list[ClientLog], logs: list[ClientLog]) -> tuple[int, int]:
-    """(requests whose output differs, tokens repeated or missing), counted against the reference."""
+def failures(logs: list[ClientLog | BaseException]) -> list[BaseException]:
+    return [log for log in logs if isinstance(log, BaseException)]
+
+
+def compare(reference: list[ClientLog], logs: list[ClientLog | BaseException]) -> tuple[int, int]:
+    """(requests whose output differs, tokens repeated or missing) among those that completed."""
     differing, token_errors = 0, 0
     for want, got in zip(reference, logs):
+        if isinstance(got, BaseException):
+            continue
         if got.text != want.text or got.token_ids != want.token_ids:
             differing += 1
         if want.token_ids is not None:
@@ -124,6 +133,8 @@ def stall_s(logs: list[ClientLog], killed_at: float) -> float:
     """The longest any client waited, across the kill, for its next chunk."""
     waits = []
     for log in logs:
+        if isinstance(log, BaseException):
+            continue
         before = [t for t in log.arrivals if t <= killed_at]
         after = [t for t in log.arrivals if t > killed_at]
         if after:
@@ -131,28 +142,31 @@ def stall_s(logs: list[ClientLog], killed_at: float) -> float:
     return max(waits, default=0.0)
 
 
-async def drill(actor: str, count: int, max_tokens: int, data_dir: Path) -> dict:
-    server = start_server(data_dir, "--num-kv-blocks", "512")
+async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_dir: Path) -> dict:
+    server = start_server(data_dir, "--num-kv-blocks", "512", "--tokenizers", str(tokenizers))
     try:
         reference, _ = await run_workload(server, count, max_tokens)
-        pid = server.child_pid(actor)
+        if failures(reference):
+            raise RuntimeError(f"the uninterrupted run failed: {failures(reference)[0]!r}")
+        pid = server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor)
         logs, killed_at = await run_workload(server, count, max_tokens, kill=lambda: os.kill(pid, signal.SIGKILL))
         differing, token_errors = compare(reference, logs)
-        return {"actor": actor, "requests": count, "max_tokens": max_tokens, "lost": 0, "differing": differing,
+        return {"actor": actor, "tokenizers": tokenizers, "requests": count, "max_tokens": max_tokens, "lost": len(failures(logs)), "differing": differing,
                 "tokens_repeated_or_missing": token_errors, "longest_stall_s": round(stall_s(logs, killed_at), 2),
-                "restarted": server.child_pid(actor) != pid}
+                "restarted": pid != (server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor))}
     finally:
         server.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--kill", choices=["scheduler", "executor", "tokenizer"], required=True)
+    parser.add_argument("--kill", choices=["scheduler", "executor", "tokenizer", "nats-server"], required=True)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--tokenizers", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
-        result = asyncio.run(drill(args.kill, args.requests, args.max_tokens, Path(data_dir)))
+        result = asyncio.run(drill(args.kill, args.requests, args.max_tokens, args.tokenizers, Path(data_dir)))
     print(" | ".join(f"{k}={v}" for k, v in result.items()))
 
 

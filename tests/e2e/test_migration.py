@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ops.fault_drill import compare, run_workload
+from ops.fault_drill import compare, failures, run_workload
 from ops.local_server import start_server
 
 NUM_REQUESTS = 32
@@ -15,7 +15,8 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("faults"), "--num-kv-blocks", "512")
+    # Two tokenizers: killing one moves its streams to the other (a queue group).
+    running = start_server(tmp_path_factory.mktemp("faults"), "--num-kv-blocks", "512", "--tokenizers", "2")
     yield running
     running.stop()
 
@@ -24,6 +25,7 @@ def faulty_server(tmp_path_factory):
 async def reference(faulty_server):
     """The same workload, uninterrupted."""
     logs, _ = await run_workload(faulty_server, NUM_REQUESTS, MAX_TOKENS)
+    assert not failures(logs)
     return logs
 
 
@@ -32,6 +34,7 @@ async def test_kill_under_load_loses_nothing(faulty_server, reference, actor):
     old_pid = faulty_server.child_pid(actor)
     logs, _ = await run_workload(faulty_server, NUM_REQUESTS, MAX_TOKENS, kill=lambda: os.kill(old_pid, signal.SIGKILL))
     assert faulty_server.child_pid(actor) != old_pid, "the actor was not restarted"
+    assert not failures(logs)
     assert compare(reference, logs) == (0, 0)
     assert all(log.completion_tokens == MAX_TOKENS for log in logs)
     if actor != "executor":  # the scheduler recomputes an executor's work itself; the origin moves the rest
