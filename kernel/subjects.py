@@ -46,6 +46,10 @@ class Subjects:
     def admin_stats(self) -> str:  # public: GetStats -> SchedulerStats
         return self._("admin", "stats")
 
+    @property
+    def admin_flush_cache(self) -> str:  # public: FlushCache -> CacheFlushed
+        return self._("admin", "flush_cache")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -12,3 +12,15 @@ class SchedulerStats(msgspec.Struct, frozen=True, tag="scheduler_stats"):
     running: int  # requests started on the executor
     total_blocks: int
     free_blocks: int
+    cached_blocks: int = 0  # held by the prefix cache (requests may use them too)
+    evictable_blocks: int = 0  # held by the prefix cache only: free for the taking when needed
+    cache_hit_tokens: int = 0  # prompt tokens served from the cache, since start
+    cache_queried_tokens: int = 0  # prompt tokens looked up in the cache, since start
+
+
+class FlushCache(msgspec.Struct, frozen=True, tag="flush_cache"):
+    """Drops every cached block that no running request uses."""
+
+
+class CacheFlushed(msgspec.Struct, frozen=True, tag="cache_flushed"):
+    freed_blocks: int

@@ -15,20 +15,29 @@ from schemas.step import StepOutput
 
 
 class InProcessEngine:
-    def __init__(self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048) -> None:
+    def __init__(
+        self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048, prefix_caching: bool = True
+    ) -> None:
         self.runner = runner
         self.max_prefill_tokens = max_prefill_tokens
         max_len = min(runner.max_model_len, runner.num_kv_blocks * runner.block_size)
         self.batcher = ContinuousBatcher(
-            runner.num_kv_blocks, runner.block_size, max_len, runner.vocab_size, max_num_seqs, max_prefill_tokens
+            runner.num_kv_blocks, runner.block_size, max_len, runner.vocab_size, max_num_seqs, max_prefill_tokens,
+            prefix_caching=prefix_caching,
         )
         self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids)
         self.outputs: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
+        self.cached_tokens: dict[str, int] = {}  # prompt tokens served from the prefix cache at the first start
         self.steps = 0
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Error | None:
-        error = self.batcher.submit(request_id, prompt_ids, params, origin="in-process")
+    def submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_namespace: str = "",
+        output_ids: list[int] = (),
+    ) -> Error | None:
+        error = self.batcher.submit(
+            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, cache_namespace=cache_namespace
+        )
         if error is None:
             self.outputs[request_id] = []
         return error
@@ -50,6 +59,8 @@ class InProcessEngine:
                 self.outputs[update.request_id] += update.token_ids
             if update.finish_reason:
                 self.finish_reasons[update.request_id] = update.finish_reason
+            if update.cached_tokens is not None:
+                self.cached_tokens.setdefault(update.request_id, update.cached_tokens)
         return output
 
     @property

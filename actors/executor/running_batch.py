@@ -23,6 +23,7 @@ class RunningSequence:
     chunks: deque[PrefillChunk] = field(default_factory=deque)
     last_token: int | None = None  # drawn, not yet fed back
     stop_ids: frozenset[int] = frozenset()
+    cached_tokens: int | None = None  # reported in the first update, then None
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,13 @@ class RunningBatch:
 
     def apply(self, command: Command) -> None:
         match command:
-            case StartSequence(request_id, params, block_table, num_outputs):
+            case StartSequence(request_id, params, block_table, num_outputs, cached_tokens):
                 stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-                self.sequences[request_id] = RunningSequence(request_id, params, list(block_table), num_outputs, stop_ids=stop_ids)
+                # The leading blocks already hold the KV of a cached prefix: prefill starts after it.
+                self.sequences[request_id] = RunningSequence(
+                    request_id, params, list(block_table), num_outputs, position=cached_tokens,
+                    stop_ids=stop_ids, cached_tokens=cached_tokens,
+                )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
                     self.sequences[request_id].chunks.append(command)
@@ -115,7 +120,10 @@ class RunningBatch:
             drawn = [] if token is None else [token]
             output_index = seq.num_outputs
             finish = self._record(seq, token) if token is not None else None
-            updates.append(SequenceUpdate(seq.request_id, drawn, output_index, planned.prefill_tokens, finish))
+            updates.append(
+                SequenceUpdate(seq.request_id, drawn, output_index, planned.prefill_tokens, finish, seq.cached_tokens)
+            )
+            seq.cached_tokens = None
             if finish:
                 del self.sequences[seq.request_id]
         return updates

@@ -15,7 +15,7 @@ from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.pipeline import RequestPipeline
 from actors.frontdoor.request_stream import RequestStream
-from schemas.admin import GetStats, SchedulerStats
+from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
 
 log = structlog.get_logger()
@@ -23,6 +23,7 @@ log = structlog.get_logger()
 
 PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
 RETRY_AFTER_S = 1
+ADMIN_TIMEOUT_S = 5.0
 
 
 def error_response(error: Error) -> web.Response:
@@ -59,6 +60,7 @@ class HttpApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/admin/stats", self.stats)
+        app.router.add_post("/admin/flush_cache", self.flush_cache)
         app.router.add_get("/openapi.json", self.openapi)
         return app
 
@@ -76,7 +78,14 @@ class HttpApi:
         return web.json_response({"status": "ready"})
 
     async def stats(self, _request: web.Request) -> web.Response:
-        reply = await self.pipeline.bus.request(self.pipeline.subjects.admin_stats, GetStats(), SchedulerStats, 5.0)
+        return await self._admin(self.pipeline.subjects.admin_stats, GetStats(), SchedulerStats)
+
+    async def flush_cache(self, _request: web.Request) -> web.Response:
+        return await self._admin(self.pipeline.subjects.admin_flush_cache, FlushCache(), CacheFlushed)
+
+    async def _admin(self, subject: str, message, reply_type) -> web.Response:
+        """Admin routes are the bus's admin conversations, answered as JSON."""
+        reply = await self.pipeline.bus.request(subject, message, reply_type, ADMIN_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
         return web.json_response(msgspec.to_builtins(reply))

@@ -9,12 +9,15 @@ import uuid
 
 from actors.scheduler.batching import ContinuousBatcher
 from kernel.actor import Actor
-from schemas.admin import GetStats, SchedulerStats
+from kernel.liveness import Liveness
+from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
+from schemas.health import Heartbeat
 from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
+ORPHAN_CHECK_S = 0.5
 
 
 class SchedulerActor(Actor):
@@ -30,6 +33,10 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest, self._on_request)
         await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
+        await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
+        self.frontdoors = Liveness()
+        await self.bus.subscribe(self.subjects.heartbeat("frontdoor"), Heartbeat, self._on_frontdoor_heartbeat)
+        self.spawn(self._abort_orphans(), "abort_orphans")
         self.spawn(self._find_executor(), "find_executor")
 
     @property
@@ -66,10 +73,10 @@ class SchedulerActor(Actor):
 
     async def _on_request(self, message: SchedulerRequest, _reply_to: str | None) -> Accepted | Error | None:
         match message:
-            case Submit(request_id, prompt_ids, params, origin, output_ids):
+            case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
-                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids)
+                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace)
                 if error:
                     return error
                 await self._schedule()
@@ -79,6 +86,29 @@ class SchedulerActor(Actor):
                     self.log.info("request_aborted", request_id=request_id, reason=reason)
                     await self._schedule()
                 return None
+
+    async def _on_frontdoor_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        self.frontdoors.observe(beat)
+
+    async def _abort_orphans(self) -> None:
+        """A dead frontdoor's HTTP clients are gone with it: free what their requests hold."""
+        while True:
+            await asyncio.sleep(ORPHAN_CHECK_S)
+            for dead in self.frontdoors.expire():
+                origin = self.subjects.origin(dead.instance_id)
+                orphans = [s.request_id for s in (self.batcher.sequences.values() if self.batcher else []) if s.origin == origin]
+                for request_id in orphans:
+                    self.batcher.abort(request_id)
+                if orphans:
+                    self.log.warning("orphans_aborted", origin=origin, count=len(orphans))
+                    await self._schedule()
+
+    async def _on_flush_cache(self, _message: FlushCache, _reply_to: str | None) -> CacheFlushed | Error:
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        freed = self.batcher.flush_cache()
+        self.log.info("cache_flushed", freed_blocks=freed)
+        return CacheFlushed(freed)
 
     async def _on_stats(self, _message: GetStats, _reply_to: str | None) -> SchedulerStats | Error:
         if self.batcher is None:

@@ -2,9 +2,11 @@
 
 A plain object, no bus: the scheduler actor feeds it submits, aborts and step outputs, and
 publishes the executor commands it returns. Requests join and leave the running batch at every
-step. A waiting request is admitted only when blocks for its whole prompt are free, so prefill
-never stalls; decoding sequences get blocks a few steps ahead, and when none are left the
-youngest running sequence is preempted (its KV dropped, to be recomputed later), never failed.
+step. A waiting request takes the longest cached prefix of its tokens from the radix cache and is
+admitted only when blocks for the rest of its prompt can be had, so prefill never stalls; decoding
+sequences get blocks a few steps ahead. When blocks run out, cached prefixes that no request uses
+are evicted first; then the youngest running sequence is preempted (its computed full blocks go to
+the cache, to be matched again when it is readmitted), never failed.
 """
 
 import bisect
@@ -14,6 +16,7 @@ from collections import Counter, deque
 import msgspec
 
 from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.radix_cache import CacheStats, RadixCache
 from actors.scheduler.sequence import Sequence, State
 from schemas.admin import SchedulerStats
 from schemas.errors import Error
@@ -31,8 +34,10 @@ class ContinuousBatcher:
         max_num_seqs: int = 256,
         max_prefill_tokens: int = 2048,
         lookahead_tokens: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         self.pool = BlockPool(num_blocks)
+        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -76,16 +81,23 @@ class ContinuousBatcher:
         return None
 
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str, output_ids: list[int] = ()
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        origin: str,
+        output_ids: list[int] = (),
+        cache_namespace: str = "",
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
-        crash): the request continues after them, as if it had been preempted."""
+        crash): the request continues after them, as if it had been preempted. It shares cached
+        prefixes only with requests of the same `cache_namespace`."""
         if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
             params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         error = self.validate(request_id, prompt_ids, params)
         if error:
             return error
-        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids))
+        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids), cache_namespace)
         self.sequences[request_id] = seq
         self.waiting.append(seq)
         return None
@@ -109,22 +121,7 @@ class ContinuousBatcher:
         the sequence exactly where it stands, since every run draws the same tokens; repeats and
         tokens past a gap are ignored, as is the prefill progress of a dropped run.
         """
-        finished = []
-        for update in output.updates:
-            seq = self.sequences.get(update.request_id)
-            if seq is None:
-                continue  # aborted while the step ran
-            stale = self._unacked_drops[update.request_id] > 0
-            if not stale:
-                seq.prefill_done += update.prefilled_tokens
-            if update.output_index != len(seq.output_ids):
-                continue
-            seq.output_ids += update.token_ids
-            if update.finish_reason:
-                if stale and seq.state is State.RUNNING:
-                    self._drop(seq)  # the current run is now surplus
-                self._finish(seq)
-                finished.append(seq)
+        # The drops an output confirms took effect before its step ran.
         for request_id in output.dropped:
             self._unacked_drops[request_id] -= 1
             if self._unacked_drops[request_id] <= 0:
@@ -134,23 +131,57 @@ class ContinuousBatcher:
                     seq.state = State.WAITING
                     arrivals = [s.arrival for s in self.waiting]
                     self.waiting.insert(bisect.bisect(arrivals, seq.arrival), seq)
+        finished = []
+        for update in output.updates:
+            seq = self.sequences.get(update.request_id)
+            if seq is None:
+                continue  # aborted while the step ran
+            stale = self._unacked_drops[update.request_id] > 0
+            if not stale:
+                seq.prefill_done += update.prefilled_tokens
+                seq.computed_len = max(seq.computed_len, seq.prefill_done)
+                if update.token_ids and update.output_index <= len(seq.output_ids):
+                    # the run has fed every token before the one it drew
+                    seq.computed_len = max(seq.computed_len, len(seq.prompt_ids) + update.output_index)
+            if update.output_index != len(seq.output_ids):
+                continue
+            seq.output_ids += update.token_ids
+            if update.finish_reason:
+                if stale and seq.state is State.RUNNING:
+                    self._drop(seq)  # the current run is now surplus
+                self._finish(seq)
+                finished.append(seq)
         return finished
 
     def reset_executor(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
         """A new executor knows nothing: every started request goes back to the queue and is
         recomputed from its prompt and the tokens it already produced."""
         self.pool = BlockPool(num_blocks)
+        self.cache = RadixCache(self.pool, block_size, enabled=self.cache.enabled)
         self.block_size, self.max_model_len, self.vocab_size = block_size, max_model_len, vocab_size
         self.lookahead_tokens = 2 * block_size
         for seq in self.running + [s for s in self.sequences.values() if s.state is State.DRAINING]:
-            seq.blocks = []
+            seq.blocks, seq.cached = [], None
             seq.state = State.WAITING
         self.running = []
         self.waiting = deque(sorted((s for s in self.sequences.values()), key=lambda s: s.arrival))
         self._commands = []
+        self._unacked_drops.clear()  # the new executor has nothing to confirm
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.waiting), len(self.running), self.pool.num_blocks, self.pool.num_free)
+        cache = self.cache.stats()
+        return SchedulerStats(
+            len(self.waiting), len(self.running), self.pool.num_blocks, self.pool.num_free,
+            cache.cached_blocks, cache.evictable_blocks, cache.hit_tokens, cache.queried_tokens,
+        )
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def flush_cache(self) -> int:
+        """Frees every cached block that no running request uses (stale after a weight update,
+        say); returns how many."""
+        return self.cache.flush()
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -180,7 +211,7 @@ class ContinuousBatcher:
             target = min(seq.total_len + self.lookahead_tokens, seq.max_total_len)
             need = self._blocks_for(target) - len(seq.blocks)
             while need > 0:
-                blocks = self.pool.allocate(need)
+                blocks = self._allocate(need)
                 if blocks is not None:
                     seq.blocks += blocks
                     self._commands.append(GrantBlocks(seq.request_id, blocks))
@@ -191,17 +222,35 @@ class ContinuousBatcher:
                     break
 
     def _admit(self, seq: Sequence) -> bool:
-        """Starts `seq` on the executor if blocks for all its tokens are free."""
+        """Starts `seq` on the executor if blocks for all its uncached tokens can be had. It reads
+        the cached prefix's shared blocks and writes only its own, after them."""
         tokens = seq.prompt_ids + seq.output_ids
-        blocks = self.pool.allocate(self._blocks_for(len(tokens) + 1))
+        cached = self.cache.match(seq.namespace, tokens)
+        self.cache.lock(cached.node)  # so that _allocate cannot evict it
+        blocks = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if blocks is None:
+            self.cache.unlock(cached.node)
             return False
+        self.pool.retain(cached.blocks)
         seq.state = State.RUNNING
-        seq.blocks = blocks
-        seq.prefill_ids, seq.prefill_sent, seq.prefill_done = tokens, 0, 0
+        seq.blocks, seq.cached = cached.blocks + blocks, cached
+        seq.prefill_ids = tokens
+        seq.prefill_sent = seq.prefill_done = seq.computed_len = cached.num_tokens
         self.running.append(seq)
-        self._commands.append(StartSequence(seq.request_id, seq.params, list(blocks), len(seq.output_ids)))
+        self._commands.append(
+            StartSequence(seq.request_id, seq.params, list(seq.blocks), len(seq.output_ids), cached.num_tokens)
+        )
         return True
+
+    def _allocate(self, count: int) -> list[int] | None:
+        """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None
+        (and nothing evicted) if even that would not be enough."""
+        short = count - self.pool.num_free
+        if short > 0:
+            if short > self.cache.stats().evictable_blocks:
+                return None
+            self.cache.evict(short)
+        return self.pool.allocate(count)
 
     def _send_chunk(self, seq: Sequence, budget: int) -> int:
         start = seq.prefill_sent
@@ -233,5 +282,12 @@ class ContinuousBatcher:
             self.waiting.remove(seq)
 
     def _release(self, seq: Sequence) -> None:
+        """Leaves the full blocks whose KV is computed to the cache, then drops the sequence's own
+        references (so a block the cache already had for the same tokens is freed)."""
+        if seq.cached is None:
+            return  # released already: a finish that follows a drop
+        full = min(seq.computed_len // self.block_size, len(seq.blocks))
+        self.cache.insert(seq.namespace, (seq.prompt_ids + seq.output_ids)[: full * self.block_size], seq.blocks[:full])
+        self.cache.unlock(seq.cached.node)
         self.pool.release(seq.blocks)
-        seq.blocks = []
+        seq.blocks, seq.cached = [], None

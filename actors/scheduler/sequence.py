@@ -3,6 +3,7 @@
 import enum
 from dataclasses import dataclass, field
 
+from actors.scheduler.radix_cache import MatchResult
 from schemas.generate import SamplingParams
 
 
@@ -20,13 +21,18 @@ class Sequence:
     origin: str
     arrival: int
     output_ids: list[int] = field(default_factory=list)
-    blocks: list[int] = field(default_factory=list)
+    namespace: str = ""  # prefix-cache namespace: requests share cached KV only within one
+    blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
+    cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.
     prefill_ids: list[int] = field(default_factory=list)
     prefill_sent: int = 0
     prefill_done: int = 0
+    # Leading tokens whose KV the current run has written, as far as its own updates tell: what
+    # may go to the prefix cache when the run ends. A drawn token gets its KV only a step later.
+    computed_len: int = 0
 
     @property
     def prefilling(self) -> bool:

@@ -1,10 +1,12 @@
 """Continuous batching on the plain scheduler and executor objects, with a real tiny model.
 
-Whatever the arrival times, chunk budget and pool size (preemption included), every request gets
-the tokens it would get alone, and every KV block is either free or held by exactly one request.
+Whatever the arrival times, chunk budget, pool size (preemption and eviction included), aborts and
+shared prefixes, every request gets the tokens it would get alone, with the prefix cache on or
+off, and every KV block is free, cached, or held by the requests that read it.
 """
 
 import random
+from collections import Counter
 
 import msgspec
 import pytest
@@ -28,28 +30,59 @@ def seeded(max_tokens: int, seed: int) -> SamplingParams:
 
 
 def check_blocks(engine: InProcessEngine) -> None:
-    """Each block is free or held by exactly one running request; nothing leaks."""
-    pool = engine.batcher.pool
-    held = [b for seq in engine.batcher.sequences.values() for b in seq.blocks]
-    assert len(held) == len(set(held))
-    assert all(pool.ref_count(b) == 1 for b in held)
-    assert len(held) + pool.num_free == pool.num_blocks
-    for seq in engine.batcher.sequences.values():
+    """Each block is free, held by the prefix cache alone, or held by one or more requests (and
+    maybe the cache); its reference count is its number of holders, so nothing leaks. Requests
+    share only full cached blocks: those lead their block tables, before the first token they
+    compute, so no block is written by two requests."""
+    batcher = engine.batcher
+    pool = batcher.pool
+    tree = batcher.cache.cached_blocks()
+    in_tree = set(tree)
+    assert len(tree) == len(in_tree)
+    holders = Counter(tree)
+    for seq in batcher.sequences.values():
         assert (seq.state is State.RUNNING) == bool(seq.blocks)
+        assert len(seq.blocks) == len(set(seq.blocks))
+        holders.update(seq.blocks)
+        if seq.blocks:
+            shared = seq.cached.blocks
+            assert seq.blocks[: len(shared)] == shared and in_tree & set(seq.blocks) == set(shared)
+            assert seq.cached.num_tokens == len(shared) * batcher.block_size < len(seq.prefill_ids)
+    assert all(pool.ref_count(b) == holders[b] for b in range(pool.num_blocks))
+    assert pool.num_free == pool.num_blocks - len(holders)
+    assert all(b in in_tree for b, n in holders.items() if n > 1)
+    stats = batcher.cache_stats()
+    assert stats.cached_blocks == len(tree)
+    assert stats.evictable_blocks == sum(holders[b] == 1 for b in tree)
 
 
-def run_schedule(runner, requests, arrivals, max_prefill_tokens, max_num_seqs=256):
-    engine = InProcessEngine(runner, max_num_seqs=max_num_seqs, max_prefill_tokens=max_prefill_tokens)
+def check_all_freed(engine: InProcessEngine) -> None:
+    """Once nothing runs, flushing the cache leaves every block free."""
+    check_blocks(engine)
+    pool = engine.batcher.pool
+    cached = engine.batcher.cache_stats().cached_blocks
+    assert pool.num_free + cached == pool.num_blocks
+    assert engine.batcher.flush_cache() == cached
+    assert pool.num_free == pool.num_blocks
+    check_blocks(engine)
+
+
+def run_schedule(runner, requests, arrivals, max_prefill_tokens, max_num_seqs=256, aborts=None, prefix_caching=True):
+    """Runs `requests` arriving at the given steps; `aborts[i]`, if set, aborts request i that
+    many steps after its arrival."""
+    engine = InProcessEngine(runner, max_num_seqs, max_prefill_tokens, prefix_caching=prefix_caching)
+    aborts = aborts or [None] * len(requests)
 
     def arrive(step: int) -> None:
         for i, (prompt, params) in enumerate(requests):
             if arrivals[i] == step:
                 assert engine.submit(f"r{i}", prompt, params) is None
+            if aborts[i] is not None and arrivals[i] + aborts[i] == step:
+                engine.abort(f"r{i}")
         check_blocks(engine)
 
-    engine.run(arrive, min_steps=max(arrivals) + 1)
-    check_blocks(engine)
-    assert engine.batcher.pool.num_free == engine.batcher.pool.num_blocks
+    engine.run(arrive, min_steps=max(a + (b or 0) for a, b in zip(arrivals, aborts)) + 1)
+    check_all_freed(engine)
     return [engine.outputs[f"r{i}"] for i in range(len(requests))], engine
 
 
@@ -73,26 +106,40 @@ def alone(llama_dir):
     return run
 
 
-request_strategy = st.tuples(
-    st.lists(st.integers(5, 900), min_size=1, max_size=40),
-    st.integers(1, 24),
-    st.one_of(st.none(), st.integers(0, 2**31)),
-)
+tokens = st.integers(5, 900)
+
+
+@st.composite
+def workloads(draw):
+    """Requests whose prompts are a few shared stems plus random suffixes (identical prompts
+    included), arriving at random steps, some aborted a few steps later."""
+    stems = draw(st.lists(st.lists(tokens, min_size=1, max_size=28), min_size=1, max_size=3))
+    requests, arrivals, aborts = [], [], []
+    for _ in range(draw(st.integers(2, 6))):
+        prompt = draw(st.sampled_from(stems)) + draw(st.lists(tokens, max_size=8))
+        n, seed = draw(st.integers(1, 16)), draw(st.one_of(st.none(), st.integers(0, 2**31)))
+        requests.append((prompt, greedy(n) if seed is None else seeded(n, seed)))
+        arrivals.append(draw(st.one_of(st.integers(0, 3), st.integers(0, 20))))
+        aborts.append(draw(st.one_of(st.none(), st.none(), st.integers(0, 12))))
+    return requests, arrivals, aborts
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    requests=st.lists(request_strategy, min_size=1, max_size=6),
-    arrivals=st.lists(st.integers(0, 30), min_size=6, max_size=6),
-    max_prefill_tokens=st.sampled_from([3, 8, 64]),
-    num_blocks=st.sampled_from([16, 24, 400]),
-)
-def test_batching_never_changes_tokens(llama_dir, alone, requests, arrivals, max_prefill_tokens, num_blocks):
+@given(workload=workloads(), max_prefill_tokens=st.sampled_from([3, 8, 64]), num_blocks=st.sampled_from([16, 24, 400]))
+def test_batching_and_prefix_cache_never_change_tokens(llama_dir, alone, workload, max_prefill_tokens, num_blocks):
+    requests, arrivals, aborts = workload
     runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=num_blocks, block_size=4)
-    built = [(prompt, greedy(n) if seed is None else seeded(n, seed)) for prompt, n, seed in requests]
-    outputs, _ = run_schedule(runner, built, arrivals[: len(built)], max_prefill_tokens)
-    for (prompt, params), output in zip(built, outputs):
-        assert output == alone(prompt, params)
+    runs = {
+        caching: run_schedule(runner, requests, arrivals, max_prefill_tokens, aborts=aborts, prefix_caching=caching)[0]
+        for caching in (True, False)
+    }
+    for i, (prompt, params) in enumerate(requests):
+        expected = alone(prompt, params)
+        for outputs in runs.values():
+            if aborts[i] is None:
+                assert outputs[i] == expected
+            else:  # cut short at a step that depends on timing
+                assert outputs[i] == expected[: len(outputs[i])]
 
 
 def test_small_pool_preempts_and_resumes(llama_dir, alone):
@@ -105,6 +152,37 @@ def test_small_pool_preempts_and_resumes(llama_dir, alone):
         assert output == alone(prompt, params)
 
 
+def test_small_pool_shares_evicts_and_preempts(llama_dir, alone):
+    runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=16, block_size=4)
+    rng = random.Random(5)
+    stems = [[rng.randrange(5, 900) for _ in range(18)] for _ in range(2)]
+    requests = [
+        (stems[i % 2] + [rng.randrange(5, 900) for _ in range(i % 3)], greedy(16) if i % 2 else seeded(16, i))
+        for i in range(6)
+    ]
+    arrivals = [0, 0, 1, 2, 12, 20]
+    for caching in (True, False):
+        engine = InProcessEngine(runner, max_prefill_tokens=8, prefix_caching=caching)
+        preempted = 0
+
+        def arrive(step: int) -> None:
+            for i, (prompt, params) in enumerate(requests):
+                if arrivals[i] == step:
+                    assert engine.submit(f"r{i}", prompt, params) is None
+            check_blocks(engine)
+
+        for i in range(10_000):
+            arrive(i)
+            if i > max(arrivals) and not engine.busy:
+                break
+            preempted += len(engine.step().dropped)
+        assert preempted > 0
+        assert (engine.batcher.cache_stats().hit_tokens > 0) == caching
+        for i, (prompt, params) in enumerate(requests):
+            assert engine.outputs[f"r{i}"] == alone(prompt, params)
+        check_all_freed(engine)
+
+
 def test_abort_frees_blocks(llama_dir):
     runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=64, block_size=4)
     engine = InProcessEngine(runner, max_prefill_tokens=8)
@@ -115,8 +193,52 @@ def test_abort_frees_blocks(llama_dir):
     engine.abort("a")
     check_blocks(engine)
     engine.run()
-    assert engine.batcher.pool.num_free == 64
+    check_all_freed(engine)
     assert len(engine.outputs["b"]) == 50
+
+
+def run_counting_prefill(engine: InProcessEngine, prefilled: Counter) -> None:
+    while engine.busy:
+        for update in engine.step().updates:
+            prefilled[update.request_id] += update.prefilled_tokens
+
+
+def test_a_repeated_prompt_is_served_from_the_cache(llama_dir, alone):
+    runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=64, block_size=4)
+    engine = InProcessEngine(runner, max_prefill_tokens=8)
+    prompt = [(7 * i) % 800 + 5 for i in range(30)]
+    prefilled = Counter()
+    for request_id, namespace in [("first", ""), ("again", ""), ("elsewhere", "tenant-b")]:
+        assert engine.submit(request_id, prompt, greedy(6), cache_namespace=namespace) is None
+        run_counting_prefill(engine, prefilled)
+        assert engine.outputs[request_id] == alone(prompt, greedy(6))
+
+    assert engine.cached_tokens == {"first": 0, "again": 28, "elsewhere": 0}  # whole blocks, one token left
+    assert prefilled == {"first": 30, "again": 2, "elsewhere": 30}
+    # The next turn of the chat: the first answer's computed tokens are cached too.
+    turn = prompt + engine.outputs["first"] + [11, 12, 13]
+    assert engine.submit("turn", turn, greedy(4)) is None
+    run_counting_prefill(engine, prefilled)
+    assert engine.cached_tokens["turn"] == 32  # 35 computed (the last drawn token has no KV): 8 blocks
+    assert prefilled["turn"] == len(turn) - 32
+    assert engine.outputs["turn"] == alone(turn, greedy(4))
+    stats = engine.batcher.cache_stats()
+    assert (stats.hit_tokens, stats.queried_tokens) == (28 + 32, 3 * 30 + len(turn))
+    check_all_freed(engine)
+
+
+def test_without_prefix_caching_nothing_is_cached(llama_dir):
+    runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=64, block_size=4)
+    engine = InProcessEngine(runner, max_prefill_tokens=8, prefix_caching=False)
+    prompt = list(range(5, 35))
+    prefilled = Counter()
+    for request_id in ["first", "again"]:
+        engine.submit(request_id, prompt, greedy(6))
+        run_counting_prefill(engine, prefilled)
+    assert engine.cached_tokens == {"first": 0, "again": 0}
+    assert prefilled == {"first": 30, "again": 30}
+    assert engine.batcher.pool.num_free == 64
+    assert engine.batcher.cache_stats() == (0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -1,0 +1,212 @@
+"""The radix prefix cache on its own: what a request gets back from it, and what it costs the pool."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.radix_cache import RadixCache
+
+BS = 4
+
+
+def make(num_blocks: int = 32) -> tuple[BlockPool, RadixCache]:
+    pool = BlockPool(num_blocks)
+    return pool, RadixCache(pool, BS)
+
+
+def finish(pool: BlockPool, cache: RadixCache, namespace: str, tokens: list[int], blocks: list[int]) -> int:
+    """What the scheduler does when a request ends: offer its blocks, then drop its own references."""
+    new = cache.insert(namespace, tokens, blocks)
+    pool.release(blocks)
+    return new
+
+
+def check_refs(pool: BlockPool, cache: RadixCache, *held_by_requests: list[int]) -> None:
+    """Every block's count is its number of holders: the tree (once) plus each request holding it."""
+    tree = cache.cached_blocks()
+    assert len(tree) == len(set(tree))
+    for block in range(pool.num_blocks):
+        holders = (block in tree) + sum(block in held for held in held_by_requests)
+        assert pool.ref_count(block) == holders
+    assert cache.stats().cached_blocks == len(tree)
+
+
+def test_match_returns_the_longest_cached_prefix_in_whole_blocks():
+    pool, cache = make()
+    tokens = list(range(100, 112))  # three blocks
+    blocks = pool.allocate(3)
+    assert finish(pool, cache, "", tokens, blocks) == 3
+    check_refs(pool, cache)
+
+    hit = cache.match("", tokens + [7, 8])
+    assert (hit.blocks, hit.num_tokens) == (blocks, 12)
+    hit = cache.match("", tokens[:10] + [0, 0, 0])  # diverges inside the third block
+    assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
+    assert cache.match("", [1, 2, 3, 4, 5]).num_tokens == 0
+    assert cache.match("", [100, 101, 102]).num_tokens == 0  # less than one block
+
+
+def test_match_always_leaves_a_token_to_compute():
+    pool, cache = make()
+    tokens = list(range(8))
+    finish(pool, cache, "", tokens, pool.allocate(2))
+    assert cache.match("", tokens).num_tokens == 4  # not 8: the last position must yield logits
+    assert cache.match("", tokens + [9]).num_tokens == 8
+    assert cache.match("", tokens[:5]).num_tokens == 4
+    assert cache.match("", tokens[:4]).num_tokens == 0
+
+
+def test_insert_keeps_the_trees_block_and_frees_the_duplicate():
+    pool, cache = make(8)
+    tokens = list(range(8))
+    first, second = pool.allocate(2), pool.allocate(2)
+    assert finish(pool, cache, "", tokens, first) == 2
+    assert finish(pool, cache, "", tokens + [8, 9, 10, 11], second + pool.allocate(1)) == 1
+    check_refs(pool, cache)
+    assert cache.stats().cached_blocks == 3
+    assert pool.num_free == 5  # `second` went back: the tree kept `first`
+    assert cache.match("", tokens + [8, 9, 10, 11, 12]).blocks[:2] == first
+
+
+def test_insert_splits_a_node_where_prompts_diverge():
+    pool, cache = make()
+    stem = list(range(50, 58))
+    a, b = stem + [1, 2, 3, 4], stem + [5, 6, 7, 8]
+    blocks_a = pool.allocate(3)
+    finish(pool, cache, "", a, blocks_a)
+    hit = cache.match("", b + [0])
+    assert hit.blocks == blocks_a[:2]
+    cache.lock(hit.node)
+    pool.retain(hit.blocks)
+    blocks_b = hit.blocks + pool.allocate(1)
+    cache.unlock(hit.node)
+    assert finish(pool, cache, "", b, blocks_b) == 1
+    check_refs(pool, cache)
+    assert cache.match("", a + [0]).blocks == blocks_a
+    assert cache.match("", b + [0]).blocks == blocks_b
+    assert cache.stats().cached_blocks == 4
+
+
+def test_namespaces_never_share():
+    pool, cache = make()
+    tokens = list(range(12))
+    blocks = pool.allocate(3)
+    finish(pool, cache, "tenant-a", tokens, blocks)
+    assert cache.match("tenant-b", tokens + [1]).num_tokens == 0
+    assert cache.match("", tokens + [1]).num_tokens == 0
+    assert cache.match("tenant-a", tokens + [1]).num_tokens == 12
+    other = pool.allocate(3)
+    assert finish(pool, cache, "tenant-b", tokens, other) == 3  # its own copy, not a duplicate
+    assert cache.match("tenant-b", tokens + [1]).blocks == other
+    check_refs(pool, cache)
+
+
+def test_locked_prefixes_are_never_evicted():
+    pool, cache = make(8)
+    tokens = list(range(16))
+    finish(pool, cache, "", tokens, pool.allocate(4))
+    hit = cache.match("", tokens[:9])
+    cache.lock(hit.node)
+    pool.retain(hit.blocks)
+    assert cache.stats().evictable_blocks == 2
+    assert cache.evict(100) == 2  # only the unlocked tail
+    check_refs(pool, cache, hit.blocks)
+    assert cache.match("", tokens + [0]).blocks == hit.blocks
+    cache.unlock(hit.node)
+    pool.release(hit.blocks)
+    assert cache.flush() == 2
+    assert pool.num_free == 8
+    with pytest.raises(ValueError):
+        cache.unlock(hit.node)
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    pool, cache = make()
+    old, new = [1] * 8, [2] * 8
+    finish(pool, cache, "", old, pool.allocate(2))
+    finish(pool, cache, "", new, pool.allocate(2))
+    cache.match("", old + [0])  # touched: now the newer one
+    assert cache.evict(1) == 2  # a whole node
+    assert cache.match("", old + [0]).num_tokens == 8
+    assert cache.match("", new + [0]).num_tokens == 0
+
+
+def test_eviction_climbs_to_parents_that_become_leaves():
+    pool, cache = make()
+    stem = [9] * 4
+    finish(pool, cache, "", stem + [1] * 4, pool.allocate(2))
+    hit = cache.match("", stem + [2] * 5)
+    cache.lock(hit.node)
+    pool.retain(hit.blocks)
+    blocks = hit.blocks + pool.allocate(1)
+    cache.unlock(hit.node)
+    finish(pool, cache, "", stem + [2] * 4, blocks)
+    assert cache.stats() == (3, 3, 4, 9)
+    assert cache.evict(3) == 3
+    assert pool.num_free == pool.num_blocks
+    assert cache.stats().cached_blocks == 0
+
+
+def test_insert_rejects_a_partial_block():
+    pool, cache = make()
+    with pytest.raises(ValueError):
+        cache.insert("", [1, 2, 3, 4, 5], pool.allocate(2))
+
+
+def test_disabled_cache_matches_and_stores_nothing():
+    pool = BlockPool(8)
+    cache = RadixCache(pool, BS, enabled=False)
+    blocks = pool.allocate(2)
+    assert cache.insert("", list(range(8)), blocks) == 0
+    pool.release(blocks)
+    assert cache.match("", list(range(9))).num_tokens == 0
+    assert pool.num_free == 8 and cache.stats() == (0, 0, 0, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), num_blocks=st.sampled_from([6, 12, 40]))
+def test_random_requests_only_ever_get_blocks_of_their_own_prefix(data, num_blocks):
+    """Requests over a few shared stems start (match, lock, allocate the rest, evicting if short),
+    run, and end (insert, unlock, release) in random order: every matched block holds exactly
+    the prefix it is matched for, and every count is its number of holders."""
+    pool, cache = make(num_blocks)
+    holds_prefix: dict[int, tuple] = {}  # block -> (namespace, the tokens up to its end) it was written for
+    running: list[tuple[str, list[int], list[int], object]] = []
+    stems = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=4, max_size=12), min_size=1, max_size=3))
+    for _ in range(data.draw(st.integers(1, 40))):
+        if running and data.draw(st.booleans()):
+            namespace, tokens, blocks, node = running.pop(data.draw(st.integers(0, len(running) - 1)))
+            full = data.draw(st.integers(0, len(tokens) // BS))  # how far the KV got computed
+            cache.insert(namespace, tokens[: full * BS], blocks[:full])
+            cache.unlock(node)
+            pool.release(blocks)
+        else:
+            namespace = data.draw(st.sampled_from(["", "b"]))
+            tokens = data.draw(st.sampled_from(stems)) + data.draw(st.lists(st.integers(0, 3), max_size=8))
+            hit = cache.match(namespace, tokens)
+            assert hit.num_tokens == len(hit.blocks) * BS < len(tokens)
+            for i, block in enumerate(hit.blocks):
+                assert holds_prefix[block] == (namespace, tuple(tokens[: (i + 1) * BS]))
+            cache.lock(hit.node)
+            need = -(-len(tokens) // BS) - len(hit.blocks)
+            if need > pool.num_free:
+                cache.evict(need - pool.num_free)
+            fresh = pool.allocate(need)
+            if fresh is None:
+                cache.unlock(hit.node)
+            else:
+                pool.retain(hit.blocks)
+                for i, block in enumerate(fresh, start=len(hit.blocks)):
+                    holds_prefix[block] = (namespace, tuple(tokens[: (i + 1) * BS]))
+                running.append((namespace, tokens, hit.blocks + fresh, hit.node))
+        check_refs(pool, cache, *(blocks for _, _, blocks, _ in running))
+        stats = cache.stats()
+        held = {b for _, _, blocks, _ in running for b in blocks}
+        assert stats.evictable_blocks == sum(b not in held for b in cache.cached_blocks())
+    for _, _, blocks, node in running:
+        cache.unlock(node)
+        pool.release(blocks)
+    cached = cache.stats().cached_blocks
+    assert cache.flush() == cached
+    assert cache.stats().cached_blocks == 0 and pool.num_free == num_blocks
