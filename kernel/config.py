@@ -34,6 +34,8 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     restart_period_s: float = 60.0
     request_timeout_s: float = 600.0
     max_migrations: int = 3
+    api_keys: str | None = None
+    admin_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 2048
     log_format: str = "json"
@@ -70,6 +72,8 @@ HELP = {
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
+    "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key",
+    "admin_key": "the key for /admin/ routes (with --api-keys, required for them)",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
     "log_format": "json (one object per line) or console (human-readable)",
     "log_level": "debug, info, warning or error",

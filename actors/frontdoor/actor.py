@@ -5,6 +5,7 @@ from aiohttp import web
 from actors.frontdoor.bus_api import BusApi
 from actors.frontdoor.http_app import HttpApi
 from actors.frontdoor.pipeline import RequestPipeline
+from actors.frontdoor.tenants import Tenants
 from kernel.actor import Actor
 from schemas.generate import GenerateRequest
 
@@ -23,7 +24,8 @@ class FrontdoorActor(Actor):
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
         await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
-        app = HttpApi(self.pipeline, cfg.model_name, cfg.max_body_bytes, cfg.max_concurrent_requests).build_app()
+        tenants = Tenants.from_config(cfg.api_keys, cfg.admin_key)
+        app = HttpApi(self.pipeline, cfg.model_name, cfg.max_body_bytes, cfg.max_concurrent_requests, tenants).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()

@@ -15,6 +15,7 @@ from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.pipeline import RequestPipeline
 from actors.frontdoor.request_stream import RequestStream
+from actors.frontdoor.tenants import Tenants
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
 
@@ -43,8 +44,11 @@ async def errors_as_json(request: web.Request, handler):
 
 
 class HttpApi:
-    def __init__(self, pipeline: RequestPipeline, model_name: str, max_body_bytes: int, max_concurrent_requests: int) -> None:
+    def __init__(
+        self, pipeline: RequestPipeline, model_name: str, max_body_bytes: int, max_concurrent_requests: int, tenants: Tenants
+    ) -> None:
         self.pipeline = pipeline
+        self.tenants = tenants
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.max_concurrent_requests = max_concurrent_requests
@@ -52,7 +56,7 @@ class HttpApi:
         self.created = int(time.time())
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_as_json], client_max_size=self.max_body_bytes)
+        app = web.Application(middlewares=[errors_as_json, self.identify], client_max_size=self.max_body_bytes)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health/ready", self.ready)
         app.router.add_get("/v1/models", self.models)
@@ -63,6 +67,14 @@ class HttpApi:
         app.router.add_post("/admin/flush_cache", self.flush_cache)
         app.router.add_get("/openapi.json", self.openapi)
         return app
+
+    @web.middleware
+    async def identify(self, request: web.Request, handler):
+        identity = self.tenants.identify(request.path, request.headers.get("Authorization"))
+        if isinstance(identity, Error):
+            return error_response(identity)
+        request["identity"] = identity
+        return await handler(request)
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -110,7 +122,8 @@ class HttpApi:
                 "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
-        stream = await self.pipeline.submit(parsed.request, cache_namespace=parsed.user)
+        namespace = self.tenants.cache_namespace(request["identity"], parsed.user)
+        stream = await self.pipeline.submit(parsed.request, cache_namespace=namespace)
         if isinstance(stream, Error):
             return error_response(stream)
         try:

@@ -1,0 +1,56 @@
+"""Who is asking, over HTTP. With API keys configured, the tenant comes from the key and a client
+never chooses it; the OpenAI `user` field only narrows within that tenant. With no keys, the
+server trusts the network and `user` names the tenant. The tenant scopes the prefix cache."""
+
+import hmac
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.errors import Error
+
+PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/openapi.json"})
+
+
+@dataclass(frozen=True)
+class Identity:
+    tenant: str | None  # None when no API keys are configured
+    admin: bool
+
+
+class Tenants:
+    def __init__(self, keys: dict[str, str] | None = None, admin_key: str | None = None) -> None:
+        self.keys = keys
+        self.admin_key = admin_key
+
+    @classmethod
+    def from_config(cls, api_keys_file: str | None, admin_key: str | None) -> "Tenants":
+        """Reads the keys file: a JSON object mapping each API key to its tenant name."""
+        if api_keys_file is None:
+            return cls(None, admin_key)
+        keys = json.loads(Path(api_keys_file).read_text())
+        if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in keys.items()):
+            raise ValueError(f"{api_keys_file}: expected a JSON object of API key -> tenant name")
+        return cls(keys, admin_key)
+
+    def identify(self, path: str, authorization: str | None) -> Identity | Error:
+        """The caller's identity, or a 401 when the route needs a key it did not give."""
+        key = authorization.removeprefix("Bearer ").strip() if authorization and authorization.startswith("Bearer ") else None
+        admin = bool(self.admin_key and key and hmac.compare_digest(key, self.admin_key))
+        if path in PUBLIC_PATHS:
+            return Identity(None, admin)
+        if path.startswith("/admin/"):
+            if self.admin_key is None and self.keys is None:
+                return Identity(None, True)  # no keys at all: the network is trusted
+            return Identity(None, True) if admin else Error("unauthorized", "admin routes need the admin key")
+        if self.keys is None:
+            return Identity(None, admin)
+        tenant = next((t for k, t in self.keys.items() if key and hmac.compare_digest(k, key)), None)
+        if tenant is None:
+            return Error("unauthorized", "a valid API key is required: Authorization: Bearer <key>")
+        return Identity(tenant, admin)
+
+    def cache_namespace(self, identity: Identity, user: str) -> str:
+        if identity.tenant is None:
+            return user
+        return f"{identity.tenant}/{user}" if user else identity.tenant

@@ -1,0 +1,66 @@
+"""Longer soaks, outside the default suite: `python -m pytest -m slow tests/e2e/test_soak.py`."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from ops.local_server import start_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def soak_server(tmp_path_factory):
+    running = start_server(tmp_path_factory.mktemp("soak"), "--num-kv-blocks", "1024", "--max-concurrent-requests", "4096")
+    yield running
+    running.stop()
+
+
+async def stream(http: httpx.AsyncClient, base_url: str, i: int, max_tokens: int, hang_up_after: int | None) -> int:
+    """Streams one completion; returns the chunks read (hanging up after `hang_up_after`)."""
+    body = {"model": "demo", "prompt": f"Soak {i}", "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0.7, "seed": i}
+    chunks = 0
+    async with http.stream("POST", f"{base_url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks += 1
+                if hang_up_after is not None and chunks >= hang_up_after:
+                    return chunks
+    return chunks
+
+
+def stats(server) -> dict:
+    return httpx.get(f"{server.base_url}/admin/stats", timeout=10).json()
+
+
+def assert_back_to_idle(server, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = stats(server)
+        if current["running"] == current["waiting"] == 0 and \
+                current["free_blocks"] + current["evictable_blocks"] == current["total_blocks"]:
+            return current
+        assert time.monotonic() < deadline, f"not idle: {current}"
+        time.sleep(0.2)
+
+
+async def test_disconnect_soak_leaks_nothing(soak_server):
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        results = await asyncio.gather(*(
+            stream(http, soak_server.base_url, i, 32, hang_up_after=3 if i % 2 else None) for i in range(400)
+        ))
+    assert all(r == 32 for r in results[0::2])
+    assert_back_to_idle(soak_server)
+
+
+async def test_a_thousand_concurrent_streams_complete(soak_server):
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as http:
+        results = await asyncio.gather(*(stream(http, soak_server.base_url, i, 8, None) for i in range(1000)))
+    assert results == [8] * 1000
+    assert_back_to_idle(soak_server)
