@@ -1,6 +1,7 @@
 """Longer soaks, outside the default suite: `python -m pytest -m slow tests/e2e/test_soak.py`."""
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -18,19 +19,21 @@ def soak_server(tmp_path_factory):
     running.stop()
 
 
-async def stream(http: httpx.AsyncClient, base_url: str, i: int, max_tokens: int, hang_up_after: int | None) -> int:
-    """Streams one completion; returns the chunks read (hanging up after `hang_up_after`)."""
+async def stream(http: httpx.AsyncClient, base_url: str, i: int, max_tokens: int, hang_up_after: int | None) -> int | None:
+    """Streams one completion; returns its completion token count, or None when it hung up
+    after `hang_up_after` chunks."""
     body = {"model": "demo", "prompt": f"Soak {i}", "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0.7, "seed": i}
-    chunks = 0
+            "temperature": 0.7, "seed": i, "stream_options": {"include_usage": True}}
+    chunks, completion_tokens = 0, None
     async with http.stream("POST", f"{base_url}/v1/completions", json=body) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
+            if line.startswith("data: {"):
                 chunks += 1
+                completion_tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", completion_tokens)
                 if hang_up_after is not None and chunks >= hang_up_after:
-                    return chunks
-    return chunks
+                    return None
+    return completion_tokens
 
 
 def stats(server) -> dict:
