@@ -1,33 +1,273 @@
 """One model step's input: the new tokens of every sequence, flattened, plus the paged-KV metadata.
 
 Prefill, a prompt chunk on top of cached KV and decode are one case: sequence s feeds `query_len`
-new tokens at positions `context_len - query_len ..< context_len`. Everything is built on the host
-in one pass and copied to the device once, so the model itself never waits on the host.
+new tokens at positions `context_len - query_len ..< context_len`. The metadata is built on the host
+with numpy (no per-token Python), laid out in one pinned buffer and copied to the device at once;
+the KV pages of each sequence are kept ragged (indptr + indices), the form FlashInfer plans from.
 """
 
-from dataclasses import dataclass
-from itertools import accumulate, chain
+from dataclasses import dataclass, replace
+from itertools import chain
 
+import numpy as np
 import torch
+
+_ALIGN = 16  # bytes; every array of the packed buffer starts aligned, so any dtype can view it
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What a step's input must stay within; the runner's pool and model set them."""
+
+    max_model_len: int
+    num_blocks: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class HostBatch:
+    token_data: np.ndarray  # [3T] int32: input ids | positions | flat KV slots, the three halves of a token
+    query_start: np.ndarray  # [S+1] int32, sequence s owns tokens query_start[s] ..< query_start[s+1]
+    kv_indptr: np.ndarray  # [S+1] int32, sequence s reads KV pages kv_indices[kv_indptr[s] ..< kv_indptr[s+1]]
+    kv_indices: np.ndarray  # [P] int32, KV block ids, each sequence's in order
+    kv_last_page_len: np.ndarray  # [S] int32, tokens in each sequence's last page, 1 ..= block_size
+    logits_index: np.ndarray  # [R] int32, the tokens whose logits the step returns
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_data) // 3
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.kv_last_page_len)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence feeds one token: the step the decode kernels and CUDA graphs serve."""
+        return self.num_tokens == self.num_seqs
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start)
+
+    @property
+    def context_lens(self) -> np.ndarray:  # [S] KV length of each sequence after this step
+        return (np.diff(self.kv_indptr) - 1) * self.block_size + self.kv_last_page_len
+
+    @classmethod
+    def build(
+        cls,
+        token_ids: list[list[int]],
+        start_positions: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        logits_rows: np.ndarray | None = None,
+        limits: BatchLimits | None = None,
+    ) -> "HostBatch":
+        """`logits_rows`: the sequences whose last token's logits are wanted (all when None).
+        With `limits`, raises ValueError naming the first bad sequence before anything is built
+        that could write outside its blocks or the pool."""
+        num_seqs = len(token_ids)
+        query_lens = np.fromiter(map(len, token_ids), np.int64, num_seqs)
+        starts = np.fromiter(start_positions, np.int64, num_seqs)
+        table_lens = np.fromiter(map(len, block_tables), np.int64, num_seqs)
+        ends = starts + query_lens
+        if limits is not None:
+            _check_shapes(query_lens, starts, ends, table_lens, block_size, limits)
+        query_start = _offsets(query_lens)
+        num_tokens = int(query_start[-1])
+        pages = (ends + block_size - 1) // block_size
+        kv_indptr = _offsets(pages)
+        kv_indices = np.fromiter(
+            chain.from_iterable(t[:n] for t, n in zip(block_tables, pages.tolist())), np.int64, int(kv_indptr[-1])
+        )
+        token_data = np.empty(3 * num_tokens, np.int64)
+        token_data[:num_tokens] = np.fromiter(chain.from_iterable(token_ids), np.int64, num_tokens)
+        if limits is not None:
+            _check_ids(token_data[:num_tokens], kv_indices, query_start, kv_indptr, limits)
+        if num_tokens == num_seqs:  # decode: one token per sequence
+            positions, page_of_token = starts, kv_indptr[1:] - 1
+        else:
+            seq_of_token = np.repeat(np.arange(num_seqs), query_lens)  # [T]
+            positions = np.arange(num_tokens) - query_start[seq_of_token] + starts[seq_of_token]
+            page_of_token = kv_indptr[seq_of_token] + positions // block_size
+        token_data[num_tokens : 2 * num_tokens] = positions
+        token_data[2 * num_tokens :] = kv_indices[page_of_token] * block_size + positions % block_size
+        last = query_start[1:] - 1
+        return cls(
+            token_data=token_data.astype(np.int32),
+            query_start=query_start.astype(np.int32),
+            kv_indptr=kv_indptr.astype(np.int32),
+            kv_indices=kv_indices.astype(np.int32),
+            kv_last_page_len=(ends - (pages - 1) * block_size).astype(np.int32),
+            logits_index=(last if logits_rows is None else last[logits_rows]).astype(np.int32),
+            block_size=block_size,
+        )
+
+    def padded(self, num_seqs: int, scratch_block: int) -> "HostBatch":
+        """This decode batch grown to `num_seqs` sequences by one-token rows that write and read only
+        the scratch block, for a CUDA graph captured at that size; logits_index is unchanged."""
+        extra = num_seqs - self.num_seqs
+        if not self.is_decode or extra < 0:
+            raise ValueError("only a decode batch can be padded, and only to a larger size")
+        if extra == 0:
+            return self
+        n = self.num_tokens
+        ids, positions, slots = self.token_data[:n], self.token_data[n : 2 * n], self.token_data[2 * n :]
+        zeros, ones = np.zeros(extra, np.int32), np.ones(extra, np.int32)
+        last_indptr = self.kv_indptr[-1]
+        return replace(
+            self,
+            token_data=np.concatenate([ids, zeros, positions, zeros, slots, ones * (scratch_block * self.block_size)]),
+            query_start=np.arange(num_seqs + 1, dtype=np.int32),
+            kv_indptr=np.concatenate([self.kv_indptr, last_indptr + np.arange(1, extra + 1, dtype=np.int32)]),
+            kv_indices=np.concatenate([self.kv_indices, ones * scratch_block]),
+            kv_last_page_len=np.concatenate([self.kv_last_page_len, ones]),
+        )
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _first(bad: np.ndarray) -> int | None:
+    return int(bad.argmax()) if bad.any() else None
+
+
+def _check_shapes(query_lens, starts, ends, table_lens, block_size: int, limits: BatchLimits) -> None:
+    if (i := _first(query_lens == 0)) is not None:
+        raise ValueError(f"sequence {i}: token_ids is empty; every sequence in a step feeds at least one token")
+    if (i := _first(starts < 0)) is not None:
+        raise ValueError(f"sequence {i}: start_position {starts[i]} is negative")
+    if (i := _first(ends > limits.max_model_len)) is not None:
+        raise ValueError(f"sequence {i}: {ends[i]} tokens exceed max_model_len {limits.max_model_len}")
+    if (i := _first(table_lens * block_size < ends)) is not None:
+        raise ValueError(
+            f"sequence {i}: block table of {table_lens[i]} blocks holds {table_lens[i] * block_size} tokens, "
+            f"but positions up to {ends[i]} are needed"
+        )
+
+
+def _check_ids(input_ids, kv_indices, query_start, kv_indptr, limits: BatchLimits) -> None:
+    if (p := _first((kv_indices < 0) | (kv_indices >= limits.num_blocks))) is not None:
+        seq = int(np.searchsorted(kv_indptr, p, side="right")) - 1
+        raise ValueError(f"sequence {seq}: block ids must be in [0, {limits.num_blocks})")
+    if (t := _first((input_ids < 0) | (input_ids >= limits.vocab_size))) is not None:
+        seq = int(np.searchsorted(query_start, t, side="right")) - 1
+        raise ValueError(f"sequence {seq}: token ids must be in [0, {limits.vocab_size})")
+
+
+class Staging:
+    """Pinned host memory and a device buffer: a step's arrays are laid out in the first and copied
+    to the second in one transfer. Views of both stay valid until the next `upload`."""
+
+    def __init__(self, device: torch.device, capacity_bytes: int = 1 << 20) -> None:
+        self.device = device
+        self._host = self._device = None
+        self._grow(capacity_bytes)
+        self._in_flight = torch.cuda.Event()
+        # Looked up once: torch.cuda.current_stream() costs tens of microseconds of host time.
+        self._stream = torch.cuda.current_stream(device)
+
+    def _grow(self, capacity_bytes: int) -> None:
+        self._host = torch.empty(capacity_bytes, dtype=torch.uint8, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._device = torch.empty(capacity_bytes, dtype=torch.uint8, device=self.device)
+
+    def upload(
+        self, arrays: list[np.ndarray], host_views_of: tuple[int, ...] = ()
+    ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
+        """Returns device views of `arrays`, in order, and pinned host views of those whose index is
+        in `host_views_of`."""
+        offsets, total = [], 0
+        for a in arrays:
+            total = -(-total // _ALIGN) * _ALIGN
+            offsets.append(total)
+            total += a.nbytes
+        # The last step's copies (ours and the kernels' planners') must have read the pinned memory.
+        self._in_flight.synchronize()
+        if total > self._host.numel():
+            self._grow(max(total, 2 * self._host.numel()))
+        for a, offset in zip(arrays, offsets):
+            self._host_np[offset : offset + a.nbytes] = np.ascontiguousarray(a).view(np.uint8)
+        self._device[:total].copy_(self._host[:total], non_blocking=True)
+        device_views = [
+            self._device[offset : offset + a.nbytes].view(_TORCH_DTYPES[a.dtype.type])
+            for a, offset in zip(arrays, offsets)
+        ]
+        host_views = {
+            i: self._host[offsets[i] : offsets[i] + arrays[i].nbytes].view(_TORCH_DTYPES[arrays[i].dtype.type])
+            for i in host_views_of
+        }
+        return device_views, host_views
+
+    def release(self) -> None:
+        """Call once the step's transfers are all enqueued: the next upload waits for them."""
+        self._in_flight.record(self._stream)
+
+
+_TORCH_DTYPES = {np.int32: torch.int32, np.int64: torch.int64, np.float32: torch.float32}
 
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    input_ids: torch.Tensor  # [T] int64, the new tokens of all sequences back to back
-    positions: torch.Tensor  # [T] int64, each token's position in its sequence
-    slot_mapping: torch.Tensor  # [T] int64, flat KV slot (block_id * block_size + offset) each token writes
-    query_start: torch.Tensor  # [S+1] int32, sequence s owns tokens query_start[s] ..< query_start[s+1]
-    context_lens: torch.Tensor  # [S] int32, KV length of each sequence after this step (cached + new)
-    block_tables: torch.Tensor  # [S, max_blocks] int32, KV block ids in order, padded with 0
-    last_token_index: torch.Tensor  # [S] int64, index into T of each sequence's last new token
-    block_size: int
-    # Host copies, so backends can plan (or loop, for the reference one) without a device sync.
-    query_lens: list[int]
-    context_lens_host: list[int]
+    """A `HostBatch` on the device, plus the host arrays kernel planners read (pinned when staged)."""
+
+    token_data: torch.Tensor  # [3T] int32: the three below, back to back
+    input_ids: torch.Tensor  # [T] int32
+    positions: torch.Tensor  # [T] int32
+    slot_mapping: torch.Tensor  # [T] int32
+    query_start: torch.Tensor  # [S+1] int32
+    kv_indptr: torch.Tensor  # [S+1] int32
+    kv_indices: torch.Tensor  # [P] int32
+    kv_last_page_len: torch.Tensor  # [S] int32
+    logits_index: torch.Tensor | None  # [R] int32; None: every token's logits (a CUDA-graph decode)
+    host: HostBatch
+    host_query_start: torch.Tensor  # [S+1] int32 on the CPU
+    host_kv_indptr: torch.Tensor  # [S+1] int32 on the CPU
+    host_kv_last_page_len: torch.Tensor  # [S] int32 on the CPU
+
+    @property
+    def block_size(self) -> int:
+        return self.host.block_size
 
     @property
     def num_seqs(self) -> int:
-        return len(self.query_lens)
+        return self.host.num_seqs
+
+    @classmethod
+    def from_host(
+        cls, host: HostBatch, staging: Staging | None = None, extra: list[np.ndarray] = ()
+    ) -> tuple["ForwardBatch", list[torch.Tensor]]:
+        """Copies `host` (and `extra` arrays, returned as device tensors) to the staging buffer's
+        device in one transfer; without staging, wraps the arrays as CPU tensors."""
+        arrays = [host.token_data, host.query_start, host.kv_indptr, host.kv_indices, host.kv_last_page_len,
+                  host.logits_index, *extra]
+        if staging is None:
+            device_views = host_views = [torch.from_numpy(a) for a in arrays]
+        else:
+            device_views, host_views = staging.upload(arrays, host_views_of=(1, 2, 4))
+        tokens, query_start, kv_indptr, kv_indices, last_page_len, logits_index = device_views[:6]
+        n = host.num_tokens
+        batch = cls(
+            token_data=tokens,
+            input_ids=tokens[:n],
+            positions=tokens[n : 2 * n],
+            slot_mapping=tokens[2 * n :],
+            query_start=query_start,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_last_page_len=last_page_len,
+            logits_index=logits_index,
+            host=host,
+            host_query_start=host_views[1],
+            host_kv_indptr=host_views[2],
+            host_kv_last_page_len=host_views[4],
+        )
+        return batch, device_views[6:]
 
     @classmethod
     def build(
@@ -38,32 +278,10 @@ class ForwardBatch:
         block_size: int,
         device: torch.device | str,
     ) -> "ForwardBatch":
-        """Callers validate first: non-empty token lists, block tables covering every new token."""
-        query_lens = [len(tokens) for tokens in token_ids]
-        context_lens = [start + n for start, n in zip(start_positions, query_lens)]
-        starts = [0, *accumulate(query_lens)]
-        max_blocks = max(len(table) for table in block_tables)
-
-        query_start = torch.tensor(starts, dtype=torch.int32)  # [S+1]
-        tables = torch.tensor([table + [0] * (max_blocks - len(table)) for table in block_tables], dtype=torch.int32)
-        seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))  # [T]
-        offset_in_query = torch.arange(starts[-1]) - query_start[seq_of_token]  # [T]
-        positions = torch.tensor(start_positions, dtype=torch.int64)[seq_of_token] + offset_in_query  # [T]
-        blocks = tables[seq_of_token, positions // block_size].long()  # [T]
-        slot_mapping = blocks * block_size + positions % block_size  # [T]
-
-        def to_device(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
-
-        return cls(
-            input_ids=to_device(torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.int64)),
-            positions=to_device(positions),
-            slot_mapping=to_device(slot_mapping),
-            query_start=to_device(query_start),
-            context_lens=to_device(torch.tensor(context_lens, dtype=torch.int32)),
-            block_tables=to_device(tables),
-            last_token_index=to_device(query_start[1:].long() - 1),
-            block_size=block_size,
-            query_lens=query_lens,
-            context_lens_host=context_lens,
-        )
+        """A batch returning each sequence's last-token logits, on `device` (for tests and tools;
+        the runner stages its steps through one reused buffer)."""
+        host = HostBatch.build(token_ids, start_positions, block_tables, block_size)
+        device = torch.device(device)
+        staging = Staging(device) if device.type == "cuda" else None
+        batch, _ = cls.from_host(host, staging)
+        return batch

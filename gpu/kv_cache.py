@@ -1,7 +1,9 @@
 """The paged KV cache: a fixed pool of blocks per layer, indexed by the block ids the scheduler hands out.
 
-Block `b`, offset `o` of a layer holds the K and V of one token at flat slot `b * block_size + o`;
-which tokens those are is known only through the sequences' block tables.
+Each layer is one tensor [num_blocks + 1, 2 (K, V), block_size, kv_heads, head_dim], FlashInfer's
+NHD paged layout, so its kernels read it as it is. Token slot `b * block_size + o` is block `b`,
+offset `o`; which tokens those are is known only through the sequences' block tables. One block past
+`num_blocks` is scratch that no sequence owns: padded rows of a CUDA-graph batch write there.
 """
 
 import torch
@@ -18,11 +20,12 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # the blocks the scheduler may hand out: ids 0 ..< num_blocks
         self.block_size = block_size
+        self.scratch_block = num_blocks
         # Zeroed rather than empty: slots never written stay finite for kernels that mask by multiplying.
-        self.layers = [  # each [2 (K, V), num_blocks, block_size, kv_heads, head_dim]
-            torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.layers = [  # each [num_blocks + 1, 2, block_size, kv_heads, head_dim]
+            torch.zeros(num_blocks + 1, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
 
@@ -30,8 +33,18 @@ class KVCache:
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize
 
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.layers[layer][:, 0]  # [num_blocks + 1, block_size, kv_heads, head_dim], a view
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.layers[layer][:, 1]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        # k, v: [T, kv_heads, head_dim]; slot_mapping: [T] int64 flat slots
-        slots = self.layers[layer].flatten(1, 2)  # [2, num_blocks * block_size, kv_heads, head_dim], a view
-        slots[0].index_copy_(0, slot_mapping, k)
-        slots[1].index_copy_(0, slot_mapping, v)
+        # k, v: [T, kv_heads, head_dim]; slot_mapping: [T] flat slots. The fused GPU path writes in
+        # gpu.kernels.rope_store_kv instead.
+        cache = self.layers[layer]
+        rows = cache.view(-1, *cache.shape[3:])  # [(num_blocks + 1) * 2 * block_size, kv_heads, head_dim]
+        slots = slot_mapping.long()
+        k_rows = slots + (slots // self.block_size) * self.block_size  # block * 2 * block_size + offset
+        rows.index_copy_(0, k_rows, k)
+        rows.index_copy_(0, k_rows + self.block_size, v)

@@ -1,20 +1,47 @@
 """The decoder-only transformer (Llama, Qwen2, Qwen3, Mistral) over a flattened ragged batch.
 
 Module and parameter names mirror Hugging Face's (`model.layers.N.self_attn.q_proj.weight`...),
-so checkpoints load by name with no mapping table. Attention itself is delegated to a backend,
-which owns the paged-KV reads and writes.
+so checkpoints load by name with no mapping table. After loading, `fuse_projections` packs q/k/v and
+gate/up into one matrix each, the per-module parameters becoming views of it: one product instead of
+three, and a weight update written in place (`param.copy_`) reaches the packed matrix. Attention is
+delegated to a backend, which reads the paged KV cache; on the GPU in bf16/fp16 the norms, rotary
+embedding, KV write and activation run as fused Triton kernels (gpu/kernels.py).
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpu.attention import AttentionBackend, TorchAttention
 from gpu.batch import ForwardBatch
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
-from gpu.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from gpu.layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
 __all__ = ["CausalLM", "ModelConfig"]
+
+_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _uses_kernels(x: torch.Tensor) -> bool:
+    # float32 keeps the torch path: it is the one checked token for token against transformers.
+    return x.is_cuda and x.dtype in _FUSED_DTYPES
+
+
+def _pack(module: nn.Module, parts: list[nn.Linear], name: str) -> None:
+    """Registers `name`_weight (and _bias) as the concatenation of `parts`, which become views of it."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    module.register_parameter(f"{name}_weight", nn.Parameter(weight, requires_grad=False))
+    has_bias = parts[0].bias is not None
+    bias = torch.cat([p.bias.detach() for p in parts]) if has_bias else None
+    module.register_parameter(f"{name}_bias", nn.Parameter(bias, requires_grad=False) if has_bias else None)
+    row = 0
+    for p in parts:
+        rows = p.weight.shape[0]
+        p.weight = nn.Parameter(weight[row : row + rows], requires_grad=False)
+        if has_bias:
+            p.bias = nn.Parameter(bias[row : row + rows], requires_grad=False)
+        row += rows
 
 
 class Attention(nn.Module):
@@ -24,6 +51,7 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
         hidden, q_size, kv_size = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
@@ -33,19 +61,37 @@ class Attention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.register_parameter("qkv_weight", None)  # packed by fuse(), after loading
+        self.register_parameter("qkv_bias", None)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend, kv: KVCache
-    ) -> torch.Tensor:
-        # x: [T, hidden], cos/sin: [T, head_dim] -> [T, hidden]
+    def fuse(self) -> None:
+        _pack(self, [self.q_proj, self.k_proj, self.v_proj], "qkv")
+
+    def forward(self, x: torch.Tensor, rope: "RopeInputs", backend: AttentionBackend, kv: KVCache) -> torch.Tensor:
+        # x: [T, hidden] -> [T, hidden]
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:  # Qwen3 normalizes each head before the rotation
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = backend.attend(self.layer_index, q, k, v, kv)  # [T, heads, head_dim]
+        if self.qkv_weight is None:
+            raise RuntimeError("call CausalLM.fuse_projections() after loading the weights")
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (heads + 2 kv_heads) * head_dim]
+        if _uses_kernels(x):
+            from gpu.kernels import rope_store_kv
+
+            q = rope_store_kv(
+                qkv, rope.positions, rope.inv_freq, kv.layers[self.layer_index], rope.slot_mapping,
+                self.num_heads, self.num_kv_heads, self.head_dim,
+                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None, self.eps,
+            )
+        else:
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(tokens, self.num_heads, self.head_dim)
+            k = k.view(tokens, self.num_kv_heads, self.head_dim)
+            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:  # Qwen3 normalizes each head before the rotation
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
+            kv.write(self.layer_index, k, v, rope.slot_mapping)
+        out = backend.attend(self.layer_index, q, kv)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
@@ -56,10 +102,44 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
         self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
         self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
+        self.register_parameter("gate_up_weight", None)  # packed by fuse(), after loading
+        self.register_parameter("gate_up_bias", None)
+
+    def fuse(self) -> None:
+        _pack(self, [self.gate_proj, self.up_proj], "gate_up")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]; SwiGLU
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2 * inner]
+        if _uses_kernels(x):
+            from gpu.kernels import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x); with no residual yet, (norm(x), x). x: [T, hidden]"""
+    if _uses_kernels(x):
+        from gpu.kernels import add_rms_norm as fused
+
+        return fused(x, residual, norm.weight, norm.eps)
+    residual = x if residual is None else residual + x
+    return rms_norm(residual, norm.weight, norm.eps), residual
+
+
+class RopeInputs:
+    """What the layers need for the rotary embedding: positions for the fused kernel, cos/sin for
+    the torch path, and the KV slots the new tokens write."""
+
+    def __init__(self, batch: ForwardBatch, inv_freq: torch.Tensor, dtype: torch.dtype, fused: bool) -> None:
+        self.positions = batch.positions  # [T]
+        self.slot_mapping = batch.slot_mapping  # [T]
+        self.inv_freq = inv_freq  # [head_dim / 2] float32
+        self.cos = self.sin = None
+        if not fused:
+            self.cos, self.sin = rope_cos_sin(batch.positions, inv_freq, dtype)  # [T, head_dim] each
 
 
 class DecoderLayer(nn.Module):
@@ -71,11 +151,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend, kv: KVCache
-    ) -> torch.Tensor:
-        # x: [T, hidden] -> [T, hidden]; pre-norm residual blocks
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeInputs, backend: AttentionBackend, kv: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: the last sublayer's output [T, hidden] (the embeddings for layer 0, with no residual yet)
+        h, residual = add_rms_norm(x, residual, self.input_layernorm)
+        h, residual = add_rms_norm(self.self_attn(h, rope, backend, kv), residual, self.post_attention_layernorm)
+        return self.mlp(h), residual
 
 
 class DecoderStack(nn.Module):
@@ -106,13 +187,30 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Runs the step's new tokens, writing their K/V, and returns float32 logits [S, vocab] of
-        each sequence's last new token."""
-        self.attention_backend.prepare(batch)
-        x = self.model.embed_tokens(batch.input_ids)  # [T, hidden]
-        cos, sin = rope_cos_sin(batch.positions, self.rope_inv_freq, x.dtype)  # [T, head_dim] each
+    def fuse_projections(self) -> None:
+        """Packs q/k/v and gate/up; call once the weights are in place on their device."""
         for layer in self.model.layers:
-            x = layer(x, cos, sin, self.attention_backend, kv)
-        last = self.model.norm(x[batch.last_token_index])  # [S, hidden]
-        return self.lm_head(last).float()  # [S, vocab]
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Runs the step's new tokens, writing their K/V, and returns float32 logits [R, vocab] of
+        the tokens in `batch.logits_index`."""
+        self.attention_backend.prepare(batch)
+        return self.compute_logits(batch, kv)
+
+    def compute_logits(self, batch: ForwardBatch, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward pass once the backend is planned; what a CUDA graph captures. `out`: where
+        to write the logits (a graph's static output) instead of a new tensor."""
+        x = self.model.embed_tokens(batch.input_ids)  # [T, hidden]
+        rope = RopeInputs(batch, self.rope_inv_freq, x.dtype, fused=_uses_kernels(x))
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, rope, self.attention_backend, kv)
+        if batch.logits_index is not None:
+            x, residual = x[batch.logits_index], residual[batch.logits_index]  # [R, hidden]
+        last, _ = add_rms_norm(x, residual, self.model.norm)
+        logits = self.lm_head(last)  # [R, vocab] in the model dtype, as transformers computes them
+        if out is None:
+            return logits.float()
+        return out.copy_(logits)

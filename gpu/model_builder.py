@@ -36,6 +36,11 @@ _SIZES = {
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
         head_dim=32, max_position_embeddings=4096, initializer_range=0.1, vocab=2048,
     ),
+    # FlashInfer's prebuilt kernels are for head_dim 128: the smallest model its path can be tested on.
+    "hd128": dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=128, max_position_embeddings=4096, initializer_range=0.1, vocab=1024,
+    ),
     "tiny": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=2048, initializer_range=0.2, vocab=1024,

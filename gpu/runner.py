@@ -3,18 +3,27 @@
 The runner knows nothing of requests or scheduling. Each step it is told, per sequence, which new
 tokens to feed, where they go in the KV pool and how to sample; it returns the drawn tokens.
 Block ids are owned by the scheduler; the runner only checks that they are in range.
+
+On CUDA a step is: numpy metadata, one host-to-device copy, the attention plan, the model (a graph
+replay for decode batches up to the largest captured size), the sampler, and one device-to-host
+copy of the drawn tokens, the step's one sync.
 """
 
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from gpu.batch import ForwardBatch
+from gpu.attention import make_backend
+from gpu.batch import BatchLimits, ForwardBatch, HostBatch, Staging
 from gpu.config import ModelConfig
+from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
-from gpu.sampler import SamplingTensors, sample
-from gpu.weights import load_model
+from gpu.model import CausalLM
+from gpu.sampler import SamplingTensors, _as_int64, sample
+from gpu.weights import load_model, random_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_KV_CACHE_BYTES = 256 << 20
@@ -44,7 +53,14 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
+_token_ids, _starts, _tables, _samples = (attrgetter(n) for n in ("token_ids", "start_position", "block_table", "sample"))
+
+
 class ModelRunner:
+    """`attention_backend`: auto (FlashInfer on CUDA where it fits, else torch), torch or flashinfer.
+    `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes`; None means wherever the backend
+    allows (CUDA with FlashInfer)."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -53,26 +69,69 @@ class ModelRunner:
         num_kv_blocks: int | None = None,
         kv_cache_bytes: int | None = None,
         block_size: int = 16,
+        attention_backend: str = "auto",
+        cuda_graphs: bool | None = None,
+        cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     ) -> None:
+        config = ModelConfig.from_pretrained(model_dir)
+        device_ = torch.device(device)
+        dtype_ = resolve_dtype(dtype, device_)
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
-        self.config = ModelConfig.from_pretrained(model_dir)
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self._setup(
+            config, load_model(model_dir, config, device_, dtype_), device_, dtype_, num_kv_blocks, kv_cache_bytes,
+            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes,
+        )
+
+    @classmethod
+    def with_random_weights(
+        cls, config: ModelConfig, device: str = "cuda", dtype: str | torch.dtype = "auto", seed: int = 0, **options
+    ) -> "ModelRunner":
+        """A runner over a model of `config`'s shape with random weights made on the device (benchmarks)."""
+        runner = cls.__new__(cls)
+        device_ = torch.device(device)
+        dtype_ = resolve_dtype(dtype, device_)
+        model = random_model(config, device_, dtype_, seed)
+        runner._setup(
+            config, model, device_, dtype_, options.get("num_kv_blocks"), options.get("kv_cache_bytes"),
+            options.get("block_size", 16), options.get("attention_backend", "auto"), options.get("cuda_graphs"),
+            options.get("cuda_graph_batch_sizes", DEFAULT_BATCH_SIZES),
+        )
+        return runner
+
+    def _setup(
+        self, config: ModelConfig, model: CausalLM, device: torch.device, dtype: torch.dtype,
+        num_kv_blocks: int | None, kv_cache_bytes: int | None, block_size: int, attention_backend: str,
+        cuda_graphs: bool | None, cuda_graph_batch_sizes: tuple[int, ...],
+    ) -> None:
+        self.config, self.model, self.device, self.dtype = config, model, device, dtype
         self.block_size = block_size
-        self.vocab_size = self.config.vocab_size
-        self.eos_token_ids = list(self.config.eos_token_ids)
+        self.vocab_size = config.vocab_size
+        self.eos_token_ids = list(config.eos_token_ids)
         # Past the sliding window our full attention would differ from the model's, so stop there.
-        self.max_model_len = min(self.config.max_position_embeddings, self.config.sliding_window or 1 << 62)
-        self.model = load_model(model_dir, self.config, self.device, self.dtype)
+        self.max_model_len = min(config.max_position_embeddings, config.sliding_window or 1 << 62)
+        max_graph_batch = max(cuda_graph_batch_sizes) if cuda_graph_batch_sizes and cuda_graphs is not False else 0
+        self.model.attention_backend = make_backend(
+            attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size
+        )
+        self.attention_backend = type(self.model.attention_backend).__name__
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else self._blocks_that_fit(kv_cache_bytes)
         if self.num_kv_blocks < 1:
             raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")
-        cfg = self.config
         self.kv = KVCache(
-            cfg.num_hidden_layers, self.num_kv_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
-            self.dtype, self.device,
+            config.num_hidden_layers, self.num_kv_blocks, block_size, config.num_key_value_heads, config.head_dim,
+            dtype, device,
         )
+        self.limits = BatchLimits(self.max_model_len, self.num_kv_blocks, self.vocab_size)
+        self.staging = Staging(device) if device.type == "cuda" else None
+        if cuda_graphs is None:
+            cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            if self.staging is None:
+                raise ValueError("CUDA graphs need a CUDA device")
+            self.graphs = DecodeGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_batch_sizes))
+            self.graphs.capture()
 
     def _blocks_that_fit(self, kv_cache_bytes: int | None) -> int:
         cfg = self.config
@@ -94,46 +153,52 @@ class ModelRunner:
         input that would write outside a sequence's blocks or the pool."""
         if not seqs:
             return []
-        for i, seq in enumerate(seqs):
-            self._validate(i, seq)
-        batch = ForwardBatch.build(
-            [seq.token_ids for seq in seqs],
-            [seq.start_position for seq in seqs],
-            [seq.block_table for seq in seqs],
-            self.block_size,
-            self.device,
+        rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, len(seqs)))
+        host = HostBatch.build(
+            list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
+            logits_rows=rows, limits=self.limits,
         )
-        logits = self.model(batch, self.kv)  # [S, vocab] float32
-        rows = [i for i, seq in enumerate(seqs) if seq.sample]
-        if not rows:
-            return [None] * len(seqs)
         chosen = [seqs[i] for i in rows]
-        params = SamplingTensors.from_lists(
-            [s.temperature for s in chosen], [s.top_p for s in chosen], [s.top_k for s in chosen],
-            [s.seed for s in chosen], [s.output_index for s in chosen], self.device,
-        )
-        if len(rows) < len(seqs):
-            logits = logits[torch.tensor(rows, device=self.device)]
-        tokens = sample(logits, params).tolist()  # the step's one host sync
+        greedy = all(s.temperature <= 0 for s in chosen)
+        extra = [] if greedy else _sampling_arrays(chosen)
+        graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
+        if graph_size is not None:
+            batch, params = ForwardBatch.from_host(host.padded(graph_size, self.kv.scratch_block), self.staging, extra)
+            logits = self.graphs.run(batch)  # [graph_size, vocab]
+            logits = logits[: len(rows)] if len(rows) == host.num_seqs else logits[batch.logits_index]
+        else:
+            batch, params = ForwardBatch.from_host(host, self.staging, extra)
+            logits = self.model(batch, self.kv)  # [R, vocab] float32
+        if self.staging is not None:
+            self.staging.release()
         out: list[int | None] = [None] * len(seqs)
-        for row, token in zip(rows, tokens):
+        if not len(rows):
+            return out
+        if greedy:
+            drawn = logits.argmax(dim=-1)
+        else:
+            temperature, top_p, top_k, seed, position = params
+            drawn = sample(logits, SamplingTensors(
+                temperature, top_p, top_k, seed, position, all_greedy=False,
+                any_filtering=any(s.temperature > 0 and (s.top_k > 0 or s.top_p < 1) for s in chosen),
+            ))
+        for row, token in zip(rows.tolist(), drawn.tolist()):  # the step's one host sync
             out[row] = token
         return out
 
-    def _validate(self, i: int, seq: SequenceInput) -> None:
-        if not seq.token_ids:
-            raise ValueError(f"sequence {i}: token_ids is empty; every sequence in a step feeds at least one token")
-        if seq.start_position < 0:
-            raise ValueError(f"sequence {i}: start_position {seq.start_position} is negative")
-        end = seq.start_position + len(seq.token_ids)
-        if end > self.max_model_len:
-            raise ValueError(f"sequence {i}: {end} tokens exceed max_model_len {self.max_model_len}")
-        if len(seq.block_table) * self.block_size < end:
-            raise ValueError(
-                f"sequence {i}: block table of {len(seq.block_table)} blocks holds "
-                f"{len(seq.block_table) * self.block_size} tokens, but positions up to {end} are needed"
-            )
-        if min(seq.block_table) < 0 or max(seq.block_table) >= self.num_kv_blocks:
-            raise ValueError(f"sequence {i}: block ids must be in [0, {self.num_kv_blocks})")
-        if min(seq.token_ids) < 0 or max(seq.token_ids) >= self.vocab_size:
-            raise ValueError(f"sequence {i}: token ids must be in [0, {self.vocab_size})")
+
+def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:
+    """temperature, top_p (float32), top_k, seed, output index (int64) of the sampled sequences."""
+    n = len(chosen)
+    seeds = [s.seed for s in chosen]
+    try:
+        seed = np.array(seeds, dtype=np.int64)
+    except OverflowError:  # seeds are taken mod 2**64, as the sampler's hash does
+        seed = np.array([_as_int64(s) for s in seeds], dtype=np.int64)
+    return [
+        np.fromiter((s.temperature for s in chosen), np.float32, n),
+        np.fromiter((s.top_p for s in chosen), np.float32, n),
+        np.fromiter((s.top_k for s in chosen), np.int64, n),
+        seed,
+        np.fromiter((s.output_index for s in chosen), np.int64, n),
+    ]

@@ -1,7 +1,8 @@
 """Loads a safetensors checkpoint straight into a `CausalLM` on its target device.
 
 The model is built on the meta device (no memory, no random init) and each parameter is replaced
-by the tensor read from the checkpoint, so peak memory is one copy of the weights. Names are HF's
+by the tensor read from the checkpoint, so peak memory is one copy of the weights (plus one layer's
+projections while they are packed). `random_model` builds the same model with random weights. Names are HF's
 own, so a mismatch means the checkpoint and our architecture disagree: that is an error.
 """
 
@@ -62,7 +63,31 @@ def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device,
             f"missing {_few(missing)}, unexpected {_few(sorted(unexpected))}"
         )
     model.tie_weights()
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    model.fuse_projections()
+    return model
+
+
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, std: float = 0.02) -> CausalLM:
+    """A model of `config`'s shape with normal(0, std) weights (norms at 1), made on `device` directly:
+    benchmarks of real shapes need no checkpoint and no host-side copy of the weights."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, param in list(model.named_parameters()):
+        tensor = torch.empty(param.shape, dtype=dtype, device=device)
+        if name.endswith("norm.weight"):
+            tensor.fill_(1.0)
+        elif name.endswith(".bias"):
+            tensor.zero_()
+        else:
+            tensor.normal_(0.0, std, generator=generator)
+        _set_parameter(model, name, tensor)
+    model.tie_weights()
+    model.rope_inv_freq = model.rope_inv_freq.to(device)
+    model.eval()
+    model.fuse_projections()
+    return model
 
 
 def _set_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:

@@ -1,6 +1,48 @@
 """Attention over the paged KV cache, behind one small interface so kernels can be swapped."""
 
+import importlib.util
+
+import torch
+
 from gpu.attention.base import AttentionBackend
 from gpu.attention.torch_backend import TorchAttention
+from gpu.config import ModelConfig
 
-__all__ = ["AttentionBackend", "TorchAttention"]
+__all__ = ["AttentionBackend", "TorchAttention", "BACKENDS", "make_backend"]
+
+BACKENDS = ("auto", "torch", "flashinfer")
+
+
+def flashinfer_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether FlashInfer can serve this model here: CUDA, bf16/fp16, a head size it ships kernels for."""
+    from gpu.attention.flashinfer_backend import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+
+    return (
+        device.type == "cuda"
+        and dtype in SUPPORTED_DTYPES
+        and config.head_dim in SUPPORTED_HEAD_DIMS
+        and importlib.util.find_spec("flashinfer") is not None
+    )
+
+
+def make_backend(
+    name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_graph_batch: int, max_model_len: int,
+    block_size: int,
+) -> AttentionBackend:
+    """`auto` is FlashInfer where it fits (and imports), else the torch reference."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)}")
+    scale = config.head_dim**-0.5
+    if name == "torch" or (name == "auto" and not flashinfer_fits(config, dtype, device)):
+        return TorchAttention(scale)
+    from gpu.attention.flashinfer_backend import FlashInferAttention
+
+    try:
+        return FlashInferAttention(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, scale, dtype, device,
+            max_graph_batch=max_graph_batch, max_pages_per_seq=-(-max_model_len // block_size),
+        )
+    except ImportError:
+        if name == "flashinfer":
+            raise
+        return TorchAttention(scale)

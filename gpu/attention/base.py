@@ -1,7 +1,8 @@
 """The contract between the model and an attention kernel.
 
-Per step the model calls `prepare(batch)` once, then `attend` once per layer. A backend writes
-the new K/V into the cache itself, since fast kernels fuse that write or need their own layout.
+Per step the model calls `prepare(batch)` once, then `attend` once per layer. The model writes the
+step's new K/V into the cache (fused with the rotary embedding on the GPU) before it calls `attend`,
+so a backend only reads the paged cache.
 """
 
 from abc import ABC, abstractmethod
@@ -13,15 +14,23 @@ from gpu.kv_cache import KVCache
 
 
 class AttentionBackend(ABC):
+    # True when `attend` can be captured in a CUDA graph after `prepare_graph`.
+    supports_cuda_graphs: bool = False
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
         """Plans the step (index tensors, masks, kernel plans) from the batch's metadata; the plan
         holds until the next `prepare`."""
 
     @abstractmethod
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """Writes the new tokens' K/V of `layer` to their slots, then returns causal attention of each
-        new token over its sequence's cached and new tokens.
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """Causal attention of each new token over its sequence's cached tokens, the new ones
+        included (already written to the cache).
 
-        q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim], RoPE applied -> [T, heads, head_dim]
+        q: [T, heads, head_dim], RoPE applied -> [T, heads, head_dim]
         """
+
+    def prepare_graph(self, batch: ForwardBatch) -> None:
+        """Plans a padded decode batch for the CUDA graph captured at its size: the plan must land
+        in buffers whose addresses the captured graph holds."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -26,16 +26,17 @@ class _SequencePlan:
 class TorchAttention(AttentionBackend):
     def __init__(self, scale: float) -> None:
         self.scale = scale
-        self._slot_mapping: torch.Tensor | None = None
         self._plans: list[_SequencePlan] = []
 
     def prepare(self, batch: ForwardBatch) -> None:
-        self._slot_mapping = batch.slot_mapping
         self._plans = []
-        device = batch.block_tables.device
-        start = 0
-        for s, (query_len, context_len) in enumerate(zip(batch.query_lens, batch.context_lens_host)):
-            num_blocks = -(-context_len // batch.block_size)
+        host = batch.host
+        device = batch.kv_indices.device
+        query_start, kv_indptr = host.query_start.tolist(), host.kv_indptr.tolist()
+        indices = batch.kv_indices.long()
+        for s, context_len in enumerate(host.context_lens.tolist()):
+            start, end = query_start[s], query_start[s + 1]
+            query_len = end - start
             mask = None
             if query_len > 1:
                 # New token i sits at position context_len - query_len + i and sees keys up to it.
@@ -43,17 +44,16 @@ class TorchAttention(AttentionBackend):
                 mask = torch.arange(context_len, device=device)[None, :] <= (
                     torch.arange(query_len, device=device)[:, None] + first
                 )
-            blocks = batch.block_tables[s, :num_blocks].long()
-            self._plans.append(_SequencePlan(start, start + query_len, context_len, blocks, mask))
-            start += query_len
+            blocks = indices[kv_indptr[s] : kv_indptr[s + 1]]
+            self._plans.append(_SequencePlan(start, end, context_len, blocks, mask))
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        kv.write(layer, k, v, self._slot_mapping)
-        cache = kv.layers[layer]  # [2, num_blocks, block_size, kv_heads, head_dim]
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        cache = kv.layers[layer]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
         out = torch.empty_like(q)  # [T, heads, head_dim]
         for plan in self._plans:
-            keys = cache[0, plan.blocks].flatten(0, 1)[: plan.context_len]  # [context, kv_heads, head_dim]
-            values = cache[1, plan.blocks].flatten(0, 1)[: plan.context_len]
+            pages = cache[plan.blocks]  # [pages, 2, block_size, kv_heads, head_dim]
+            keys = pages[:, 0].flatten(0, 1)[: plan.context_len]  # [context, kv_heads, head_dim]
+            values = pages[:, 1].flatten(0, 1)[: plan.context_len]
             attended = F.scaled_dot_product_attention(
                 q[plan.start : plan.end].transpose(0, 1),  # [heads, query, head_dim]
                 keys.transpose(0, 1),  # [kv_heads, context, head_dim]

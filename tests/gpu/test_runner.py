@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gpu.batch import ForwardBatch
+from gpu.batch import ForwardBatch, HostBatch
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner, SequenceInput
 
@@ -20,16 +20,35 @@ def test_batch_flattens_sequences_and_maps_slots():
     assert batch.positions.tolist() == [3, 4, 5, 4]
     assert batch.slot_mapping.tolist() == [7 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 1 * 4 + 0]
     assert batch.query_start.tolist() == [0, 3, 4]
-    assert batch.context_lens.tolist() == [6, 5]
-    assert batch.last_token_index.tolist() == [2, 3]
-    assert batch.block_tables.dtype == torch.int32 and batch.block_tables.tolist() == [[7, 2], [5, 1]]
+    assert batch.host.context_lens.tolist() == [6, 5]
+    assert batch.logits_index.tolist() == [2, 3]
+    # The pages each sequence reads, ragged: FlashInfer's paged-KV form.
+    assert batch.kv_indptr.tolist() == [0, 2, 4] and batch.kv_indices.tolist() == [7, 2, 5, 1]
+    assert batch.kv_last_page_len.tolist() == [2, 1]
+    assert batch.input_ids.dtype == batch.kv_indices.dtype == torch.int32
+    assert not batch.host.is_decode
+
+
+def test_decode_batch_pads_onto_the_scratch_block():
+    host = HostBatch.build([[13], [14]], [4, 0], [[5, 1], [3]], block_size=4)
+    assert host.is_decode
+    padded = host.padded(4, scratch_block=9)
+    assert padded.num_seqs == 4 and padded.num_tokens == 4
+    assert padded.token_data.tolist() == [13, 14, 0, 0, 4, 0, 0, 0, 1 * 4, 3 * 4, 9 * 4, 9 * 4]
+    assert padded.kv_indptr.tolist() == [0, 2, 3, 4, 5] and padded.kv_indices.tolist() == [5, 1, 3, 9, 9]
+    assert padded.kv_last_page_len.tolist() == [1, 1, 1, 1] and padded.logits_index.tolist() == [0, 1]
 
 
 def test_cache_write_lands_in_the_mapped_slot():
     cache = KVCache(num_layers=2, num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
     k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
     cache.write(1, k, v, torch.tensor([2 * 4 + 1, 0 * 4 + 3]))
-    assert torch.equal(cache.layers[1][0, 2, 1], k[0]) and torch.equal(cache.layers[1][1, 0, 3], v[1])
+    # [blocks + scratch, K/V, block_size, kv_heads, head_dim], FlashInfer's NHD paged layout
+    assert cache.layers[1].shape == (4, 2, 4, 2, 8)
+    assert torch.equal(cache.layers[1][2, 0, 1], k[0]) and torch.equal(cache.layers[1][0, 1, 3], v[1])
+    assert torch.equal(cache.keys(1)[2, 1], k[0]) and torch.equal(cache.values(1)[0, 3], v[1])
+    assert torch.equal(cache.layers[1][0, 0, 3], k[1]) and torch.equal(cache.layers[1][2, 1, 1], v[0])
+    assert torch.allclose(cache.layers[1].abs().sum(), k.abs().sum() + v.abs().sum())  # nothing else written
     assert cache.layers[0].abs().sum() == 0
     assert KVCache.bytes_per_block(2, 4, 2, 8, torch.bfloat16) == 2 * 2 * 4 * 2 * 8 * 2
 

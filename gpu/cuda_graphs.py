@@ -1,0 +1,98 @@
+"""CUDA graphs of decode-only steps, one per batch size in a fixed set, padded up to the next size.
+
+A decode step of an 8B model launches a few hundred kernels; replayed from a graph they cost one
+launch. The graphs share their input and attention-metadata buffers, so a graph is only ever
+replayed right after `run` has planned and filled them for it. Graphs are captured largest first into one shared memory pool (a smaller graph reuses the
+larger one's activations), and all write their logits into one static buffer. Padded rows feed
+token 0 at position 0 and write and read only the KV pool's scratch block.
+"""
+
+import bisect
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from gpu.batch import ForwardBatch, HostBatch, Staging
+from gpu.kv_cache import KVCache
+from gpu.model import CausalLM
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model: CausalLM, kv: KVCache, staging: Staging, batch_sizes: tuple[int, ...]) -> None:
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"CUDA graph batch sizes must be positive, got {batch_sizes}")
+        if not model.attention_backend.supports_cuda_graphs:
+            raise ValueError(f"{type(model.attention_backend).__name__} cannot run inside a CUDA graph")
+        self.model, self.kv, self.staging = model, kv, staging
+        self.sizes = sorted(set(batch_sizes))
+        self.max_batch = self.sizes[-1]
+        device = kv.layers[0].device
+        # Graph of size B reads ids | positions | slots from the first 3B entries.
+        self._inputs = torch.zeros(3 * self.max_batch, dtype=torch.int32, device=device)
+        self._logits = torch.empty(self.max_batch, model.config.vocab_size, dtype=torch.float32, device=device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._stream = torch.cuda.current_stream(device)
+        # Set to [] to time every replay with device events (benchmarks): (size, start, end).
+        self.timings: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] | None = None
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The captured size a decode batch of `num_seqs` runs at; None above the largest."""
+        i = bisect.bisect_left(self.sizes, num_seqs)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for size in reversed(self.sizes):
+            batch = self._upload(self._idle_batch(size))
+            static = self._static(batch)
+            self.model.attention_backend.prepare_graph(batch)
+            self.model.compute_logits(static, self.kv, out=self._logits[:size])  # compiles kernels, sizes workspaces
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.model.compute_logits(static, self.kv, out=self._logits[:size])
+            pool = graph.pool()
+            self._graphs[size] = graph
+            self.staging.release()
+        torch.cuda.synchronize()
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Replays the graph of `batch`'s size (a decode batch padded to a captured size) and returns
+        its logits [size, vocab] float32, a view valid until the next replay."""
+        size = batch.num_seqs
+        self.model.attention_backend.prepare_graph(batch)
+        self._inputs[: 3 * size].copy_(batch.token_data, non_blocking=True)
+        if self.timings is None:
+            self._graphs[size].replay()
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self._stream)
+            self._graphs[size].replay()
+            end.record(self._stream)
+            self.timings.append((size, start, end))
+        return self._logits[:size]
+
+    def _static(self, batch: ForwardBatch) -> ForwardBatch:
+        size = batch.num_seqs
+        inputs = self._inputs[: 3 * size]
+        return replace(
+            batch, token_data=inputs, input_ids=inputs[:size], positions=inputs[size : 2 * size],
+            slot_mapping=inputs[2 * size :], logits_index=None,
+        )
+
+    def _idle_batch(self, size: int) -> HostBatch:
+        # Every row on the scratch block: capturing writes no KV that a sequence owns.
+        empty = HostBatch(
+            token_data=np.zeros(0, np.int32), query_start=np.zeros(1, np.int32), kv_indptr=np.zeros(1, np.int32),
+            kv_indices=np.zeros(0, np.int32), kv_last_page_len=np.zeros(0, np.int32),
+            logits_index=np.zeros(0, np.int32), block_size=self.kv.block_size,
+        )
+        return empty.padded(size, self.kv.scratch_block)
+
+    def _upload(self, host: HostBatch) -> ForwardBatch:
+        batch, _ = ForwardBatch.from_host(host, self.staging)
+        return batch

@@ -1,0 +1,126 @@
+"""The Hugging Face transformers baseline of the throughput benchmark: its own model classes, running
+on the very tensors of our model (no second copy of the weights), through batched `generate`.
+"""
+
+import time
+
+import torch
+import transformers
+
+from gpu.model import CausalLM
+
+
+def hf_model_sharing_weights(model: CausalLM, raw_config: dict) -> transformers.PreTrainedModel:
+    """transformers' model of `raw_config`'s architecture whose parameters are `model`'s tensors."""
+    architecture = raw_config["architectures"][0]
+    config_class = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    fields = {k: v for k, v in raw_config.items() if k != "architectures"}
+    config = config_class(**fields)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        hf = getattr(transformers, architecture)(config)
+    wanted = dict(hf.state_dict())
+    ours = {name: tensor for name, tensor in model.state_dict().items() if name in wanted}
+    missing = sorted(wanted.keys() - ours.keys())
+    if missing:
+        raise ValueError(f"our model lacks {missing[:5]} that transformers' {architecture} has")
+    hf.load_state_dict(ours, assign=True, strict=False)
+    device = next(model.parameters()).device
+    # The rotary tables are buffers computed at construction: build them for real on the device.
+    with torch.device(device):
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf.config)
+    still_meta = [name for name, t in [*hf.named_parameters(), *hf.named_buffers()] if t.is_meta]
+    if still_meta:
+        raise ValueError(f"transformers' model still has tensors without data: {still_meta[:5]}")
+    hf.generation_config.eos_token_id = None  # the workload ignores EOS, as ours does with ignore_eos
+    hf.generation_config.pad_token_id = 0
+    return hf.eval()
+
+
+def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int]) -> dict:
+    """One left-padded batched greedy `generate` of every prompt to the longest output length.
+    Returns seconds, the output tokens the requests asked for, and the tokens generated."""
+    device = next(hf.parameters()).device
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+
+    def timed(new_tokens: int) -> tuple[float, torch.Tensor]:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started, out
+
+    first_token_seconds, _ = timed(1)  # the prefill, and a warm-up
+    seconds, out = timed(max(output_lens))
+    generated = (out.shape[1] - width) * len(prompts)
+    return {"seconds": seconds, "useful_tokens": sum(output_lens), "generated_tokens": generated,
+            "first_token_seconds": first_token_seconds}
+
+
+def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_tokens: int = 16) -> list[str]:
+    """Where transformers' decode step goes: seconds per step of `generate` and of a plain forward
+    loop over the same left-padded batch (with its KV cache), and generate's top operators."""
+    device = next(hf.parameters()).device
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run_generate(n: int) -> float:
+        sync()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        sync()
+        return time.perf_counter() - started
+
+    def run_loop(n: int) -> float:
+        sync()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            step_mask = mask
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = hf(input_ids=ids, attention_mask=step_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(n - 1):
+                step_mask = torch.cat([step_mask, torch.ones_like(token)], dim=1)
+                positions = positions[:, -1:] + 1
+                out = hf(input_ids=token, attention_mask=step_mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True)
+                cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        return time.perf_counter() - started
+
+    run_generate(2)
+    per_generate_step = (run_generate(1 + new_tokens) - run_generate(1)) / new_tokens
+    run_loop(2)
+    per_loop_step = (run_loop(1 + new_tokens) - run_loop(1)) / new_tokens
+    lines = [f"transformers decode step, batch {len(prompts)}: generate {per_generate_step * 1e3:.1f} ms, "
+             f"plain forward loop {per_loop_step * 1e3:.1f} ms"]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run_generate(4)
+    averages = prof.key_averages()
+    lines.append(averages.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+    if device.type == "cuda":
+        lines.append(averages.table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=50))
+    return lines

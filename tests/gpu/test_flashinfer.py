@@ -1,0 +1,157 @@
+"""The bf16 GPU path (fused kernels, each attention backend, CUDA graphs) against transformers.
+
+bf16 moves logits by about 1% of their spread, so a near-tie may break either way: each side's
+chosen token must be in the other's top 5, and greedy outputs must agree wherever the choice is clear.
+The models have head_dim 128, the size FlashInfer's prebuilt kernels serve.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from gpu.batch import ForwardBatch, HostBatch, Staging
+from gpu.model_builder import build_model_dir
+from gpu.runner import ModelRunner, SequenceInput
+from tests.gpu.decoding import generate, random_prompt, shuffled_tables
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+BACKENDS = ("torch", "flashinfer")
+NUM_BLOCKS, BLOCK_SIZE = 64, 16
+TOP = 5
+
+
+def needs(backend: str) -> None:
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
+
+
+@pytest.fixture(scope="session")
+def hd128_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hd128-models")
+    return lambda arch: build_model_dir(root / arch, arch=arch, size="hd128", seed=5)
+
+
+@pytest.fixture(scope="session")
+def hf_bf16():
+    models = {}
+
+    def get(model_dir):
+        if model_dir not in models:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+            model.generation_config.eos_token_id = None
+            models[model_dir] = model
+        return models[model_dir]
+
+    return get
+
+
+def runner_for(model_dir, backend: str, cuda_graphs: bool = False, sizes=(1, 2, 4, 8)) -> ModelRunner:
+    return ModelRunner(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
+                       attention_backend=backend, cuda_graphs=cuda_graphs, cuda_graph_batch_sizes=sizes)
+
+
+def our_logits_at_every_position(runner: ModelRunner, tokens: list[int]) -> torch.Tensor:
+    """One prefill of `tokens` returning the logits of every position: [len(tokens), vocab]."""
+    host = HostBatch.build([tokens], [0], shuffled_tables([len(tokens)], seed=7), BLOCK_SIZE)
+    host = dataclasses.replace(host, logits_index=np.arange(len(tokens), dtype=np.int32))
+    batch, _ = ForwardBatch.from_host(host, Staging(runner.device))
+    with torch.inference_mode():
+        return runner.model(batch, runner.kv)
+
+
+def hf_logits_at_every_position(hf, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf(torch.tensor([tokens], device="cuda")).logits[0].float()
+
+
+def hf_greedy(hf, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def in_top(logits: torch.Tensor, tokens: list[int]) -> list[bool]:
+    # logits: [n, vocab] at the positions that chose `tokens`
+    top = logits.topk(TOP, dim=-1).indices
+    return [token in row for token, row in zip(tokens, top.tolist())]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_decoding_tracks_transformers(arch, backend, hd128_model, hf_bf16):
+    needs(backend)
+    model_dir = hd128_model(arch)
+    runner, hf = runner_for(model_dir, backend), hf_bf16(model_dir)
+    prompts = [random_prompt(n, seed=n) for n in (5, 17, 40)]
+    new = 12
+    ours = generate(runner, prompts, new, chunk_size=16, arrivals=[0, 1, 2])  # chunked prefill beside decodes
+    for prompt, our_tokens in zip(prompts, ours):
+        theirs = hf_greedy(hf, prompt, new)
+        # Each side's choice is among the other's top 5, judged on the side's own history.
+        their_logits = hf_logits_at_every_position(hf, prompt + our_tokens)[len(prompt) - 1 : -1]
+        assert all(in_top(their_logits, our_tokens)), (our_tokens, theirs)
+        our_logits = our_logits_at_every_position(runner, prompt + theirs)[len(prompt) - 1 : -1]
+        assert all(in_top(our_logits, theirs)), (our_tokens, theirs)
+        # Greedy outputs agree up to a near-tie, if any.
+        diverged = next((i for i, (a, b) in enumerate(zip(our_tokens, theirs)) if a != b), None)
+        if diverged is not None:
+            row = their_logits[diverged]
+            margin = (row[theirs[diverged]] - row[our_tokens[diverged]]).abs().item()
+            assert margin < 0.05 * row.std().item(), (diverged, our_tokens, theirs)
+
+
+def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model):
+    needs("flashinfer")
+    model_dir = hd128_model("llama")
+    runners = {b: runner_for(model_dir, b) for b in BACKENDS}
+    prompts = [random_prompt(n, seed=n) for n in (3, 16, 33)]
+    tables = shuffled_tables([50, 50, 50], seed=2)
+    logits = {}
+    for name, runner in runners.items():
+        with torch.inference_mode():
+            prefill = runner.model(ForwardBatch.build(prompts, [0, 0, 0], tables, BLOCK_SIZE, "cuda"), runner.kv)
+            decode = runner.model(ForwardBatch.build([[7], [8], [9]], [3, 16, 33], tables, BLOCK_SIZE, "cuda"), runner.kv)
+            mixed = runner.model(
+                ForwardBatch.build([[10], [11, 12, 13], [14]], [4, 17, 34], tables, BLOCK_SIZE, "cuda"), runner.kv
+            )
+        logits[name] = torch.cat([prefill, decode, mixed])
+    error = (logits["flashinfer"] - logits["torch"]).norm() / logits["torch"].norm()
+    assert error.item() < 1e-2
+
+
+def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model):
+    """Batches of 1..9 sequences (padded to 1, 2, 4, 8, or above the largest graph, eager), greedy
+    and seeded sampling: the graph path draws exactly the eager path's tokens."""
+    needs("flashinfer")
+    model_dir = hd128_model("llama")
+    graphed, eager = runner_for(model_dir, "flashinfer", cuda_graphs=True), runner_for(model_dir, "flashinfer")
+    assert graphed.graphs is not None and eager.graphs is None
+    prompts = [random_prompt(n, seed=n) for n in (3, 9, 12, 20, 5, 7, 30, 2, 14)]
+    arrivals = [0, 2, 3, 3, 5, 6, 6, 6, 8]  # the batch grows one or more at a time
+    assert generate(graphed, prompts, 10, arrivals=arrivals) == generate(eager, prompts, 10, arrivals=arrivals)
+
+    seeded = dict(sample=True, temperature=0.8, top_p=0.95, seed=42)
+    steps = [[SequenceInput([5, 6, 7], 0, [1], **seeded)], [SequenceInput([8], 3, [1], output_index=1, **seeded)]]
+    assert [graphed.step(s) for s in steps] == [eager.step(s) for s in steps]
+
+
+def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
+    needs("flashinfer")
+    runner = runner_for(hd128_model("llama"), "flashinfer", cuda_graphs=True)
+    runner.step([SequenceInput([5, 6, 7], 0, [3], sample=True)])
+    before = [layer.clone() for layer in runner.kv.layers]
+    runner.step([SequenceInput([8], 3, [3], sample=True)])  # batch 1 of a graph captured at 1
+    runner.step([SequenceInput([9], 4, [3], sample=True), SequenceInput([1], 0, [4], sample=True),
+                 SequenceInput([2], 0, [5], sample=True)])  # padded 3 -> 4: the pad row writes the scratch block
+    for old, new in zip(before, runner.kv.layers):
+        changed = (old != new).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) <= {3, 4, 5, runner.kv.scratch_block}
+        assert torch.equal(old[3, :, :3], new[3, :, :3])  # the cached prompt stays as it was
