@@ -76,8 +76,6 @@ class ModelRunner:
         config = ModelConfig.from_pretrained(model_dir)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
         self._setup(
             config, load_model(model_dir, config, device_, dtype_), device_, dtype_, num_kv_blocks, kv_cache_bytes,
             block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes,
@@ -85,17 +83,25 @@ class ModelRunner:
 
     @classmethod
     def with_random_weights(
-        cls, config: ModelConfig, device: str = "cuda", dtype: str | torch.dtype = "auto", seed: int = 0, **options
+        cls,
+        config: ModelConfig,
+        device: str = "cuda",
+        dtype: str | torch.dtype = "auto",
+        seed: int = 0,
+        num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        block_size: int = 16,
+        attention_backend: str = "auto",
+        cuda_graphs: bool | None = None,
+        cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     ) -> "ModelRunner":
         """A runner over a model of `config`'s shape with random weights made on the device (benchmarks)."""
         runner = cls.__new__(cls)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
-        model = random_model(config, device_, dtype_, seed)
         runner._setup(
-            config, model, device_, dtype_, options.get("num_kv_blocks"), options.get("kv_cache_bytes"),
-            options.get("block_size", 16), options.get("attention_backend", "auto"), options.get("cuda_graphs"),
-            options.get("cuda_graph_batch_sizes", DEFAULT_BATCH_SIZES),
+            config, random_model(config, device_, dtype_, seed), device_, dtype_, num_kv_blocks, kv_cache_bytes,
+            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes,
         )
         return runner
 
@@ -104,6 +110,8 @@ class ModelRunner:
         num_kv_blocks: int | None, kv_cache_bytes: int | None, block_size: int, attention_backend: str,
         cuda_graphs: bool | None, cuda_graph_batch_sizes: tuple[int, ...],
     ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
         self.config, self.model, self.device, self.dtype = config, model, device, dtype
         self.block_size = block_size
         self.vocab_size = config.vocab_size
@@ -114,7 +122,7 @@ class ModelRunner:
         self.model.attention_backend = make_backend(
             attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size
         )
-        self.attention_backend = type(self.model.attention_backend).__name__
+        self.attention_backend_name = type(self.model.attention_backend).__name__
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else self._blocks_that_fit(kv_cache_bytes)
         if self.num_kv_blocks < 1:
             raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")

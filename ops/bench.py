@@ -265,7 +265,7 @@ class Bench:
         return [
             f"device: {gpu}; torch {torch.__version__}; flashinfer {fi}",
             f"model: {self.args.model} shape, random bf16 weights ({self.weight_bytes / 1e9:.2f} GB), "
-            f"attention {self.runner.attention_backend}, CUDA graphs {'on' if self.graphs_on else 'off'}, "
+            f"attention {self.runner.attention_backend_name}, CUDA graphs {'on' if self.graphs_on else 'off'}, "
             f"block size {self.runner.block_size}, {self.runner.num_kv_blocks} KV blocks, "
             f"prefill budget {MAX_PREFILL_TOKENS} tokens/step, greedy",
             f"setup (weights, KV pool, graph capture): {self.setup_seconds:.1f} s",
