@@ -21,6 +21,20 @@ def _die_with_parent() -> None:
         pass  # not glibc Linux: orphans then notice the bus going away instead
 
 
+async def stop_process(process: asyncio.subprocess.Process | None, timeout_s: float) -> bool:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`; False if it had to be killed."""
+    if process is None or process.returncode is not None:
+        return True
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), timeout_s)
+        return True
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return False
+
+
 class RestartBudget:
     """Allows at most `max_restarts` restarts within any `period_s` window."""
 
@@ -65,13 +79,5 @@ class ChildProcess:
         return await self.process.wait()
 
     async def stop(self, timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.terminate()
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout_s)
-        except TimeoutError:
+        if not await stop_process(self.process, timeout_s):
             log.warning("child_killed", child=self.name, after_s=timeout_s)
-            self.process.kill()
-            await self.process.wait()

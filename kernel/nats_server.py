@@ -9,6 +9,8 @@ from pathlib import Path
 
 import structlog
 
+from kernel.children import stop_process
+
 log = structlog.get_logger()
 
 
@@ -65,11 +67,4 @@ class EmbeddedNats:
                 await asyncio.sleep(0.05)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.terminate()
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout_s)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
+        await stop_process(self.process, timeout_s)
