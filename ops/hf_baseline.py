@@ -37,17 +37,23 @@ def hf_model_sharing_weights(model: CausalLM, raw_config: dict) -> transformers.
     return hf.eval()
 
 
-def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int]) -> dict:
-    """One left-padded batched greedy `generate` of every prompt to the longest output length.
-    Returns seconds, the output tokens the requests asked for, and the tokens generated."""
-    device = next(hf.parameters()).device
+def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask of `prompts` padded on the left to the longest: [B, width] each."""
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):] = torch.tensor(prompt)
         mask[row, width - len(prompt):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    return ids.to(device), mask.to(device)
+
+
+def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int]) -> dict:
+    """One left-padded batched greedy `generate` of every prompt to the longest output length.
+    Returns seconds, the output tokens the requests asked for, and the tokens generated."""
+    device = next(hf.parameters()).device
+    ids, mask = left_padded(prompts, device)
+    width = ids.shape[1]
 
     def timed(new_tokens: int) -> tuple[float, torch.Tensor]:
         if device.type == "cuda":
@@ -71,13 +77,7 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
     """Where transformers' decode step goes: seconds per step of `generate` and of a plain forward
     loop over the same left-padded batch (with its KV cache), and generate's top operators."""
     device = next(hf.parameters()).device
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = left_padded(prompts, device)
 
     def sync() -> None:
         if device.type == "cuda":
