@@ -49,12 +49,14 @@ class Subscription:
 
 
 class Bus:
-    def __init__(self, connection) -> None:
-        self._nc = connection
+    def __init__(self) -> None:
+        self._nc = None
+        self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
     async def connect(cls, url: str, name: str) -> "Bus":
         """Connects, and keeps reconnecting forever if the server goes away."""
+        bus = cls()
 
         async def on_error(exc: Exception) -> None:
             log.warning("bus_error", error=repr(exc))
@@ -64,8 +66,10 @@ class Bus:
 
         async def on_reconnect() -> None:
             log.info("bus_reconnected")
+            for listener in bus._reconnect_listeners:
+                await listener()
 
-        connection = await nats.connect(
+        bus._nc = await nats.connect(
             url,
             name=name,
             allow_reconnect=True,
@@ -76,7 +80,13 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
-        return cls(connection)
+        return bus
+
+    def on_reconnect(self, listener: Callable[[], Awaitable[None]]) -> None:
+        """Calls `listener` after each reconnection. Core NATS delivers at most once, so messages
+        published while the connection was down may be lost in either direction: a listener
+        resynchronises whatever state depends on them. It must return quickly (spawn long work)."""
+        self._reconnect_listeners.append(listener)
 
     @property
     def connected(self) -> bool:

@@ -15,6 +15,7 @@ class Instance:
     instance_id: str
     pid: int
     ready: bool
+    interval_s: float  # between its heartbeats
     deadline: float  # monotonic time after which it counts as dead
 
 
@@ -28,7 +29,7 @@ class Liveness:
         now = time.monotonic() if now is None else now
         deadline = now + self.missed_beats * beat.interval_s
         known = self.instances.get(beat.instance_id)
-        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.pid, beat.ready, deadline)
+        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.pid, beat.ready, beat.interval_s, deadline)
         return known is None
 
     def expire(self, now: float | None = None) -> list[Instance]:
@@ -38,6 +39,13 @@ class Liveness:
         for instance in dead:
             del self.instances[instance.instance_id]
         return dead
+
+    def forgive_silence(self, now: float | None = None) -> None:
+        """Restarts every deadline from now: after our own bus outage, beats we missed say nothing
+        about the others."""
+        now = time.monotonic() if now is None else now
+        for instance in self.instances.values():
+            instance.deadline = max(instance.deadline, now + self.missed_beats * instance.interval_s)
 
     def ready(self, actor: str) -> bool:
         return any(i.actor == actor and i.ready for i in self.instances.values())

@@ -26,7 +26,7 @@ from kernel.subjects import Subjects
 from schemas.health import Heartbeat
 
 # Start order; shutdown goes the other way, so the door closes before the engine stops.
-ACTORS = ("executor", "scheduler", "tokenizer", "frontdoor")
+ACTORS = ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")
 STOP_TIMEOUT_S = 10.0
 LIVENESS_CHECK_S = 0.5
 
@@ -59,6 +59,7 @@ class Supervisor:
             self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
         bus = await Bus.connect(self.config.nats_url, name="supervisor")
         await bus.subscribe(Subjects(self.config.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
+        bus.on_reconnect(self._after_bus_outage)
         argv = config_module.to_argv(self.config)
         try:
             async with asyncio.TaskGroup() as group:
@@ -90,6 +91,9 @@ class Supervisor:
         if await builder.wait() != 0:
             raise RuntimeError("building the demo model failed")
         return str(target)
+
+    async def _after_bus_outage(self) -> None:
+        self.liveness.forgive_silence()  # silence while the bus was down is not a stuck actor
 
     async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
         self.liveness.observe(beat)

@@ -14,15 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import nats
 from openai import AsyncOpenAI
 
+from ops.bus_client import stream_generate
 from ops.local_server import RunningServer, start_server
-from schemas.errors import Error
-from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
-
-Reply = GenerateChunk | GenerateResult | Error
+from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 
 
 @dataclass
@@ -60,22 +57,15 @@ async def over_http(base_url: str, item: dict, max_tokens: int, progress: asynci
 
 
 async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event) -> ClientLog:
+    """Through the reference bus client, which resumes a stream after a bus outage."""
     params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True)
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    request = GenerateRequest(text=item["prompt"], params=params, stream=True)
-    await nc.publish("llm.generate", msgspec.msgpack.encode(request), reply=inbox)
     log, chunks = ClientLog(token_ids=[]), []
-    while True:
-        reply = msgspec.msgpack.decode((await sub.next_msg(timeout=120)).data, type=Reply)
-        if isinstance(reply, Error):
-            raise RuntimeError(f"bus request failed: {reply}")
+    async for reply in stream_generate(nc, GenerateRequest(text=item["prompt"], params=params)):
         if isinstance(reply, GenerateResult):
             break
         chunks.append(reply)
         log.arrivals.append(time.monotonic())
         progress.set()
-    await sub.unsubscribe()
     if [c.sequence for c in chunks] != list(range(len(chunks))):
         raise RuntimeError("a chunk was lost or repeated")
     log.token_ids = [t for c in chunks for t in c.token_ids]

@@ -37,6 +37,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     stream: bool = False
     model: str | None = None
     user: str = ""  # the tenant; cached prefixes are shared only within one
+    # To resume a stream after a bus outage: its id (from its chunks, or chosen by the client when it
+    # first sent the request) and the number of the next chunk the client expects.
+    request_id: str | None = None
+    resume_from: int = 0
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):

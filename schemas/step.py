@@ -63,7 +63,10 @@ class StepOutput(msgspec.Struct, frozen=True):
 
 
 class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):
-    pass
+    # After a bus outage the scheduler cannot know which commands and outputs were lost: with
+    # `resync` the executor drops its batch and answers under a new executor_id, so both restart
+    # from the scheduler's table and outputs of the old batch are recognisably stale.
+    resync: bool = False
 
 
 class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):

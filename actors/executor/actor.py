@@ -38,6 +38,7 @@ class ExecutorActor(Actor):
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
         self.batch = RunningBatch(self.runner.block_size, self.max_model_len, self.runner.eos_token_ids)
         self.scheduler_id: str | None = None
+        self.new_epoch = False
         self.pending: list[Commands] = []
         self.work = asyncio.Event()
         self.step_count = 0
@@ -45,6 +46,7 @@ class ExecutorActor(Actor):
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.publish(self.subjects.executor_info, self.info())
         self.spawn(self._step_loop(), "step_loop")
+        self.bus.on_reconnect(self._after_bus_outage)
         self.log.info("model_loaded", model=cfg.model, blocks=self.runner.num_kv_blocks,
                       max_model_len=self.max_model_len, device=str(self.runner.device), dtype=str(self.runner.dtype))
 
@@ -59,8 +61,24 @@ class ExecutorActor(Actor):
             dtype=str(self.runner.dtype).removeprefix("torch."),
         )
 
-    async def _on_describe(self, _message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
+    async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
+        if message.resync:
+            self._start_new_epoch()
         return self.info()
+
+    async def _after_bus_outage(self) -> None:
+        self._start_new_epoch()
+        await self.bus.publish(self.subjects.executor_info, self.info())
+
+    def _start_new_epoch(self) -> None:
+        """Forgets the batch and answers under a new id, as a restarted executor would: commands
+        or outputs the bus lost leave no half-known state behind. The step loop drops the batch
+        before it applies the next commands, which come from the scheduler's fresh table."""
+        self.executor_id = uuid.uuid4().hex[:12]
+        self.pending.clear()
+        self.new_epoch = True
+        self.work.set()
+        self.log.info("executor_new_epoch", executor=self.executor_id)
 
     async def _on_commands(self, message: Commands, _reply_to: str | None) -> None:
         self.pending.append(message)
@@ -81,6 +99,11 @@ class ExecutorActor(Actor):
         while True:
             await self.work.wait()
             self.work.clear()
+            if self.new_epoch:
+                self.new_epoch, self.scheduler_id = False, None
+                self.batch.drop_all()
+                self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
+            executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
             inputs, plan = self.batch.plan_step(self.config.max_prefill_tokens)
             updates = []
@@ -91,7 +114,7 @@ class ExecutorActor(Actor):
             if updates or dropped:
                 self.step_count += 1
                 await self.bus.publish(
-                    self.subjects.step_outputs, StepOutput(self.executor_id, self.step_count, updates, dropped)
+                    self.subjects.step_outputs, StepOutput(executor_id, self.step_count, updates, dropped)
                 )
             if inputs and len(self.batch):
                 self.work.set()  # keep stepping; a batch that cannot move waits for the next grant

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
-from actors.frontdoor.pipeline import RequestPipeline
-from actors.frontdoor.request_stream import RequestStream
+from actors.origin.pipeline import RequestPipeline
+from actors.origin.request_stream import RequestStream
 from actors.frontdoor.tenants import Tenants
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error

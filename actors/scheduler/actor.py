@@ -18,6 +18,7 @@ from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5
+ORIGIN_ACTORS = ("frontdoor", "gateway")  # the actors that keep request records: their death orphans requests
 
 
 class SchedulerActor(Actor):
@@ -34,25 +35,32 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest, self._on_request)
         await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
         await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
-        self.frontdoors = Liveness()
-        await self.bus.subscribe(self.subjects.heartbeat("frontdoor"), Heartbeat, self._on_frontdoor_heartbeat)
+        self.origins = Liveness()
+        for actor in ORIGIN_ACTORS:
+            await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
         self.spawn(self._abort_orphans(), "abort_orphans")
         self.spawn(self._find_executor(), "find_executor")
+        self.bus.on_reconnect(self._after_bus_outage)
 
     @property
     def ready(self) -> bool:
         return self.batcher is not None
 
-    async def _find_executor(self) -> None:
+    async def _find_executor(self, resync: bool = False) -> None:
         """Asks until an executor answers; later restarts announce themselves on the info subject."""
-        while self.batcher is None:
+        while self.batcher is None or resync:
             reply = await self.bus.request(
-                self.subjects.executor_describe, DescribeExecutor(), ExecutorInfo, DESCRIBE_TIMEOUT_S
+                self.subjects.executor_describe, DescribeExecutor(resync), ExecutorInfo, DESCRIBE_TIMEOUT_S
             )
             if isinstance(reply, ExecutorInfo):
                 await self._on_executor_info(reply, None)
-            else:
-                await asyncio.sleep(0.2)
+                return
+            await asyncio.sleep(0.2)
+
+    async def _after_bus_outage(self) -> None:
+        self.origins.forgive_silence()  # their beats were lost with the bus, not their processes
+        if self.batcher is not None:
+            self.spawn(self._find_executor(resync=True), "resync_executor")
 
     async def _on_executor_info(self, info: ExecutorInfo, _reply_to: str | None) -> None:
         if info.executor_id == self.executor_id:
@@ -76,6 +84,9 @@ class SchedulerActor(Actor):
             case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
+                known = self.batcher.sequences.get(request_id)
+                if known is not None and known.origin == origin:
+                    self.batcher.abort(request_id)  # a resubmission whose Abort the bus lost
                 error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace)
                 if error:
                     return error
@@ -87,14 +98,14 @@ class SchedulerActor(Actor):
                     await self._schedule()
                 return None
 
-    async def _on_frontdoor_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
-        self.frontdoors.observe(beat)
+    async def _on_origin_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        self.origins.observe(beat)
 
     async def _abort_orphans(self) -> None:
-        """A dead frontdoor's HTTP clients are gone with it: free what their requests hold."""
+        """A dead origin's clients are gone with it: free what their requests hold."""
         while True:
             await asyncio.sleep(ORPHAN_CHECK_S)
-            for dead in self.frontdoors.expire():
+            for dead in self.origins.expire():
                 origin = self.subjects.origin(dead.instance_id)
                 orphans = [s.request_id for s in (self.batcher.sequences.values() if self.batcher else []) if s.origin == origin]
                 for request_id in orphans:

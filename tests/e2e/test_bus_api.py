@@ -1,5 +1,7 @@
 """The `llm.generate` bus API, used by a plain nats-py client."""
 
+import uuid
+
 import msgspec
 import nats
 import pytest
@@ -80,3 +82,31 @@ async def test_bad_requests_get_error_replies(nc, request_, code):
     assert reply.code == code
     good = GenerateRequest(text="ok", params=SamplingParams(max_tokens=2))
     assert isinstance(msgspec.msgpack.decode((await nc.request("llm.generate", encode(good), timeout=60)).data, type=Reply), GenerateResult)
+
+
+async def collect(nc, request: GenerateRequest) -> list:
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("llm.generate", encode(request), reply=inbox)
+    replies = []
+    while not replies or isinstance(replies[-1], GenerateChunk):
+        replies.append(msgspec.msgpack.decode((await sub.next_msg(timeout=60)).data, type=Reply))
+    await sub.unsubscribe()
+    return replies
+
+
+async def test_asking_again_replays_a_stream_from_where_the_client_stands(nc):
+    """What a client does when a bus outage lost some of its chunks."""
+    request = GenerateRequest(text="Replay me", params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                              stream=True, request_id=f"replay-{uuid.uuid4().hex}")
+    first = await collect(nc, request)
+    again = await collect(nc, msgspec.structs.replace(request, resume_from=3))
+    assert isinstance(first[-1], GenerateResult) and len(first) > 4
+    assert again == first[3:]
+
+
+async def test_resuming_an_unknown_request_is_a_retriable_error(nc):
+    request = GenerateRequest(text="hi", stream=True, request_id="never-sent", resume_from=2)
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request), timeout=30)).data, type=Reply)
+    assert isinstance(reply, Error)
+    assert (reply.code, reply.retriable) == ("not_found", True)

@@ -1,5 +1,5 @@
-"""Kill -9 an actor under load: every request completes, with no token lost or repeated, and the
-same output as an uninterrupted run (greedy and seeded sampling alike)."""
+"""Kill -9 an actor, or the nats-server, under load: every request completes, with no token lost or
+repeated, and the same output as an uninterrupted run (greedy and seeded sampling alike)."""
 
 import os
 import signal
@@ -29,13 +29,17 @@ async def reference(faulty_server):
     return logs
 
 
-@pytest.mark.parametrize("actor", ["tokenizer", "scheduler", "executor"])
+def pid_of(server, actor: str) -> int:
+    return server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor)
+
+
+@pytest.mark.parametrize("actor", ["tokenizer", "scheduler", "executor", "nats-server"])
 async def test_kill_under_load_loses_nothing(faulty_server, reference, actor):
-    old_pid = faulty_server.child_pid(actor)
+    old_pid = pid_of(faulty_server, actor)
     logs, _ = await run_workload(faulty_server, NUM_REQUESTS, MAX_TOKENS, kill=lambda: os.kill(old_pid, signal.SIGKILL))
-    assert faulty_server.child_pid(actor) != old_pid, "the actor was not restarted"
+    assert pid_of(faulty_server, actor) != old_pid, "the process was not restarted"
     assert not failures(logs)
     assert compare(reference, logs) == (0, 0)
     assert all(log.completion_tokens == MAX_TOKENS for log in logs)
-    if actor != "executor":  # the scheduler recomputes an executor's work itself; the origin moves the rest
+    if actor in ("tokenizer", "scheduler"):  # the scheduler recomputes an executor's work itself
         assert faulty_server.find("request_migrating")

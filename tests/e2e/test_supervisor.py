@@ -13,9 +13,10 @@ import msgspec
 import nats
 import pytest
 
-from schemas.admin import GetStats, SchedulerStats
-
+from ops.bus_client import stream_generate
 from ops.local_server import start_server
+from schemas.admin import GetStats, SchedulerStats
+from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 
 
 def alive(pid: int) -> bool:
@@ -69,12 +70,12 @@ def test_killed_actor_is_restarted_and_serves(own_server, actor):
 
 def test_sigterm_stops_everything_in_order(tmp_path):
     server = start_server(tmp_path / "data", "--num-kv-blocks", "32")
-    pids = {name: server.child_pid(name) for name in ("executor", "scheduler", "tokenizer", "frontdoor")}
+    pids = {name: server.child_pid(name) for name in ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")}
     nats_pid = server.find("nats_started")[-1]["pid"]
     assert server.stop() == 0
     assert not any(alive(pid) for pid in [*pids.values(), nats_pid])
     order = [e["actor"] for e in server.events if e.get("event") == "actor_stopped"]
-    assert order == ["frontdoor", "tokenizer", "scheduler", "executor"]
+    assert order == ["frontdoor", "gateway", "tokenizer", "scheduler", "executor"]
 
 
 def test_gives_up_after_too_many_restarts(tmp_path):
@@ -143,6 +144,32 @@ def test_killed_frontdoor_frees_the_work_of_its_connections(own_server):
     stats = scheduler_stats(own_server)
     assert stats.waiting == 0
     assert own_server.find("orphans_aborted")
+
+
+def test_killed_frontdoor_leaves_bus_clients_alone(own_server):
+    """Bus clients are served by the gateway, a process of its own."""
+    wait_for(lambda: _answers(own_server), 60)
+    first_chunk = threading.Event()
+    replies = []
+
+    async def over_bus():
+        nc = await nats.connect(own_server.nats_url)
+        params = SamplingParams(max_tokens=600, temperature=0, ignore_eos=True)
+        async for reply in stream_generate(nc, GenerateRequest(text="Go on", params=params)):
+            replies.append(reply)
+            first_chunk.set()
+        await nc.drain()
+
+    client = threading.Thread(target=asyncio.run, args=(over_bus(),))
+    client.start()
+    assert first_chunk.wait(60)
+    os.kill(own_server.child_pid("frontdoor"), signal.SIGKILL)
+    assert not isinstance(replies[-1], GenerateResult), "the request ended before the kill: nothing was tested"
+    client.join(120)
+    result = replies[-1]
+    assert isinstance(result, GenerateResult)
+    assert result.completion_tokens == 600
+    assert [t for r in replies[:-1] for t in r.token_ids] == result.token_ids
 
 
 def test_too_many_concurrent_requests_get_429(own_server):

@@ -1,8 +1,8 @@
 """The path of one request from its origin through the actors, and back as a stream of outputs.
 
-The frontdoor is the origin of every request it takes, over HTTP or the bus: it encodes the prompt
-with a tokenizer, asks one to track the output, submits to the scheduler, and receives the text on
-its own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
+An origin (the HTTP frontdoor, or the gateway for bus clients) keeps the record of every request it
+takes: it encodes the prompt with a tokenizer, asks one to track the output, submits to the
+scheduler, and receives the text on its own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
 When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
 it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
 """
@@ -14,7 +14,7 @@ import uuid
 import msgspec
 import structlog
 
-from actors.frontdoor.request_stream import RequestRecord, RequestStream
+from actors.origin.request_stream import RequestRecord, RequestStream
 from kernel.bus import Bus
 from kernel.liveness import Liveness
 from kernel.subjects import Subjects
@@ -59,6 +59,7 @@ class RequestPipeline:
     async def start(self) -> None:
         await self.bus.subscribe(self.origin, OutputBatch, self._on_outputs)
         await self.bus.subscribe(self.subjects.all_heartbeats, Heartbeat, self._on_heartbeat)
+        self.bus.on_reconnect(self._after_bus_outage)
 
     async def _on_outputs(self, batch: OutputBatch, _reply_to: str | None) -> None:
         for output in batch.outputs:
@@ -75,8 +76,11 @@ class RequestPipeline:
         reply = await self.bus.request(self.subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
         return reply.token_ids if isinstance(reply, Encoded) else reply
 
-    async def submit(self, request: GenerateRequest, cache_namespace: str = "") -> RequestStream | Error:
-        """Encodes and submits `request`; the caller must `close()` the stream it gets."""
+    async def submit(
+        self, request: GenerateRequest, cache_namespace: str = "", request_id: str | None = None
+    ) -> RequestStream | Error:
+        """Encodes and submits `request` (under `request_id`, or a new one); the caller must
+        `close()` the stream it gets."""
         prompts = [p for p in (request.text, request.input_ids, request.messages) if p is not None]
         if len(prompts) != 1:
             return Error("invalid_request", "give exactly one of text, input_ids and messages", param="prompt")
@@ -89,7 +93,7 @@ class RequestPipeline:
         params = request.params
         if params.seed is None:  # a seed of our own keeps the draw reproducible after a restart
             params = msgspec.structs.replace(params, seed=random.getrandbits(63))
-        record = RequestRecord(uuid.uuid4().hex, prompt_ids, params, cache_namespace)
+        record = RequestRecord(request_id or uuid.uuid4().hex, prompt_ids, params, cache_namespace)
         stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
         reply = await self._track(record)
         if not isinstance(reply, Error):
@@ -122,6 +126,12 @@ class RequestPipeline:
             await self.bus.publish(self.subjects.tokenizer_untrack, Untrack(stream.request_id))
 
     # -- migration ------------------------------------------------------------------------
+
+    async def _after_bus_outage(self) -> None:
+        """Outputs, tracks or submits may have been lost while the bus was down: every unfinished
+        request is tracked and submitted again from what its client has."""
+        self.liveness.forgive_silence()
+        self._migrate_all(lambda record: True, reason="bus reconnected")
 
     async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
         first = self.liveness.observe(beat)

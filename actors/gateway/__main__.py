@@ -1,0 +1,4 @@
+from actors.gateway.actor import GatewayActor
+from kernel.actor import main
+
+main(GatewayActor)

@@ -1,0 +1,31 @@
+"""The gateway actor: the origin of the requests that other services send on `<ns>.generate`.
+
+It runs apart from the HTTP frontdoor, so a frontdoor crash leaves bus clients untouched, and a
+bus outage costs them nothing: a client that missed chunks asks again and gets them replayed.
+"""
+
+from actors.gateway.bus_api import BusApi
+from actors.origin.pipeline import RequestPipeline
+from kernel.actor import Actor
+from schemas.generate import GenerateRequest
+
+QUEUE_GROUP = "gateways"
+
+
+class GatewayActor(Actor):
+    """Serves the `generate` bus API to other services, resuming streams a bus outage cut."""
+
+    name = "gateway"
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.request_timeout_s, cfg.max_migrations)
+        await self.pipeline.start()
+        self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
+        self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
+        self.spawn(self.bus_api.forget_finished(), "forget_finished")
+        await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
+
+    async def stop(self) -> None:
+        await self.bus_api.close()
+        await self.pipeline.close()

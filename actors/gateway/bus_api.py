@@ -1,0 +1,124 @@
+"""The public bus API: `<ns>.generate` request/reply for other services.
+
+A request with `stream` set gets `GenerateChunk`s at its reply inbox, numbered 0, 1, 2..., then a
+final `GenerateResult`; otherwise just the result. Failures are `Error` replies.
+
+A bus outage (a restarted nats-server) can lose replies in flight, so the gateway keeps what it sent
+each request until a while after its end. A client that sees a gap in the numbering, or silence,
+sends the same request again with the `request_id` from its chunks (or one it chose) and
+`resume_from` set to the next number it expects: the gateway replays from there and streams on to
+the new reply inbox. Asking again is harmless, so a client may do it whenever in doubt.
+"""
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import structlog
+
+from actors.origin.pipeline import RequestPipeline
+from kernel.bus import Bus
+from schemas.errors import Error
+from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
+
+log = structlog.get_logger()
+KEEP_FINISHED_S = 120.0  # how long a client may still ask for the replies of a finished request
+FORGET_INTERVAL_S = 5.0
+
+
+@dataclass
+class BusStream:
+    """Every reply one request has been sent, so that any of them can be sent again."""
+
+    reply_to: str
+    chunks: list[GenerateChunk] = field(default_factory=list)
+    last: GenerateResult | Error | None = None
+    finished_at: float | None = None
+
+
+class BusApi:
+    def __init__(self, bus: Bus, pipeline: RequestPipeline, model_name: str) -> None:
+        self.bus = bus
+        self.pipeline = pipeline
+        self.model_name = model_name
+        self.streams: dict[str, BusStream] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def on_generate(self, request: GenerateRequest, reply_to: str | None) -> Error | None:
+        if reply_to is None:
+            return None  # nobody to answer
+        if request.model is not None and request.model != self.model_name:
+            return Error("not_found", f"The model `{request.model}` does not exist.", param="model")
+        known = self.streams.get(request.request_id) if request.request_id else None
+        if known is not None:
+            await self._resume(known, request.resume_from, reply_to)
+            return None
+        if request.resume_from:
+            return Error("not_found", f"no request {request.request_id!r} to resume here; send it again from the start",
+                         param="request_id", retriable=True)
+        request_id = request.request_id or uuid.uuid4().hex
+        stream = self.streams[request_id] = BusStream(reply_to)
+        # Generation outlives this callback: the subscription must go on to the next request.
+        task = asyncio.create_task(self._serve(request, request_id, stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _resume(self, stream: BusStream, resume_from: int, reply_to: str) -> None:
+        log.info("bus_stream_resumed", resume_from=resume_from, sent=len(stream.chunks), finished=stream.last is not None)
+        stream.reply_to = reply_to
+        for chunk in stream.chunks[resume_from:]:
+            await self.bus.reply(reply_to, chunk)
+        if stream.last is not None:
+            await self.bus.reply(reply_to, stream.last)
+
+    async def _serve(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
+        try:
+            await self._generate(request, request_id, stream)
+        except Exception as exc:  # one request's failure must not take the others down
+            log.exception("bus_request_failed")
+            await self._finish(stream, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))
+
+    async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
+        outputs = await self.pipeline.submit(request, cache_namespace=request.user, request_id=request_id)
+        if isinstance(outputs, Error):
+            await self._finish(stream, outputs)
+            return
+        try:
+            token_ids: list[int] = []
+            text: list[str] = []
+            async for output in outputs:
+                if output.error:
+                    await self._finish(stream, output.error)
+                    return
+                token_ids += output.token_ids
+                text.append(output.text)
+                if request.stream and (output.token_ids or output.text):
+                    chunk = GenerateChunk(request_id, len(stream.chunks), output.token_ids, output.text)
+                    stream.chunks.append(chunk)
+                    await self.bus.reply(stream.reply_to, chunk)
+                if output.finish_reason:
+                    await self._finish(stream, GenerateResult(
+                        request_id, "".join(text), token_ids, output.finish_reason,
+                        len(outputs.prompt_ids), output.completion_tokens, outputs.cached_tokens,
+                    ))
+        finally:
+            await outputs.close()
+
+    async def _finish(self, stream: BusStream, last: GenerateResult | Error) -> None:
+        stream.last, stream.finished_at = last, time.monotonic()
+        await self.bus.reply(stream.reply_to, last)
+
+    async def forget_finished(self) -> None:
+        """Drops the replies of requests that ended long enough ago for their clients to have them."""
+        while True:
+            await asyncio.sleep(FORGET_INTERVAL_S)
+            horizon = time.monotonic() - KEEP_FINISHED_S
+            for request_id in [r for r, s in self.streams.items() if s.finished_at is not None and s.finished_at < horizon]:
+                del self.streams[request_id]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
