@@ -39,6 +39,14 @@ class KVCache:
     def values(self, layer: int) -> torch.Tensor:
         return self.layers[layer][:, 1]
 
+    def copy_blocks(self, sources: list[int], targets: list[int]) -> None:
+        """Block `targets[i]` becomes a copy of block `sources[i]`, in every layer."""
+        device = self.layers[0].device
+        source = torch.tensor(sources, dtype=torch.long, device=device)
+        target = torch.tensor(targets, dtype=torch.long, device=device)
+        for cache in self.layers:
+            cache.index_copy_(0, target, cache.index_select(0, source))
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [T, kv_heads, head_dim]; slot_mapping: [T] flat slots. The fused GPU path writes in
         # gpu.kernels.rope_store_kv instead.

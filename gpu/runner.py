@@ -155,6 +155,13 @@ class ModelRunner:
         return kv_cache_bytes // per_block
 
     @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """(source, target) block pairs, copied in the KV pool before the next step reads them."""
+        if copies:
+            sources, targets = zip(*copies)
+            self.kv.copy_blocks(list(sources), list(targets))
+
+    @torch.inference_mode()
     def step(self, seqs: list[SequenceInput]) -> list[int | None]:
         """Feeds every sequence's new tokens and returns one drawn token per sequence with
         `sample=True`, None for the others. Raises ValueError, before touching the KV cache, on

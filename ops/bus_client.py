@@ -4,11 +4,12 @@ stream falls silent it sends the request again with `resume_from`, so the gatewa
 
     nc = await nats.connect(url)
     async for reply in stream_generate(nc, GenerateRequest(text="Hi", params=SamplingParams(seed=1))):
-        ...  # GenerateChunk, GenerateChunk, ..., then one GenerateResult
+        ...  # GenerateChunk, GenerateChunk, ..., then one GenerateResult per choice
 """
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -29,13 +30,14 @@ class GenerateFailed(Exception):
 async def stream_generate(
     nc, request: GenerateRequest, subject: str = "llm.generate", silence_s: float = 2.0, timeout_s: float = 300.0
 ) -> AsyncIterator[GenerateChunk | GenerateResult]:
-    """Yields each chunk once, in order, then the result; raises `GenerateFailed` on an `Error`
-    and `TimeoutError` if the whole request takes longer than `timeout_s`."""
+    """Yields each chunk once, in order, then a result per choice (`request.n` of them); raises
+    `GenerateFailed` on an `Error` and `TimeoutError` if the whole request takes longer than `timeout_s`."""
     request = msgspec.structs.replace(request, stream=True, request_id=request.request_id or uuid.uuid4().hex)
     inbox = nc.new_inbox()
     subscription = await nc.subscribe(inbox)
     deadline = time.monotonic() + timeout_s
-    received_tokens = 0
+    received_tokens: Counter[int] = Counter()  # per choice
+    results: set[int] = set()  # the choices whose result arrived
     expected = 0  # the sequence number of the next chunk
     asked_for = -1  # the last resume point asked for on a gap: later chunks of the gap need no new ask
 
@@ -64,17 +66,19 @@ async def stream_generate(
                     raise GenerateFailed(reply)
                 case GenerateChunk(sequence=sequence) if sequence == expected:
                     expected += 1
-                    received_tokens += len(reply.token_ids)
+                    received_tokens[reply.index] += len(reply.token_ids)
                     yield reply
                 case GenerateChunk(sequence=sequence) if sequence > expected:
                     if asked_for != expected:
                         await ask(expected)  # a gap: the replay starts at the first missing chunk
-                case GenerateResult() if received_tokens < len(reply.token_ids):
+                case GenerateResult() if received_tokens[reply.index] < len(reply.token_ids):
                     if asked_for != expected:
                         await ask(expected)  # the last chunks were lost, the result was not
-                case GenerateResult():
+                case GenerateResult() if reply.index not in results:
+                    results.add(reply.index)
                     yield reply
-                    return
+                    if len(results) == request.n:
+                        return
     finally:
         try:
             await subscription.unsubscribe()

@@ -16,6 +16,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, tag="scheduler_stats"):
     evictable_blocks: int = 0  # held by the prefix cache only: free for the taking when needed
     cache_hit_tokens: int = 0  # prompt tokens served from the cache, since start
     cache_queried_tokens: int = 0  # prompt tokens looked up in the cache, since start
+    preemptions: int = 0  # running requests sent back to the queue for lack of blocks, since start
 
 
 class FlushCache(msgspec.Struct, frozen=True, tag="flush_cache"):

@@ -5,6 +5,8 @@ share one pipeline. A streaming request gets `GenerateChunk`s at its reply inbox
 one `GenerateResult` (or an `Error`).
 """
 
+from typing import Annotated
+
 import msgspec
 
 from schemas.errors import Error
@@ -27,14 +29,19 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     content: str
 
 
+MAX_CHOICES = 128
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="generate"):
-    """Exactly one of `text`, `input_ids` and `messages` carries the prompt."""
+    """Exactly one of `text`, `input_ids` and `messages` carries the prompt. With `n` > 1 the
+    prompt is computed once and n choices are drawn from it, each with its own randomness."""
 
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
     params: SamplingParams = SamplingParams()
     stream: bool = False
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] = 1
     model: str | None = None
     user: str = ""  # the tenant; cached prefixes are shared only within one
     # To resume a stream after a bus outage: its id (from its chunks, or chosen by the client when it
@@ -45,9 +52,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
 
 class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
     request_id: str
-    sequence: int  # 0, 1, 2... so a client can check that nothing was lost or repeated
+    sequence: int  # 0, 1, 2... over all choices, so a client can check that nothing was lost or repeated
     token_ids: list[int]
     text: str
+    index: int = 0  # the choice
 
 
 class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
@@ -58,6 +66,7 @@ class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    index: int = 0  # the choice; a request with n choices ends after n results
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error

@@ -19,6 +19,9 @@ class Submit(msgspec.Struct, frozen=True, tag="submit"):
     # Tokens the client already received: a request resubmitted after a crash continues after them.
     output_ids: list[int] = []
     cache_namespace: str = ""  # prefix-cache isolation: requests share cached KV only within one namespace
+    # One of n choices of a prompt: the request id of the choice that computes the prompt once;
+    # this one shares its KV blocks and only decodes.
+    fork_of: str | None = None
 
 
 class Accepted(msgspec.Struct, frozen=True, tag="accepted"):

@@ -31,13 +31,21 @@ class GrantBlocks(msgspec.Struct, frozen=True, tag="grant"):
     block_ids: list[int]
 
 
+class CopyBlock(msgspec.Struct, frozen=True, tag="copy"):
+    """Copy one KV block before the next step: a forked choice gets its own copy of the block its
+    prompt ends in, since it writes its own tokens after the shared ones."""
+
+    source: int
+    target: int
+
+
 class DropSequence(msgspec.Struct, frozen=True, tag="drop"):
     """Forget a sequence: aborted, preempted, or finished by a stop string."""
 
     request_id: str
 
 
-Command = StartSequence | PrefillChunk | GrantBlocks | DropSequence
+Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | DropSequence
 
 
 class Commands(msgspec.Struct, frozen=True):

@@ -107,6 +107,9 @@ class ExecutorActor(Actor):
             self._apply_pending()
             inputs, plan = self.batch.plan_step(self.config.max_prefill_tokens)
             updates = []
+            copies = self.batch.take_copies()
+            if copies:
+                await asyncio.to_thread(self.runner.copy_blocks, copies)
             if inputs:
                 tokens = await asyncio.to_thread(self.runner.step, inputs)
                 updates = self.batch.book(plan, tokens)

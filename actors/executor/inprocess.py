@@ -33,10 +33,11 @@ class InProcessEngine:
 
     def submit(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_namespace: str = "",
-        output_ids: list[int] = (),
+        output_ids: list[int] = (), fork_of: str | None = None,
     ) -> Error | None:
         error = self.batcher.submit(
-            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, cache_namespace=cache_namespace
+            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, cache_namespace=cache_namespace,
+            fork_of=fork_of,
         )
         if error is None:
             self.outputs[request_id] = []
@@ -50,6 +51,7 @@ class InProcessEngine:
         for command in self.batcher.schedule():
             self.batch.apply(command)
         inputs, plan = self.batch.plan_step(self.max_prefill_tokens)
+        self.runner.copy_blocks(self.batch.take_copies())
         updates = self.batch.book(plan, self.runner.step(inputs)) if inputs else []
         self.steps += 1
         output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())

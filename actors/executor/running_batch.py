@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gpu.runner import SequenceInput
 from schemas.generate import SamplingParams
-from schemas.step import Command, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
+from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
 
 
 @dataclass
@@ -41,6 +41,7 @@ class RunningBatch:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
+        self.copies: list[tuple[int, int]] = []  # KV blocks to copy before the next step: (source, target)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -60,6 +61,8 @@ class RunningBatch:
             case GrantBlocks(request_id, block_ids):
                 if request_id in self.sequences:
                     self.sequences[request_id].block_table += block_ids
+            case CopyBlock(source, target):
+                self.copies.append((source, target))
             case DropSequence(request_id):
                 self.sequences.pop(request_id, None)
                 self.dropped.append(request_id)
@@ -67,6 +70,10 @@ class RunningBatch:
     def drop_all(self) -> None:
         self.dropped += list(self.sequences)
         self.sequences.clear()
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self.copies = self.copies, []
+        return copies
 
     def take_dropped(self) -> list[str]:
         dropped, self.dropped = self.dropped, []

@@ -14,7 +14,7 @@ from aiohttp import web
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
 from actors.origin.pipeline import RequestPipeline
-from actors.origin.request_stream import RequestStream
+from actors.origin.request_stream import RequestGroup
 from actors.frontdoor.tenants import Tenants
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
@@ -123,66 +123,78 @@ class HttpApi:
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
         namespace = self.tenants.cache_namespace(request["identity"], parsed.user)
-        stream = await self.pipeline.submit(parsed.request, cache_namespace=namespace)
-        if isinstance(stream, Error):
-            return error_response(stream)
+        group = await self.pipeline.submit(parsed.request, cache_namespace=namespace)
+        if isinstance(group, Error):
+            return error_response(group)
         try:
             if parsed.request.stream:
-                return await self._stream_events(request, parsed, stream)
-            return await self._whole_response(parsed, stream)
+                return await self._stream_events(request, parsed, group)
+            return await self._whole_response(parsed, group)
         finally:
-            await stream.close()
+            await group.close()
 
-    async def _whole_response(self, parsed: protocol.ParsedRequest, stream: RequestStream) -> web.Response:
-        text, token_ids = [], []
-        async for output in stream:
+    async def _whole_response(self, parsed: protocol.ParsedRequest, group: RequestGroup) -> web.Response:
+        texts: list[list[str]] = [[] for _ in group.choices]
+        token_ids: list[list[int]] = [[] for _ in group.choices]
+        finishes: list[str] = [""] * len(group.choices)
+        completion_tokens = 0
+        async for index, output in group:
             if output.error:
                 return error_response(output.error)
-            text.append(output.text)
-            token_ids += output.token_ids
+            texts[index].append(output.text)
+            token_ids[index] += output.token_ids
             if output.finish_reason:
-                body = self._final_body(parsed.kind, stream, "".join(text), token_ids, output.finish_reason, output.completion_tokens)
-                return web.json_response(body)
-        raise AssertionError("a request stream ends with a finish_reason")
+                finishes[index] = output.finish_reason
+                completion_tokens += output.completion_tokens
+        choices = [("".join(text), finish) for text, finish in zip(texts, finishes)]
+        return web.json_response(self._final_body(parsed.kind, group, choices, token_ids[0], completion_tokens))
 
-    def _final_body(self, kind: str, stream: RequestStream, text: str, token_ids: list[int], finish: str, completion_tokens: int) -> dict:
-        args = (stream.request_id, self.model_name, self.created, text, finish, len(stream.prompt_ids), completion_tokens,
-                stream.cached_tokens)
+    def _final_body(self, kind: str, group: RequestGroup, choices: list[tuple[str, str]], token_ids: list[int],
+                    completion_tokens: int) -> dict:
+        args = (group.request_id, self.model_name, self.created, choices, len(group.prompt_ids), completion_tokens,
+                group.cached_tokens)
         if kind == "chat":
             return protocol.chat_completion_response(*args)
         if kind == "completion":
             return protocol.completion_response(*args)
+        (text, finish), = choices  # the native route has no n
         return {
-            "request_id": stream.request_id, "text": text, "token_ids": token_ids, "finish_reason": finish,
-            "prompt_tokens": len(stream.prompt_ids), "completion_tokens": completion_tokens,
-            "cached_tokens": stream.cached_tokens,
+            "request_id": group.request_id, "text": text, "token_ids": token_ids, "finish_reason": finish,
+            "prompt_tokens": len(group.prompt_ids), "completion_tokens": completion_tokens,
+            "cached_tokens": group.cached_tokens,
         }
 
-    async def _stream_events(self, request: web.Request, parsed: protocol.ParsedRequest, stream: RequestStream) -> web.StreamResponse:
+    async def _stream_events(self, request: web.Request, parsed: protocol.ParsedRequest, group: RequestGroup) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        kind, rid, model, created = parsed.kind, stream.request_id, self.model_name, self.created
+        kind, rid, model, created = parsed.kind, group.request_id, self.model_name, self.created
         if kind == "chat":
-            await response.write(protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant")))
-        async for output in stream:
+            for index in range(len(group.choices)):
+                await response.write(protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant", index=index)))
+        completion_tokens = 0
+        async for index, output in group:
             if output.error:
                 await response.write(protocol.sse_event(protocol.error_body(output.error)))
                 break
             if output.text or output.finish_reason or (kind == "generate" and output.token_ids):
-                await response.write(protocol.sse_event(self._chunk(kind, stream, output)))
-            if output.finish_reason and parsed.include_usage_in_stream:
-                usage = protocol.usage_chunk(kind, rid, model, created, len(stream.prompt_ids), output.completion_tokens,
-                                             stream.cached_tokens)
+                await response.write(protocol.sse_event(self._chunk(kind, rid, index, output)))
+            if output.finish_reason:
+                completion_tokens += output.completion_tokens
+        else:
+            if parsed.include_usage_in_stream:
+                usage = protocol.usage_chunk(kind, rid, model, created, len(group.prompt_ids), completion_tokens,
+                                             group.cached_tokens)
                 await response.write(protocol.sse_event(usage))
         await response.write(protocol.SSE_DONE)
         await response.write_eof()
         return response
 
-    def _chunk(self, kind: str, stream: RequestStream, output) -> dict:
-        rid, model, created = stream.request_id, self.model_name, self.created
+    def _chunk(self, kind: str, rid: str, index: int, output) -> dict:
+        model, created = self.model_name, self.created
         if kind == "chat":
-            return protocol.chat_chunk(rid, model, created, delta_text=output.text, finish_reason=output.finish_reason)
+            return protocol.chat_chunk(rid, model, created, delta_text=output.text, finish_reason=output.finish_reason,
+                                       index=index)
         if kind == "completion":
-            return protocol.completion_chunk(rid, model, created, output.text, output.finish_reason)
+            return protocol.completion_chunk(rid, model, created, output.text, output.finish_reason, index=index)
         return {"request_id": rid, "text": output.text, "token_ids": output.token_ids,
                 "finish_reason": output.finish_reason, "completion_tokens": output.completion_tokens}

@@ -23,7 +23,7 @@ from actors.frontdoor.openai_responses import (  # noqa: F401  (re-exported for 
     usage_chunk,
 )
 from schemas.errors import Error
-from schemas.generate import ChatMessage, GenerateRequest, SamplingParams
+from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, SamplingParams
 
 # Bounds keep every number encodable downstream (msgpack, int32 tensors); msgspec alone takes any int.
 INT32_MAX = 2**31 - 1
@@ -66,7 +66,7 @@ class OpenAIFields(SamplingFields, kw_only=True):
     model: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
@@ -219,7 +219,6 @@ def _check_model(model: str | None, served_model: str) -> Error | None:
 
 def _common_unsupported(req: OpenAIFields) -> dict[str, bool]:
     return {
-        "n > 1": (req.n or 1) > 1,
         "presence_penalty": bool(req.presence_penalty),
         "frequency_penalty": bool(req.frequency_penalty),
         "logit_bias": bool(req.logit_bias),
@@ -313,7 +312,8 @@ def _openai_parsed(
     kind: Literal["chat", "completion"], req: OpenAIFields, prompt: GenerateRequest, max_tokens: int | None, model: str
 ) -> ParsedRequest:
     stream = bool(req.stream)
-    request = msgspec.structs.replace(prompt, params=_sampling_params(req, max_tokens), stream=stream, model=model)
+    request = msgspec.structs.replace(prompt, params=_sampling_params(req, max_tokens), stream=stream, model=model,
+                                      n=req.n or 1)
     include_usage = stream and req.stream_options is not None and bool(req.stream_options.include_usage)
     return ParsedRequest(kind, request, include_usage, req.user or "")
 

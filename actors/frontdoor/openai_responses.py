@@ -38,25 +38,24 @@ def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, ch
 
 
 def chat_completion_response(
-    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-    cached_tokens: int = 0,
+    request_id: str, model: str, created: int, choices: list[tuple[str, str]], prompt_tokens: int,
+    completion_tokens: int, cached_tokens: int = 0,
 ) -> dict:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": None,
-        "finish_reason": finish_reason,
-    }
-    body = _envelope("chat", "chat.completion", request_id, model, created, [choice])
+    """`choices`: (text, finish_reason) of each; the usage counts the prompt once, every choice's tokens."""
+    bodies = [
+        {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        for i, (text, finish) in enumerate(choices)
+    ]
+    body = _envelope("chat", "chat.completion", request_id, model, created, bodies)
     return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def completion_response(
-    request_id: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-    cached_tokens: int = 0,
+    request_id: str, model: str, created: int, choices: list[tuple[str, str]], prompt_tokens: int,
+    completion_tokens: int, cached_tokens: int = 0,
 ) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    body = _envelope("completion", "text_completion", request_id, model, created, [choice])
+    bodies = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
+    body = _envelope("completion", "text_completion", request_id, model, created, bodies)
     return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
@@ -67,6 +66,7 @@ def chat_chunk(
     delta_text: str | None = None,
     role: str | None = None,
     finish_reason: str | None = None,
+    index: int = 0,
 ) -> dict:
     """The first chunk of a stream gives the role (with empty content, as OpenAI does); the last
     gives the finish_reason, with an empty delta when it brings no text."""
@@ -75,12 +75,14 @@ def chat_chunk(
         delta = {"role": role, "content": delta_text or ""}
     elif delta_text:
         delta = {"content": delta_text}
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     return _envelope("chat", _CHUNK_OBJECT["chat"], request_id, model, created, [choice])
 
 
-def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def completion_chunk(
+    request_id: str, model: str, created: int, text: str, finish_reason: str | None = None, index: int = 0
+) -> dict:
+    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     return _envelope("completion", _CHUNK_OBJECT["completion"], request_id, model, created, [choice])
 
 

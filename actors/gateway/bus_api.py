@@ -1,7 +1,7 @@
 """The public bus API: `<ns>.generate` request/reply for other services.
 
 A request with `stream` set gets `GenerateChunk`s at its reply inbox, numbered 0, 1, 2..., then a
-final `GenerateResult`; otherwise just the result. Failures are `Error` replies.
+`GenerateResult` for each of its n choices; otherwise just the results. A failure is one `Error`.
 
 A bus outage (a restarted nats-server) can lose replies in flight, so the gateway keeps what it sent
 each request until a while after its end. A client that sees a gap in the numbering, or silence,
@@ -33,7 +33,7 @@ class BusStream:
 
     reply_to: str
     chunks: list[GenerateChunk] = field(default_factory=list)
-    last: GenerateResult | Error | None = None
+    finals: list[GenerateResult] | list[Error] = field(default_factory=list)  # a result per choice, or one error
     finished_at: float | None = None
 
 
@@ -66,49 +66,50 @@ class BusApi:
         return None
 
     async def _resume(self, stream: BusStream, resume_from: int, reply_to: str) -> None:
-        log.info("bus_stream_resumed", resume_from=resume_from, sent=len(stream.chunks), finished=stream.last is not None)
+        log.info("bus_stream_resumed", resume_from=resume_from, sent=len(stream.chunks), finished=bool(stream.finals))
         stream.reply_to = reply_to
-        for chunk in stream.chunks[resume_from:]:
-            await self.bus.reply(reply_to, chunk)
-        if stream.last is not None:
-            await self.bus.reply(reply_to, stream.last)
+        for reply in stream.chunks[resume_from:] + stream.finals:
+            await self.bus.reply(reply_to, reply)
 
     async def _serve(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
         try:
             await self._generate(request, request_id, stream)
         except Exception as exc:  # one request's failure must not take the others down
             log.exception("bus_request_failed")
-            await self._finish(stream, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))
+            await self._finish(stream, [Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)])
 
     async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
-        outputs = await self.pipeline.submit(request, cache_namespace=request.user, request_id=request_id)
-        if isinstance(outputs, Error):
-            await self._finish(stream, outputs)
+        group = await self.pipeline.submit(request, cache_namespace=request.user, request_id=request_id)
+        if isinstance(group, Error):
+            await self._finish(stream, [group])
             return
         try:
-            token_ids: list[int] = []
-            text: list[str] = []
-            async for output in outputs:
+            token_ids: list[list[int]] = [[] for _ in group.choices]
+            texts: list[list[str]] = [[] for _ in group.choices]
+            results: list[GenerateResult] = []
+            async for index, output in group:
                 if output.error:
-                    await self._finish(stream, output.error)
+                    await self._finish(stream, [output.error])
                     return
-                token_ids += output.token_ids
-                text.append(output.text)
+                token_ids[index] += output.token_ids
+                texts[index].append(output.text)
                 if request.stream and (output.token_ids or output.text):
-                    chunk = GenerateChunk(request_id, len(stream.chunks), output.token_ids, output.text)
+                    chunk = GenerateChunk(request_id, len(stream.chunks), output.token_ids, output.text, index)
                     stream.chunks.append(chunk)
                     await self.bus.reply(stream.reply_to, chunk)
                 if output.finish_reason:
-                    await self._finish(stream, GenerateResult(
-                        request_id, "".join(text), token_ids, output.finish_reason,
-                        len(outputs.prompt_ids), output.completion_tokens, outputs.cached_tokens,
+                    results.append(GenerateResult(
+                        request_id, "".join(texts[index]), token_ids[index], output.finish_reason,
+                        len(group.prompt_ids), output.completion_tokens, group.cached_tokens, index,
                     ))
+            await self._finish(stream, sorted(results, key=lambda r: r.index))
         finally:
-            await outputs.close()
+            await group.close()
 
-    async def _finish(self, stream: BusStream, last: GenerateResult | Error) -> None:
-        stream.last, stream.finished_at = last, time.monotonic()
-        await self.bus.reply(stream.reply_to, last)
+    async def _finish(self, stream: BusStream, finals: list[GenerateResult] | list[Error]) -> None:
+        stream.finals, stream.finished_at = finals, time.monotonic()
+        for reply in finals:
+            await self.bus.reply(stream.reply_to, reply)
 
     async def forget_finished(self) -> None:
         """Drops the replies of requests that ended long enough ago for their clients to have them."""

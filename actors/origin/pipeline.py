@@ -14,9 +14,10 @@ import uuid
 import msgspec
 import structlog
 
-from actors.origin.request_stream import RequestRecord, RequestStream
+from actors.origin.request_stream import RequestGroup, RequestRecord, RequestStream
 from kernel.bus import Bus
 from kernel.liveness import Liveness
+from kernel.randomness import choice_seed
 from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
@@ -78,9 +79,9 @@ class RequestPipeline:
 
     async def submit(
         self, request: GenerateRequest, cache_namespace: str = "", request_id: str | None = None
-    ) -> RequestStream | Error:
-        """Encodes and submits `request` (under `request_id`, or a new one); the caller must
-        `close()` the stream it gets."""
+    ) -> RequestGroup | Error:
+        """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
+        as a request of its own; the caller must `close()` the group it gets."""
         prompts = [p for p in (request.text, request.input_ids, request.messages) if p is not None]
         if len(prompts) != 1:
             return Error("invalid_request", "give exactly one of text, input_ids and messages", param="prompt")
@@ -93,16 +94,24 @@ class RequestPipeline:
         params = request.params
         if params.seed is None:  # a seed of our own keeps the draw reproducible after a restart
             params = msgspec.structs.replace(params, seed=random.getrandbits(63))
-        record = RequestRecord(request_id or uuid.uuid4().hex, prompt_ids, params, cache_namespace)
-        stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
-        reply = await self._track(record)
-        if not isinstance(reply, Error):
-            reply = await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S)
-        if isinstance(reply, Error):
-            await self.release(stream)
-            return reply
-        log.info("request_submitted", request_id=record.request_id, prompt_tokens=len(prompt_ids))
-        return stream
+        group = RequestGroup(request_id or uuid.uuid4().hex, prompt_ids)
+        for index in range(request.n):
+            # The first choice computes the prompt; the others fork it, each with its own seed.
+            record = RequestRecord(
+                group.request_id if request.n == 1 else f"{group.request_id}-{index}", prompt_ids,
+                msgspec.structs.replace(params, seed=choice_seed(params.seed, index)), cache_namespace,
+                fork_of=group.choices[0].request_id if index else None,
+            )
+            stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
+            group.choices.append(stream)
+            reply = await self._track(record)
+            if not isinstance(reply, Error):
+                reply = await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S)
+            if isinstance(reply, Error):
+                await group.close()
+                return reply
+        log.info("request_submitted", request_id=group.request_id, prompt_tokens=len(prompt_ids), choices=request.n)
+        return group
 
     async def _track(self, record: RequestRecord) -> Tracked | Error:
         params = record.params
@@ -115,7 +124,7 @@ class RequestPipeline:
 
     def _submit_message(self, record: RequestRecord) -> Submit:
         return Submit(record.request_id, record.prompt_ids, record.params, self.origin,
-                      list(record.delivered_ids), record.cache_namespace)
+                      list(record.delivered_ids), record.cache_namespace, record.fork_of)
 
     async def release(self, stream: RequestStream) -> None:
         self.streams.pop(stream.request_id, None)

@@ -25,6 +25,7 @@ class RequestRecord:
     cached_tokens: int = 0
     tokenizer_id: str = ""  # the tokenizer instance tracking the request
     migrations: int = 0
+    fork_of: str | None = None  # the choice of the same prompt that computes it for this one
 
 
 class RequestStream:
@@ -79,3 +80,45 @@ class RequestStream:
     async def close(self) -> None:
         """Ends the request; aborts it downstream if it has not finished."""
         await self._on_close(self)
+
+
+class RequestGroup:
+    """The n choices of one prompt, each its own request downstream; n is 1 for most requests.
+    Iterate for (choice index, output) until every choice has ended."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.choices: list[RequestStream] = []
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.choices[0].cached_tokens  # the prompt's reuse, as the first choice found it
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        if len(self.choices) == 1:
+            async for output in self.choices[0]:
+                yield 0, output
+            return
+        merged: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+
+        async def forward(index: int, stream: RequestStream) -> None:
+            async for output in stream:
+                merged.put_nowait((index, output))
+
+        pumps = [asyncio.create_task(forward(i, s)) for i, s in enumerate(self.choices)]
+        try:
+            for _ in range(len(self.choices)):
+                while True:
+                    index, output = await merged.get()
+                    yield index, output
+                    if output.finish_reason:
+                        break
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def close(self) -> None:
+        for stream in self.choices:
+            await stream.close()

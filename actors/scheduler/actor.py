@@ -81,13 +81,13 @@ class SchedulerActor(Actor):
 
     async def _on_request(self, message: SchedulerRequest, _reply_to: str | None) -> Accepted | Error | None:
         match message:
-            case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace):
+            case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
                 known = self.batcher.sequences.get(request_id)
                 if known is not None and known.origin == origin:
                     self.batcher.abort(request_id)  # a resubmission whose Abort the bus lost
-                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace)
+                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of)
                 if error:
                     return error
                 await self._schedule()

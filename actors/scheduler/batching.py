@@ -16,12 +16,15 @@ from collections import Counter, deque
 import msgspec
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.radix_cache import CacheStats, RadixCache
+from actors.scheduler.radix_cache import CacheStats, MatchResult, Node, RadixCache
 from actors.scheduler.sequence import Sequence, State
 from schemas.admin import SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
-from schemas.step import Command, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
+from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
+
+# The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
+NO_PREFIX = MatchResult(Node((), [], None), [], 0)
 
 
 class ContinuousBatcher:
@@ -51,6 +54,7 @@ class ContinuousBatcher:
         self._arrivals = itertools.count()
         self._commands: list[Command] = []
         self._unacked_drops: Counter[str] = Counter()  # drops sent that the executor has not confirmed
+        self.preemptions = 0  # since start
 
     # -- input ----------------------------------------------------------------------------
 
@@ -88,16 +92,19 @@ class ContinuousBatcher:
         origin: str,
         output_ids: list[int] = (),
         cache_namespace: str = "",
+        fork_of: str | None = None,
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
         crash): the request continues after them, as if it had been preempted. It shares cached
-        prefixes only with requests of the same `cache_namespace`."""
+        prefixes only with requests of the same `cache_namespace`. A choice `fork_of` another of the
+        same prompt waits for that one's prefill and then shares its blocks."""
         if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
             params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         error = self.validate(request_id, prompt_ids, params)
         if error:
             return error
-        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids), cache_namespace)
+        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids),
+                       cache_namespace, fork_of)
         self.sequences[request_id] = seq
         self.waiting.append(seq)
         return None
@@ -172,7 +179,7 @@ class ContinuousBatcher:
         cache = self.cache.stats()
         return SchedulerStats(
             len(self.waiting), len(self.running), self.pool.num_blocks, self.pool.num_free,
-            cache.cached_blocks, cache.evictable_blocks, cache.hit_tokens, cache.queried_tokens,
+            cache.cached_blocks, cache.evictable_blocks, cache.hit_tokens, cache.queried_tokens, self.preemptions,
         )
 
     def cache_stats(self) -> CacheStats:
@@ -224,6 +231,11 @@ class ContinuousBatcher:
     def _admit(self, seq: Sequence) -> bool:
         """Starts `seq` on the executor if blocks for all its uncached tokens can be had. It reads
         the cached prefix's shared blocks and writes only its own, after them."""
+        parent = self.sequences.get(seq.fork_of) if seq.fork_of and not seq.output_ids else None
+        if parent is not None and (parent.prefilling or parent.state is State.DRAINING):
+            return False  # the prompt is being computed, once for every choice
+        if parent is not None and parent.state is State.RUNNING:
+            return self._admit_fork(seq, parent)
         tokens = seq.prompt_ids + seq.output_ids
         cached = self.cache.match(seq.namespace, tokens)
         self.cache.lock(cached.node)  # so that _allocate cannot evict it
@@ -242,6 +254,25 @@ class ContinuousBatcher:
         )
         return True
 
+    def _admit_fork(self, seq: Sequence, parent: Sequence) -> bool:
+        """Starts `seq` on the blocks of `parent`, whose prefill of the same prompt is done: the
+        blocks before the prompt's last token are shared; the one holding that token is copied, and
+        the token computed again, to give this choice its own logits and room for its own tokens."""
+        last = len(seq.prompt_ids) - 1
+        shared = parent.blocks[: last // self.block_size]
+        own = self._allocate(self._blocks_for(last + 2) - len(shared))
+        if own is None:
+            return False
+        self.pool.retain(shared)
+        seq.state = State.RUNNING
+        seq.blocks, seq.cached = shared + own, NO_PREFIX
+        seq.prefill_ids = list(seq.prompt_ids)
+        seq.prefill_sent = seq.prefill_done = seq.computed_len = last
+        self.running.append(seq)
+        self._commands.append(CopyBlock(parent.blocks[len(shared)], own[0]))
+        self._commands.append(StartSequence(seq.request_id, seq.params, list(seq.blocks), 0, last))
+        return True
+
     def _allocate(self, count: int) -> list[int] | None:
         """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None
         (and nothing evicted) if even that would not be enough."""
@@ -250,6 +281,8 @@ class ContinuousBatcher:
             if short > self.cache.stats().evictable_blocks:
                 return None
             self.cache.evict(short)
+            if self.pool.num_free < count:
+                return None  # some evicted blocks were also the shared prompt of running choices
         return self.pool.allocate(count)
 
     def _send_chunk(self, seq: Sequence, budget: int) -> int:
@@ -269,6 +302,7 @@ class ContinuousBatcher:
         self._release(seq)
 
     def _preempt(self, seq: Sequence) -> None:
+        self.preemptions += 1
         self._drop(seq)
         self.running.remove(seq)
         seq.state = State.DRAINING

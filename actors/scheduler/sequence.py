@@ -22,6 +22,7 @@ class Sequence:
     arrival: int
     output_ids: list[int] = field(default_factory=list)
     namespace: str = ""  # prefix-cache namespace: requests share cached KV only within one
+    fork_of: str | None = None  # another choice of the same prompt, which computes it for both
     blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running
     state: State = State.WAITING

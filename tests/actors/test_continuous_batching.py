@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from actors.executor.inprocess import InProcessEngine
 from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
+from kernel.randomness import choice_seed
 from schemas.generate import SamplingParams
 
 
@@ -32,28 +33,36 @@ def seeded(max_tokens: int, seed: int) -> SamplingParams:
 def check_blocks(engine: InProcessEngine) -> None:
     """Each block is free, held by the prefix cache alone, or held by one or more requests (and
     maybe the cache); its reference count is its number of holders, so nothing leaks. Requests
-    share only full cached blocks: those lead their block tables, before the first token they
-    compute, so no block is written by two requests."""
+    share only blocks that lead their block tables (a cached prefix, or the prompt of the choice
+    they fork), before the first token they compute, so no block is written by two requests."""
     batcher = engine.batcher
     pool = batcher.pool
     tree = batcher.cache.cached_blocks()
     in_tree = set(tree)
     assert len(tree) == len(in_tree)
     holders = Counter(tree)
+    writable: Counter[int] = Counter()
+    locked: set[int] = set()
     for seq in batcher.sequences.values():
         assert (seq.state is State.RUNNING) == bool(seq.blocks)
         assert len(seq.blocks) == len(set(seq.blocks))
         holders.update(seq.blocks)
+        writable.update(seq.blocks[seq.computed_len // batcher.block_size:])
         if seq.blocks:
             shared = seq.cached.blocks
-            assert seq.blocks[: len(shared)] == shared and in_tree & set(seq.blocks) == set(shared)
-            assert seq.cached.num_tokens == len(shared) * batcher.block_size < len(seq.prefill_ids)
+            assert seq.blocks[: len(shared)] == shared
+            assert len(shared) * batcher.block_size <= seq.computed_len
+            node = seq.cached.node
+            while node is not None:
+                locked.update(node.blocks)
+                node = node.parent
     assert all(pool.ref_count(b) == holders[b] for b in range(pool.num_blocks))
     assert pool.num_free == pool.num_blocks - len(holders)
-    assert all(b in in_tree for b, n in holders.items() if n > 1)
+    # A block some request writes has no other holder: not the tree, not another request.
+    assert all(holders[b] == 1 for b in writable)
     stats = batcher.cache_stats()
     assert stats.cached_blocks == len(tree)
-    assert stats.evictable_blocks == sum(holders[b] == 1 for b in tree)
+    assert stats.evictable_blocks == len(in_tree - locked)
 
 
 def check_all_freed(engine: InProcessEngine) -> None:
@@ -67,23 +76,37 @@ def check_all_freed(engine: InProcessEngine) -> None:
     check_blocks(engine)
 
 
+def choices(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The parameters of each of n choices, as an origin gives them: own seeds, same prompt."""
+    if params.seed is None:
+        return [params] * n
+    return [msgspec.structs.replace(params, seed=choice_seed(params.seed, j)) for j in range(n)]
+
+
 def run_schedule(runner, requests, arrivals, max_prefill_tokens, max_num_seqs=256, aborts=None, prefix_caching=True):
-    """Runs `requests` arriving at the given steps; `aborts[i]`, if set, aborts request i that
-    many steps after its arrival."""
+    """Runs `requests` (prompt, params[, n choices]) arriving at the given steps; `aborts[i]`, if
+    set, aborts request i (its first choice, which the others fork) that many steps after its
+    arrival. Returns each request's outputs (a list of n outputs where n is given)."""
     engine = InProcessEngine(runner, max_num_seqs, max_prefill_tokens, prefix_caching=prefix_caching)
     aborts = aborts or [None] * len(requests)
 
     def arrive(step: int) -> None:
-        for i, (prompt, params) in enumerate(requests):
+        for i, (prompt, params, *n) in enumerate(requests):
             if arrivals[i] == step:
-                assert engine.submit(f"r{i}", prompt, params) is None
+                for j, choice in enumerate(choices(params, n[0] if n else 1)):
+                    fork_of = f"r{i}" if j else None
+                    assert engine.submit(f"r{i}" + (f".{j}" if j else ""), prompt, choice, fork_of=fork_of) is None
             if aborts[i] is not None and arrivals[i] + aborts[i] == step:
                 engine.abort(f"r{i}")
         check_blocks(engine)
 
     engine.run(arrive, min_steps=max(a + (b or 0) for a, b in zip(arrivals, aborts)) + 1)
     check_all_freed(engine)
-    return [engine.outputs[f"r{i}"] for i in range(len(requests))], engine
+    outputs = []
+    for i, (_, _, *n) in enumerate(requests):
+        ids = [f"r{i}" + (f".{j}" if j else "") for j in range(n[0] if n else 1)]
+        outputs.append([engine.outputs[r] for r in ids] if n else engine.outputs[ids[0]])
+    return outputs, engine
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +135,14 @@ tokens = st.integers(5, 900)
 @st.composite
 def workloads(draw):
     """Requests whose prompts are a few shared stems plus random suffixes (identical prompts
-    included), arriving at random steps, some aborted a few steps later."""
+    included), some with several choices, arriving at random steps, some aborted a few steps later."""
     stems = draw(st.lists(st.lists(tokens, min_size=1, max_size=28), min_size=1, max_size=3))
     requests, arrivals, aborts = [], [], []
     for _ in range(draw(st.integers(2, 6))):
         prompt = draw(st.sampled_from(stems)) + draw(st.lists(tokens, max_size=8))
         n, seed = draw(st.integers(1, 16)), draw(st.one_of(st.none(), st.integers(0, 2**31)))
-        requests.append((prompt, greedy(n) if seed is None else seeded(n, seed)))
+        params = greedy(n) if seed is None else seeded(n, seed)
+        requests.append((prompt, params, draw(st.sampled_from([1, 1, 2, 3]))))
         arrivals.append(draw(st.one_of(st.integers(0, 3), st.integers(0, 20))))
         aborts.append(draw(st.one_of(st.none(), st.none(), st.integers(0, 12))))
     return requests, arrivals, aborts
@@ -133,13 +157,14 @@ def test_batching_and_prefix_cache_never_change_tokens(llama_dir, alone, workloa
         caching: run_schedule(runner, requests, arrivals, max_prefill_tokens, aborts=aborts, prefix_caching=caching)[0]
         for caching in (True, False)
     }
-    for i, (prompt, params) in enumerate(requests):
-        expected = alone(prompt, params)
-        for outputs in runs.values():
-            if aborts[i] is None:
-                assert outputs[i] == expected
-            else:  # cut short at a step that depends on timing
-                assert outputs[i] == expected[: len(outputs[i])]
+    for i, (prompt, params, n) in enumerate(requests):
+        for j, choice in enumerate(choices(params, n)):
+            expected = alone(prompt, choice)
+            for outputs in runs.values():
+                if aborts[i] is None or j:
+                    assert outputs[i][j] == expected
+                else:  # cut short at a step that depends on timing
+                    assert outputs[i][j] == expected[: len(outputs[i][j])]
 
 
 def test_small_pool_preempts_and_resumes(llama_dir, alone):
@@ -254,3 +279,20 @@ def test_eight_staggered_requests_match_transformers(build_tiny_model, arch):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=0)
         assert output == expected[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("prompt_len", [29, 32])  # the prompt ends inside a block, or fills its last one
+def test_choices_compute_the_prompt_once_and_draw_their_own_tokens(llama_dir, alone, prompt_len):
+    runner = ModelRunner(llama_dir, device="cpu", num_kv_blocks=64, block_size=4)
+    engine = InProcessEngine(runner, max_prefill_tokens=8)
+    prompt = [(11 * i) % 800 + 5 for i in range(prompt_len)]
+    params = choices(seeded(12, 7), 4)
+    for j, choice in enumerate(params):
+        assert engine.submit(f"c{j}", prompt, choice, fork_of="c0" if j else None) is None
+    prefilled = Counter()
+    run_counting_prefill(engine, prefilled)
+    assert prefilled == {"c0": prompt_len, "c1": 1, "c2": 1, "c3": 1}
+    outputs = [engine.outputs[f"c{j}"] for j in range(4)]
+    assert outputs == [alone(prompt, choice) for choice in params]
+    assert len({tuple(o) for o in outputs}) == 4  # each choice its own draw
+    check_all_freed(engine)

@@ -1,5 +1,6 @@
 """A client that goes away mid-stream aborts its request, and its KV blocks come back."""
 
+import threading
 import time
 
 import httpx
@@ -35,3 +36,53 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
     flushed = httpx.post(f"{server.base_url}/admin/flush_cache", timeout=10).json()
     assert flushed["freed_blocks"] == idle["evictable_blocks"]
     assert stats(server)["free_blocks"] == idle["total_blocks"]
+
+
+def stream_then_hang_up(server, body: dict, data_lines: int) -> None:
+    """Reads `data_lines` SSE events of a streamed completion, then drops the connection."""
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= data_lines:
+                return
+
+
+def test_hanging_up_at_the_final_step_frees_everything(server):
+    """The abort races the request's own finish: either way, nothing stays behind."""
+    wait_until_idle(server)
+    body = {"model": "demo", "prompt": "Count:", "max_tokens": 12, "stream": True, "ignore_eos": True}
+    for data_lines in (11, 12, 13):  # before the last token, at it, after it (before [DONE])
+        stream_then_hang_up(server, body, data_lines)
+    wait_until_idle(server)
+
+
+def test_hanging_up_everything_during_preemption_frees_everything(server):
+    """More long streams than the KV pool holds: the scheduler preempts; then every client leaves."""
+    idle = wait_until_idle(server)
+    capacity = idle["total_blocks"] * 16  # tokens, at the default block size
+    count = 8
+    body = {"model": "demo", "prompt": "Go on and on:", "max_tokens": capacity // count * 2, "stream": True,
+            "ignore_eos": True}
+    hang_up = threading.Event()
+
+    def run():
+        try:
+            with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=120) as response:
+                for _ in response.iter_lines():
+                    if hang_up.is_set():
+                        return
+        except httpx.HTTPError:
+            pass
+
+    clients = [threading.Thread(target=run, daemon=True) for _ in range(count)]
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 120
+    while stats(server)["preemptions"] == idle["preemptions"]:
+        assert time.monotonic() < deadline, "no preemption happened"
+        time.sleep(0.2)
+    hang_up.set()
+    for client in clients:
+        client.join(30)
+    wait_until_idle(server, timeout_s=20)

@@ -104,7 +104,6 @@ def test_missing_model_means_the_served_one():
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"n": 2}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -126,8 +125,12 @@ def test_chat_defaults_of_unsupported_features_pass():
     assert isinstance(parsed, protocol.ParsedRequest)
 
 
-def test_n_above_one_says_so():
-    assert chat(n=3).message == "n > 1 is not supported yet"
+def test_n_choices_reach_the_request():
+    assert chat(n=3).request.n == 3
+    assert completion(n=16).request.n == 16
+    assert chat().request.n == 1
+    assert_invalid(chat(n=0), "n", "")
+    assert_invalid(completion(n=129), "n", "")
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -136,7 +139,6 @@ def test_n_above_one_says_so():
     ({"logprobs": 0}, "logprobs"),
     ({"logprobs": 5}, "logprobs"),
     ({"suffix": "end"}, "suffix"),
-    ({"n": 2}, "n"),
 ])
 def test_completion_features_we_cannot_honour_are_refused(fields, param):
     assert_invalid(completion(**fields), param, "is not supported yet")
@@ -372,7 +374,7 @@ def through_json(payload: dict) -> dict:
 
 
 def test_chat_completion_matches_the_sdk():
-    d = through_json(protocol.chat_completion_response("abc", MODEL, 1700000000, "Hello!", "stop", 5, 2))
+    d = through_json(protocol.chat_completion_response("abc", MODEL, 1700000000, [("Hello!", "stop")], 5, 2))
     reply = ChatCompletion.model_validate(d, strict=True)
     assert (reply.id, reply.object, reply.model, reply.created) == (
         "chatcmpl-abc", "chat.completion", MODEL, 1700000000)
@@ -382,7 +384,7 @@ def test_chat_completion_matches_the_sdk():
 
 
 def test_completion_matches_the_sdk():
-    d = through_json(protocol.completion_response("abc", MODEL, 1700000000, " river", "length", 3, 9))
+    d = through_json(protocol.completion_response("abc", MODEL, 1700000000, [(" river", "length")], 3, 9))
     reply = openai.types.Completion.model_validate(d, strict=True)
     assert (reply.id, reply.object) == ("cmpl-abc", "text_completion")
     assert (reply.choices[0].text, reply.choices[0].finish_reason, reply.choices[0].index) == (" river", "length", 0)
