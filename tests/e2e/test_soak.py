@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -61,9 +62,52 @@ async def test_disconnect_soak_leaks_nothing(soak_server):
     assert_back_to_idle(soak_server)
 
 
-async def test_a_thousand_concurrent_streams_complete(soak_server):
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+class MemoryWatch:
+    """The resident memory of every process of the deployment: now, and the peak while watching."""
+
+    def __init__(self, server) -> None:
+        names = ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")
+        self.pids = {name: server.child_pid(name) for name in names} | {"nats-server": server.find("nats_started")[-1]["pid"]}
+        self.peak = self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def now(self) -> dict[str, float]:
+        return {name: rss_mb(pid) for name, pid in self.pids.items()}
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = {name: max(mb, self.peak[name]) for name, mb in self.now().items()}
+
+    def __enter__(self) -> "MemoryWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def thousand_streams(server) -> list:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
-        results = await asyncio.gather(*(stream(http, soak_server.base_url, i, 8, None) for i in range(1000)))
-    assert results == [8] * 1000
-    assert_back_to_idle(soak_server)
+        return await asyncio.gather(*(stream(http, server.base_url, i, 8, None) for i in range(1000)))
+
+
+async def test_a_thousand_concurrent_streams_complete_in_bounded_memory(soak_server):
+    """Twice: every stream completes, and the second thousand leaves memory where the first did."""
+    before = MemoryWatch(soak_server).now()
+    after = []
+    for _ in range(2):
+        with MemoryWatch(soak_server) as watch:
+            assert await thousand_streams(soak_server) == [8] * 1000
+            assert_back_to_idle(soak_server)
+        after.append(watch.now())
+        print(json.dumps({"before_mb": before, "peak_mb": watch.peak, "after_mb": after[-1]}))
+    for name in before:
+        assert after[1][name] <= after[0][name] * 1.1 + 20, f"{name} grew from {after[0][name]} to {after[1][name]} MB"
