@@ -30,6 +30,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_num_seqs: int = 256
     tokenizers: int = 1
     max_prefill_tokens: int = 2048
+    prefix_caching: bool = True
     max_restarts: int = 5
     restart_period_s: float = 60.0
     request_timeout_s: float = 600.0
@@ -67,6 +68,7 @@ HELP = {
     "max_num_seqs": "most sequences in the running batch",
     "tokenizers": "tokenizer processes, sharing the work as a NATS queue group",
     "max_prefill_tokens": "prompt tokens computed per step (chunked prefill budget)",
+    "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
     "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
@@ -94,13 +96,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per config field; every default is None so we can tell what was given."""
     parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file")
     for field in msgspec.structs.fields(KernelConfig):
+        help_text = f"{HELP[field.name]} (default: {field.default})"
+        if field.type is bool:  # --name / --no-name
+            parser.add_argument(_flag(field.name), dest=field.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+            continue
         parser.add_argument(
             _flag(field.name),
             dest=field.name,
             type=_scalar_type(field.type),
             default=None,
             choices=CHOICES.get(field.name),
-            help=f"{HELP[field.name]} (default: {field.default})",
+            help=help_text,
         )
 
 
@@ -135,6 +142,8 @@ def to_argv(config: KernelConfig) -> list[str]:
     defaults = KernelConfig()
     for field in KernelConfig.__struct_fields__:
         value = getattr(config, field)
-        if value is not None and value != getattr(defaults, field):
+        if isinstance(value, bool):
+            argv += [] if value == getattr(defaults, field) else [_flag(field) if value else "--no-" + _flag(field)[2:]]
+        elif value is not None and value != getattr(defaults, field):
             argv += [_flag(field), str(value)]
     return argv

@@ -68,7 +68,7 @@ class SchedulerActor(Actor):
         if self.batcher is None:
             self.batcher = ContinuousBatcher(
                 info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
-                self.config.max_num_seqs, self.config.max_prefill_tokens,
+                self.config.max_num_seqs, self.config.max_prefill_tokens, prefix_caching=self.config.prefix_caching,
             )
         else:
             self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,

@@ -43,7 +43,8 @@ def wait_for_ready_restart(server, actor: str, starts: int = 2, timeout_s: float
 
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("supervised"), "--num-kv-blocks", "128", "--max-concurrent-requests", "3")
+    running = start_server(tmp_path_factory.mktemp("supervised"), "--num-kv-blocks", "128", "--max-concurrent-requests", "3",
+                           "--no-prefix-caching")
     yield running
     running.stop()
 
@@ -66,6 +67,15 @@ def test_killed_actor_is_restarted_and_serves(own_server, actor):
             time.sleep(0.2)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_prefix_caching_can_be_turned_off(own_server):
+    wait_for(lambda: _answers(own_server), 60)
+    body = {"model": "demo", "prompt": "The same long prompt, once more. " * 8, "max_tokens": 2}
+    for _ in range(2):
+        reply = httpx.post(f"{own_server.base_url}/v1/completions", json=body, timeout=60).json()
+        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert scheduler_stats(own_server).cached_blocks == 0
 
 
 def test_sigterm_stops_everything_in_order(tmp_path):

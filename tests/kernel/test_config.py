@@ -30,3 +30,13 @@ def test_bad_value_is_a_clear_exit(monkeypatch):
     monkeypatch.setenv("KERNEL_PORT", "eighty")
     with pytest.raises(SystemExit, match="invalid configuration"):
         parse([])
+
+
+def test_a_switch_turns_off_by_flag_environment_or_toml(tmp_path, monkeypatch):
+    assert parse([]).prefix_caching is True
+    assert parse(["--no-prefix-caching"]).prefix_caching is False
+    cfg = parse(["--no-prefix-caching"])
+    assert config.to_argv(cfg) == ["--no-prefix-caching"] and parse(config.to_argv(cfg)) == cfg
+    monkeypatch.setenv("KERNEL_PREFIX_CACHING", "false")
+    assert parse([]).prefix_caching is False
+    assert parse(["--prefix-caching"]).prefix_caching is True
