@@ -57,9 +57,10 @@ _token_ids, _starts, _tables, _samples = (attrgetter(n) for n in ("token_ids", "
 
 
 class ModelRunner:
-    """`attention_backend`: auto (FlashInfer on CUDA where it fits, else torch), torch or flashinfer.
+    """`attention_backend`: auto (on CUDA FlashInfer where it is installed and fits, else the
+    project's Triton kernels; torch on CPU), torch, flashinfer or triton.
     `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes`; None means wherever the backend
-    allows (CUDA with FlashInfer)."""
+    allows (CUDA with FlashInfer or Triton)."""
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from gpu.config import ModelConfig
 
 __all__ = ["AttentionBackend", "TorchAttention", "BACKENDS", "make_backend"]
 
-BACKENDS = ("auto", "torch", "flashinfer")
+BACKENDS = ("auto", "torch", "flashinfer", "triton")
 
 
 def flashinfer_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
@@ -29,20 +29,23 @@ def make_backend(
     name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_graph_batch: int, max_model_len: int,
     block_size: int,
 ) -> AttentionBackend:
-    """`auto` is FlashInfer where it fits (and imports), else the torch reference."""
+    """`auto` is FlashInfer where it fits (and imports), else our Triton kernels on CUDA, else (on the
+    CPU) the torch reference."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)}")
     scale = config.head_dim**-0.5
-    if name == "torch" or (name == "auto" and not flashinfer_fits(config, dtype, device)):
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
         return TorchAttention(scale)
-    from gpu.attention.flashinfer_backend import FlashInferAttention
+    heads = (config.num_attention_heads, config.num_key_value_heads, config.head_dim, scale, dtype)
+    graph_buffers = dict(max_graph_batch=max_graph_batch, max_pages_per_seq=-(-max_model_len // block_size))
+    if name == "flashinfer" or (name == "auto" and flashinfer_fits(config, dtype, device)):
+        from gpu.attention.flashinfer_backend import FlashInferAttention
 
-    try:
-        return FlashInferAttention(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, scale, dtype, device,
-            max_graph_batch=max_graph_batch, max_pages_per_seq=-(-max_model_len // block_size),
-        )
-    except ImportError:
-        if name == "flashinfer":
-            raise
-        return TorchAttention(scale)
+        try:
+            return FlashInferAttention(*heads, device, **graph_buffers)
+        except ImportError:
+            if name == "flashinfer":
+                raise
+    from gpu.attention.triton_backend import TritonAttention
+
+    return TritonAttention(*heads, device, **graph_buffers)

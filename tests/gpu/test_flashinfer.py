@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
-BACKENDS = ("torch", "flashinfer")
+BACKENDS = ("torch", "flashinfer", "triton")
 NUM_BLOCKS, BLOCK_SIZE = 64, 16
 TOP = 5
 

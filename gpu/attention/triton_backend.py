@@ -1,0 +1,109 @@
+"""The project's own attention backend: the Triton kernels of triton_kernels.py over the paged cache.
+
+FlashInfer is faster where it fits; this one runs wherever Triton does (any CUDA GPU, float32 and
+any head size included), so `auto` falls back to it on CUDA. Plans are made from the batch's
+device metadata, sized by its host copies, so `prepare` never waits on the GPU. CUDA-graph decode
+reads its metadata from buffers of fixed address that `prepare_graph` fills.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from gpu.attention.base import AttentionBackend
+from gpu.attention.triton_kernels import ExtendTiles, decode_attention, extend_attention, extend_tiles
+from gpu.batch import ForwardBatch
+from gpu.kv_cache import KVCache
+
+MAX_DECODE_SPLITS = 16
+PROGRAMS_PER_SM = 2  # split decode until the grid covers the GPU this many times over
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kv_indptr: torch.Tensor  # [S+1] int32
+    kv_indices: torch.Tensor  # [P] int32
+    last_page_len: torch.Tensor  # [S] int32
+    num_splits: int = 1  # decode: programs per (sequence, KV head)
+    query_start: torch.Tensor | None = None  # [S+1] int32; extend only
+    tiles: ExtendTiles | None = None  # extend only; None: a decode step
+
+
+class TritonAttention(AttentionBackend):
+    supports_cuda_graphs = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_graph_batch: int = 0,
+        max_pages_per_seq: int = 0,
+        decode_splits: int | None = None,
+    ) -> None:
+        """`decode_splits`: programs per sequence and KV head in decode steps; None picks them from
+        the batch size and the GPU's multiprocessor count (1 on the CPU)."""
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} attention heads do not split evenly over {num_kv_heads} KV heads")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("Triton attention needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
+        if decode_splits is not None and decode_splits < 1:
+            raise ValueError(f"decode_splits must be positive, got {decode_splits}")
+        self.scale = scale
+        self._num_kv_heads = num_kv_heads
+        self._tile_shape = (num_heads // num_kv_heads, head_dim, dtype)  # what an extend step's tiles depend on
+        self._decode_splits = decode_splits
+        self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+        # The captured graphs read these (sliced per size) at the addresses they had at capture.
+        self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
+        self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
+        self._plan: _Plan | None = None
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        if batch.host.is_decode:
+            self._plan = _Plan(
+                batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, self._splits(batch.num_seqs)
+            )
+        else:
+            tiles = extend_tiles(batch.query_start, batch.host.query_lens, *self._tile_shape)
+            self._plan = _Plan(
+                batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, query_start=batch.query_start, tiles=tiles
+            )
+
+    def prepare_graph(self, batch: ForwardBatch) -> None:
+        size, pages = batch.num_seqs, batch.kv_indices.numel()
+        if size > len(self._graph_last_page_len) or pages > len(self._graph_indices):
+            raise ValueError(
+                f"no CUDA-graph decode buffers for {size} sequences over {pages} pages; built for "
+                f"{len(self._graph_last_page_len)} sequences over {len(self._graph_indices)} pages"
+            )
+        indptr, last_page_len = self._graph_indptr[: size + 1], self._graph_last_page_len[:size]
+        indptr.copy_(batch.kv_indptr, non_blocking=True)
+        last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
+        self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
+        # The split count depends on the size alone, so a replay launches what was captured.
+        self._plan = _Plan(indptr, self._graph_indices, last_page_len, self._splits(size))
+
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        plan, cache = self._plan, kv.layers[layer]  # cache: [num_blocks + 1, 2, block_size, kv_heads, head_dim]
+        if plan.tiles is None:
+            return decode_attention(
+                q, cache, plan.kv_indptr, plan.kv_indices, plan.last_page_len, self.scale, plan.num_splits
+            )  # [S, heads, head_dim]
+        return extend_attention(
+            q, cache, plan.query_start, plan.kv_indptr, plan.kv_indices, plan.last_page_len, plan.tiles, self.scale
+        )  # [T, heads, head_dim]
+
+    def _splits(self, num_seqs: int) -> int:
+        if self._decode_splits is not None:
+            return self._decode_splits
+        # Few sequences leave most multiprocessors idle unless their keys are split among programs.
+        # Powers of two only: each count is a kernel compiled of its own.
+        wanted = -(-PROGRAMS_PER_SM * self._sm_count // (num_seqs * self._num_kv_heads))
+        return min(MAX_DECODE_SPLITS, triton.next_power_of_2(max(1, wanted)))
