@@ -24,6 +24,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8000
     device: str = "auto"
     dtype: str = "auto"
+    attention_backend: str = "auto"
     max_model_len: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -62,6 +63,8 @@ HELP = {
     "port": "HTTP listen port",
     "device": "cpu, cuda, cuda:N, or auto (cuda when available)",
     "dtype": "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16 on CUDA)",
+    "attention_backend": "auto (FlashInfer on CUDA where installed and it fits, else our Triton kernels; torch on CPU), "
+                         "flashinfer, triton or torch",
     "max_model_len": "context window in tokens (prompt + output); default: the model's",
     "block_size": "tokens per KV cache block",
     "num_kv_blocks": "KV cache blocks to allocate; default: sized from free memory",
@@ -84,6 +87,7 @@ CHOICES = {
     "log_format": ["json", "console"],
     "log_level": ["debug", "info", "warning", "error"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "attention_backend": ["auto", "flashinfer", "triton", "torch"],
 }
 ENV_PREFIX = "KERNEL_"
 

@@ -32,7 +32,7 @@ class ExecutorActor(Actor):
         self.executor_id = uuid.uuid4().hex[:12]
         self.runner = await asyncio.to_thread(
             ModelRunner, cfg.model, device=pick_device(cfg.device), dtype=cfg.dtype,
-            num_kv_blocks=cfg.num_kv_blocks, block_size=cfg.block_size,
+            num_kv_blocks=cfg.num_kv_blocks, block_size=cfg.block_size, attention_backend=cfg.attention_backend,
         )
         pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
