@@ -67,8 +67,11 @@ def _write_model(out: Path, arch: str, size: str, seed: int) -> None:
     model = _hf_model(arch, size, len(tokenizer), bos_id, eos_ids).to(torch.float32).eval()
     model.generation_config = transformers.GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_ids)
     model.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
 
-    # Written as one config file with the template inside, the layout older transformers read too.
+
+def save_tokenizer(tokenizer: transformers.PreTrainedTokenizerFast, out: Path) -> None:
+    """Written as one config file with the template inside, the layout older transformers read too."""
     tokenizer.save_pretrained(out, save_jinja_files=False)
     tokenizer_config_path = out / "tokenizer_config.json"
     tokenizer_config = json.loads(tokenizer_config_path.read_text())

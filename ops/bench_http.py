@@ -1,0 +1,64 @@
+"""The benchmark's HTTP clients: streaming requests to the native `/generate` with token-id prompts
+(the prompts are random ids, and its stream carries the token ids of every step, so each token is
+counted and timed even when it decodes to no text), `concurrency` of them in flight at a time.
+"""
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from ops.bench_requests import BenchRequest, RequestTiming, summarize
+
+
+class BenchRequestFailed(RuntimeError):
+    """The server answered a benchmark request with an error, or with fewer tokens than asked for."""
+
+
+async def stream_one(session: aiohttp.ClientSession, base_url: str, request: BenchRequest) -> RequestTiming:
+    body = {
+        "input_ids": request.prompt_ids,
+        "sampling_params": {"max_new_tokens": request.output_tokens, "temperature": 0.0, "ignore_eos": True},
+        "stream": True,
+    }
+    chunks: list[tuple[float, int]] = []
+    started = time.perf_counter()
+    async with session.post(f"{base_url}/generate", json=body) as response:
+        if response.status != 200:
+            raise BenchRequestFailed(f"HTTP {response.status}: {await response.text()}")
+        async for line in response.content:
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[len(b"data: "):].strip()
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            if "error" in event:
+                raise BenchRequestFailed(f"error in the stream: {event['error']}")
+            if event["token_ids"]:
+                chunks.append((time.perf_counter(), len(event["token_ids"])))
+    timing = RequestTiming.from_chunks(started, chunks)
+    if timing.output_tokens != request.output_tokens:
+        raise BenchRequestFailed(f"asked for {request.output_tokens} tokens, got {timing.output_tokens}")
+    return timing
+
+
+async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
+    """Sends `requests` in order from `concurrency` clients, each sending its next request when its
+    last one ends (a closed loop); returns the figures of the run (see bench_requests.summarize)."""
+    pending = iter(requests)
+    timings: list[RequestTiming] = []
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for request in pending:  # one iterator shared by the clients: each request is sent once
+            timings.append(await stream_one(session, base_url, request))
+
+    connector = aiohttp.TCPConnector(limit=concurrency)  # aiohttp's default of 100 would cap the load
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as clients:
+            for _ in range(min(concurrency, len(requests))):
+                clients.create_task(client(session))
+        seconds = time.perf_counter() - started
+    return summarize(timings, seconds, concurrency)

@@ -1,0 +1,67 @@
+"""The requests the benchmark sends and what it makes of their timings: shared by the in-process
+driver and the HTTP clients, so both are judged by one definition of TTFT and inter-token latency.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_ids: list[int]
+    output_tokens: int  # generated exactly (ignore_eos, greedy)
+
+
+def random_requests(
+    prompt_rng: np.random.Generator, length_rng: np.random.Generator, vocab_size: int, count: int,
+    prompt_tokens: tuple[int, int], output_tokens: tuple[int, int],
+) -> list[BenchRequest]:
+    """`count` requests with lengths uniform in the inclusive ranges and random prompt tokens."""
+    prompts = length_rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, size=count)
+    outputs = length_rng.integers(output_tokens[0], output_tokens[1] + 1, size=count)
+    return [BenchRequest(prompt_rng.integers(0, vocab_size, int(p)).tolist(), int(o)) for p, o in zip(prompts, outputs)]
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    ttft_s: float  # from sending (or submitting) to the first token's arrival
+    itl_s: list[float]  # one gap per token after the first
+    latency_s: float
+    output_tokens: int
+
+    @classmethod
+    def from_chunks(cls, started: float, chunks: list[tuple[float, int]]) -> "RequestTiming":
+        """`chunks`: (arrival time, tokens) in order. A chunk of k tokens spreads its gap over the
+        k tokens, so a client that reads two steps at once does not show a zero inter-token gap."""
+        if not chunks:
+            raise ValueError("the request produced no tokens")
+        itl: list[float] = []
+        for (before, _), (at, tokens) in zip(chunks, chunks[1:]):
+            itl += [(at - before) / tokens] * tokens
+        first_at, first_tokens = chunks[0]
+        itl += [0.0] * (first_tokens - 1)  # tokens that came with the first: no gap to see
+        return cls(first_at - started, itl, chunks[-1][0] - started, sum(n for _, n in chunks))
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    p50, p90, p99 = np.percentile(np.asarray(seconds) * 1e3, [50, 90, 99]).tolist()
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(np.mean(seconds) * 1e3)}
+
+
+def summarize(timings: list[RequestTiming], seconds: float, concurrency: int) -> dict:
+    """One run's figures: output tokens/s over the whole run, TTFT and ITL percentiles in ms."""
+    produced = sum(t.output_tokens for t in timings)
+    return {
+        "concurrency": concurrency,
+        "requests": len(timings),
+        "output_tokens": produced,
+        "seconds": seconds,
+        "output_tok_s": produced / seconds,
+        "ttft_ms": percentiles_ms([t.ttft_s for t in timings]),
+        "itl_ms": percentiles_ms([gap for t in timings for gap in t.itl_s]),
+        "latency_ms": percentiles_ms([t.latency_s for t in timings]),
+    }
+

@@ -1,0 +1,101 @@
+"""The benchmark's whole-system mode: the in-process bench's random weights written as a checkpoint,
+served by a real deployment (`kernel.supervisor`: the bus and every actor a process) and driven over
+HTTP with the requests the in-process workloads ran, so each HTTP figure has its in-process twin.
+"""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ops.bench_checkpoint import write_checkpoint
+from ops.bench_http import run_clients
+from ops.bench_inprocess import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, InProcessBench
+from ops.bench_report import Report, Row, p50_p90_p99
+from ops.bench_requests import BenchRequest, random_requests
+from ops.local_server import RunningServer, start_server
+
+MIN_SWEEP_REQUESTS = 8
+
+
+class SystemBench:
+    def __init__(self, bench: InProcessBench, report: Report, work_dir: Path, checkpoint_dir: Path | None) -> None:
+        self.bench = bench
+        self.report = report
+        self.work_dir = work_dir
+        self.checkpoint_dir = checkpoint_dir or work_dir / "model"
+        self.server: RunningServer | None = None
+
+    def start(self) -> None:
+        """Writes the checkpoint, frees the in-process runner's device memory (the executor needs it)
+        and starts the deployment with the in-process engine's settings."""
+        bench, args = self.bench, self.bench.args
+        identity = {"model": args.model, "seed": args.seed}
+        written_s = write_checkpoint(bench.runner.model, bench.raw, self.checkpoint_dir, identity)
+        flags = [
+            "--model", str(self.checkpoint_dir), "--device", args.device, "--dtype", "bfloat16",
+            "--block-size", str(bench.runner.block_size), "--num-kv-blocks", str(bench.runner.num_kv_blocks),
+            "--max-num-seqs", str(MAX_NUM_SEQS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
+            "--attention-backend", args.attention_backend,
+        ]
+        bench.free()
+        free = ""
+        if bench.device.type == "cuda":
+            free_bytes, total_bytes = torch.cuda.mem_get_info(bench.device)
+            free = f"; {free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB of device memory free for it"
+        started = time.perf_counter()
+        self.server = start_server(self.work_dir / "server", *flags)
+        startup_s = time.perf_counter() - started
+        self.report.note(f"whole system: python -m kernel.supervisor {' '.join(flags[2:])} (checkpoint written in "
+                         f"{written_s:.1f} s{free}; serving after {startup_s:.1f} s)")
+        self.report.details["system"] = {
+            "model": args.model, "device": bench.device_name, "flags": flags[2:],
+            "checkpoint_s": written_s, "startup_s": startup_s,
+        }
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    async def measure(
+        self, warm: list[BenchRequest], low_load: list[BenchRequest], low_load_ref: dict,
+        offline: list[BenchRequest], offline_ref: dict, levels: list[int], sweep_requests: int | None,
+    ) -> None:
+        base_url = self.server.base_url
+        await run_clients(base_url, warm, len(warm))  # the in-process engine ran the same first
+        self.low_load(await run_clients(base_url, low_load, 1), low_load_ref)
+        self.offline(await run_clients(base_url, offline, len(offline)), offline_ref)
+        sweep = self.report.details["sweep"] = []
+        lengths = np.random.default_rng(self.bench.args.seed + 2)
+        for level in levels:
+            count = sweep_requests or max(MIN_SWEEP_REQUESTS, 2 * level)
+            requests = random_requests(self.bench.rng, lengths, self.bench.config.vocab_size, count,
+                                       self.bench.args.lengths, self.bench.args.lengths)
+            run = await run_clients(base_url, requests, level)
+            sweep.append(run)
+            ttft, itl = run["ttft_ms"], run["itl_ms"]
+            latency = f"TTFT p50 {ttft['p50']:.1f}, p99 {ttft['p99']:.1f} ms; ITL p50 {itl['p50']:.2f} ms"
+            self.report.add(Row(f"sweep over HTTP: concurrency {level}, {count} requests",
+                                f"{run['output_tok_s']:,.0f} out tok/s", latency, ""))
+
+    def low_load(self, run: dict, reference: dict) -> None:
+        ttft, ref = run["ttft_ms"], reference["ttft_ms"]
+        added = ttft["p50"] - ref["p50"]
+        self.report.add(Row("e over HTTP: TTFT p50", f"{ttft['p50']:.2f} ms", f"in-process {ref['p50']:.2f} ms",
+                            f"{added:+.2f} ms", "<= +3 ms"))
+        self.report.add(Row("e over HTTP:   TTFT p90 / p99; ITL p50", f"{ttft['p90']:.2f} / {ttft['p99']:.2f} ms; "
+                            f"{run['itl_ms']['p50']:.2f} ms", f"in-process {ref['p90']:.2f} / {ref['p99']:.2f} ms; "
+                            f"{reference['itl_ms']['p50']:.2f} ms", ""))
+        self.report.details["e-http"] = {**run, "added_ttft_p50_ms": added}
+
+    def offline(self, run: dict, reference: dict) -> None:
+        ratio = run["output_tok_s"] / reference["output_tok_s"]
+        self.report.add(Row(f"d over HTTP: {run['requests']} requests, all at once",
+                            f"{run['output_tok_s']:,.0f} out tok/s",
+                            f"in-process {reference['output_tok_s']:,.0f} out tok/s", f"{ratio:.3f}", ">= 0.95"))
+        self.report.add(Row("d over HTTP:   TTFT p50 / p90 / p99", p50_p90_p99(run["ttft_ms"]),
+                            f"{run['seconds']:.1f} s, {run['output_tokens']} tokens", ""))
+        self.report.add(Row("d over HTTP:   ITL p50 / p90 / p99", p50_p90_p99(run["itl_ms"]), "", ""))
+        self.report.details["d-http"] = {**run, "ratio_to_in_process": ratio}

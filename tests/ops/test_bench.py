@@ -1,0 +1,89 @@
+"""The benchmark's whole-system mode end to end on CPU: the tiny toy-llama shape measured in-process,
+then served by a real supervisor and driven over HTTP; checked by what a user reads, the table and
+the JSON (and the plot made from that JSON)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+BENCH_ARGS = [
+    "--model", "toy-llama", "--device", "cpu", "--mode", "http", "--workloads", "d",
+    "--requests", "6", "--lengths", "8,32", "--hf-requests", "0",
+    "--low-load-requests", "3", "--low-load-prompt", "40", "--low-load-output", "4",
+    "--concurrency", "1,2", "--sweep-requests", "4",
+]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory) -> tuple[dict[str, list[str]], dict]:
+    """One run of `python -m ops.bench`: its table rows by workload, and its JSON file."""
+    results = tmp_path_factory.mktemp("bench") / "results.json"
+    done = subprocess.run([sys.executable, "-m", "ops.bench", *BENCH_ARGS, "--json", str(results)],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    rows = {}
+    for line in table[1:]:  # after the header
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows, json.loads(results.read_text())
+
+
+def assert_ordered(figures: dict) -> None:
+    assert 0 <= figures["p50"] <= figures["p90"] <= figures["p99"], figures
+
+
+def test_table_shows_http_figures_beside_in_process_ones(bench_run):
+    rows, _ = bench_run
+    measured, detail, ratio, target = rows["d over HTTP: 6 requests, all at once"]
+    assert measured.endswith("out tok/s") and float(measured.split()[0].replace(",", "")) > 0
+    assert detail.startswith("in-process ") and float(ratio) > 0 and target == ">= 0.95"
+    measured, detail, added, target = rows["e over HTTP: TTFT p50"]
+    assert measured.endswith(" ms") and detail.startswith("in-process ")
+    assert added.endswith(" ms") and added[0] in "+-" and target == "<= +3 ms"
+    assert "d: offline, 6 requests, ours" in rows  # the in-process twins ran, e although not asked for
+    assert any(name.startswith("e: low load, 3 single 40+4-token requests") for name in rows)
+    for level in (1, 2):
+        assert rows[f"sweep over HTTP: concurrency {level}, 4 requests"][0].endswith("out tok/s")
+
+
+def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
+    _, results = bench_run
+    details = results["details"]
+    offline = details["d-http"]
+    assert offline["output_tok_s"] > 0 and offline["ratio_to_in_process"] > 0
+    assert offline["output_tokens"] == details["d"]["output_tokens"]  # the same requests, every token back
+    assert offline["requests"] == offline["concurrency"] == 6
+    assert "added_ttft_p50_ms" in details["e-http"] and details["e-http"]["requests"] == 3
+    assert [run["concurrency"] for run in details["sweep"]] == [1, 2]
+    for run in [offline, details["e-http"], details["e"], *details["sweep"]]:
+        assert run["output_tok_s"] > 0
+        assert_ordered(run["ttft_ms"])
+        assert_ordered(run["itl_ms"])
+    assert details["system"]["model"] == "toy-llama"
+
+
+def test_plot_is_made_from_the_json(bench_run, tmp_path):
+    _, results = bench_run
+    source, png = tmp_path / "results.json", tmp_path / "sweep.png"
+    source.write_text(json.dumps(results))
+    done = subprocess.run([sys.executable, "-m", "ops.bench_plot", str(source), "--out", str(png)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_written_tokenizer_decodes_every_token_id_of_the_model(tmp_path):
+    from transformers import AutoTokenizer
+
+    from ops.bench_checkpoint import write_tokenizer
+
+    write_tokenizer(tmp_path, 1100)  # past what the corpus trains: the rest is filler
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 1100
+    assert tokenizer.decode([1099]).strip() and tokenizer.decode([1050]).strip()
+    assert tokenizer.decode(tokenizer.encode("the cat", add_special_tokens=False)) == "the cat"
