@@ -16,6 +16,7 @@ from collections import Counter, deque
 import msgspec
 
 from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.radix_cache import CacheStats, MatchResult, Node, RadixCache
 from actors.scheduler.sequence import Sequence, State
 from schemas.admin import SchedulerStats
@@ -23,6 +24,9 @@ from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
 
+# The radix cache's namespace: one model and weight version per deployment for now; a weight update
+# will key a new one, so KV of different weights can never mix.
+MODEL_NAMESPACE = ""
 # The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
 NO_PREFIX = MatchResult(Node((), [], None), [], 0)
 
@@ -38,9 +42,10 @@ class ContinuousBatcher:
         max_prefill_tokens: int = 2048,
         lookahead_tokens: int | None = None,
         prefix_caching: bool = True,
+        publication: Publication | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks)
-        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching)
+        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, publication=publication or Publication())
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -95,9 +100,9 @@ class ContinuousBatcher:
         fork_of: str | None = None,
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
-        crash): the request continues after them, as if it had been preempted. It shares cached
-        prefixes only with requests of the same `cache_namespace`. A choice `fork_of` another of the
-        same prompt waits for that one's prefill and then shares its blocks."""
+        crash): the request continues after them, as if it had been preempted. `cache_namespace` is
+        its tenant: it reads cached prefixes that tenant computed, and public ones. A choice `fork_of`
+        another of the same prompt waits for that one's prefill and then shares its blocks."""
         if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
             params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         error = self.validate(request_id, prompt_ids, params)
@@ -164,7 +169,8 @@ class ContinuousBatcher:
         """A new executor knows nothing: every started request goes back to the queue and is
         recomputed from its prompt and the tokens it already produced."""
         self.pool = BlockPool(num_blocks)
-        self.cache = RadixCache(self.pool, block_size, enabled=self.cache.enabled)
+        # What admins published outlives the executor: it is kept as tokens, whatever the new block size.
+        self.cache = RadixCache(self.pool, block_size, enabled=self.cache.enabled, publication=self.cache.publication)
         self.block_size, self.max_model_len, self.vocab_size = block_size, max_model_len, vocab_size
         self.lookahead_tokens = 2 * block_size
         for seq in self.running + [s for s in self.sequences.values() if s.state is State.DRAINING]:
@@ -237,7 +243,7 @@ class ContinuousBatcher:
         if parent is not None and parent.state is State.RUNNING:
             return self._admit_fork(seq, parent)
         tokens = seq.prompt_ids + seq.output_ids
-        cached = self.cache.match(seq.namespace, tokens)
+        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant)
         self.cache.lock(cached.node)  # so that _allocate cannot evict it
         blocks = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if blocks is None:
@@ -321,7 +327,8 @@ class ContinuousBatcher:
         if seq.cached is None:
             return  # released already: a finish that follows a drop
         full = min(seq.computed_len // self.block_size, len(seq.blocks))
-        self.cache.insert(seq.namespace, (seq.prompt_ids + seq.output_ids)[: full * self.block_size], seq.blocks[:full])
+        tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
+        self.cache.insert(MODEL_NAMESPACE, tokens, seq.blocks[:full], tenant=seq.tenant)
         self.cache.unlock(seq.cached.node)
         self.pool.release(seq.blocks)
         seq.blocks, seq.cached = [], None

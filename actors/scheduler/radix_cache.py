@@ -2,17 +2,20 @@
 
 The scheduler owns it beside the block pool. Finished, aborted and preempted requests leave their
 computed full blocks here; a new request takes the longest cached prefix of its tokens and
-computes only the rest. One tree per namespace, so requests share KV only within one.
+computes only the rest. One tree per namespace (model and weight version), so requests share KV
+only within one; within it a node is read only by the tenants it is visible to (cache_visibility.py).
 """
 
 import heapq
 import itertools
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from actors.scheduler.block_pool import BlockPool
-
-Key = tuple[int, ...]
+from actors.scheduler.cache_visibility import Key, Publication, Visibility
 
 
 @dataclass(eq=False)
@@ -24,7 +27,10 @@ class Node:
     parent: "Node | None"
     children: dict[Key, "Node"] = field(default_factory=dict)  # by the tokens of the child's first block
     lock_ref: int = 0  # running requests whose matched prefix runs through this node
-    last_access: int = 0  # a tick of the cache's clock, for LRU eviction
+    last_access: int = 0  # a tick of the cache's counter: LRU among nodes of equal hits
+    visibility: Visibility = field(default_factory=Visibility)
+    hits: float = 0.0  # requests that read it, each worth half as much every half-life since...
+    hits_at: float = 0.0  # ...this time, when `hits` was last brought up to date
 
 
 class MatchResult(NamedTuple):
@@ -43,82 +49,135 @@ class CacheStats(NamedTuple):
     queried_tokens: int  # over every match: tokens looked up
 
 
+class CacheUsage(NamedTuple):
+    """What GET /admin/cache shows; costs a walk of the tree."""
+
+    free_blocks: int  # in the pool: held by nobody
+    cached_blocks: int  # held by the tree
+    evictable_blocks: int  # held by the tree and read by no running request
+    locked_blocks: int  # held by the tree and read by running requests
+    public_blocks: int  # cached, readable by every tenant of their namespace
+    private_blocks: dict[str, int]  # tenant -> its cached blocks not public (one of two owners counts for both)
+    hit_tokens: int
+    queried_tokens: int
+
+
 class RadixCache:
-    """Full KV blocks keyed by (namespace, the tokens of the whole prefix up to them).
+    """Full KV blocks keyed by (namespace, the tokens of the whole prefix up to them), each node
+    readable by the tenants it is visible to: its owners, or all once it is public.
 
     Invariants: the tree holds exactly one `BlockPool` reference for every block it stores, and a
-    block appears in at most one node. A stored block is full and read-only. A locked node and its
-    ancestors are never evicted. Disabled, it matches nothing and stores nothing.
+    block appears in at most one node, whichever tenants read it. A stored block is full and
+    read-only. A locked node and its ancestors are never evicted. What a tenant may read is a
+    prefix of every path (a public node's ancestors are public; an owner owns the ancestors too),
+    so a match stops at the first node it may not read. Disabled, it matches nothing and stores
+    nothing.
+
+    Eviction takes the unlocked leaves with the fewest hits first, each hit worth half as much
+    every `hit_half_life_s`; `clock` gives those times and the publication window's.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        enabled: bool = True,
+        *,
+        publication: Publication | None = None,
+        hit_half_life_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if hit_half_life_s <= 0:
+            raise ValueError(f"hit_half_life_s must be positive, not {hit_half_life_s}")
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
+        self.publication = publication if publication is not None else Publication()
+        self.hit_half_life_s = hit_half_life_s
+        self._clock = clock
         self._roots: dict[str, Node] = {}
         self._nowhere = Node((), [], None)  # the match of a namespace with no tree
         self._leaves: set[Node] = set()  # the evictable ones: unlocked, with no children
-        self._clock = itertools.count(1)
+        self._ticks = itertools.count(1)
         self._evictable = 0
         self._locked = 0
         self._hit_tokens = 0
         self._queried_tokens = 0
 
-    def match(self, namespace: str, tokens: list[int]) -> MatchResult:
-        """The longest cached prefix of `tokens`, in whole blocks, leaving at least one token
-        uncached so that computing the rest yields the last position's logits."""
+    def match(self, namespace: str, tokens: list[int], tenant: str = "") -> MatchResult:
+        """The longest cached prefix of `tokens` that `tenant` may read, in whole blocks, leaving
+        at least one token uncached so that computing the rest yields the last position's logits.
+
+        `tenant` counts as a sender of every cached node along `tokens`, readable or not, before
+        the cache decides what it may read: the request that makes a node public already reads it.
+        """
         if not self.enabled:
             return MatchResult(self._nowhere, [], 0)
         self._queried_tokens += len(tokens)
         root = self._roots.get(namespace)
         if root is None:
             return MatchResult(self._nowhere, [], 0)
-        bs, now = self.block_size, next(self._clock)
-        key = tuple(tokens[: (len(tokens) - 1) // bs * bs])
-        node, pos, blocks = root, 0, []
-        node.last_access = now
-        while pos < len(key) and (child := node.children.get(key[pos : pos + bs])) is not None:
-            same = self._same_blocks(child, key, pos)
-            if same < len(child.blocks):
-                child = self._split(child, same)
-            child.last_access = now
-            blocks += child.blocks
-            pos += same * bs
-            node = child
-        self._hit_tokens += pos
-        return MatchResult(node, blocks, pos)
+        tick, now = next(self._ticks), self._clock()
+        key = tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
+        node, hit, blocks, readable = root, 0, [], True
+        for child, end in self._descend(root, key):
+            self._sent(child, tenant, now)
+            readable = readable and child.visibility.visible_to(tenant)
+            if readable:
+                child.last_access = tick
+                child.hits, child.hits_at = self._score(child, now) + 1, now
+                blocks += child.blocks
+                node, hit = child, end
+        self._hit_tokens += hit
+        return MatchResult(node, blocks, hit)
 
-    def insert(self, namespace: str, tokens: list[int], blocks: list[int]) -> int:
-        """Stores the full blocks `blocks` holding the KV of `tokens` (block_size tokens each) and
-        returns how many the tree did not have. Where the tree already has a block for the same
-        tokens it keeps its own; the caller still holds, and releases, its references to all of
-        `blocks`: the tree takes its own on those it stores."""
+    def insert(self, namespace: str, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
+        """Stores the full blocks `blocks` holding the KV of `tokens` (block_size tokens each) for
+        `tenant`, who owns them from now on, and returns how many the tree did not have. Where the
+        tree already has a block for the same tokens it keeps its own, even one `tenant` could not
+        read (which it now owns: it computed the same KV); the caller still holds, and releases,
+        its references to all of `blocks`: the tree takes its own on those it stores."""
         bs = self.block_size
         if len(tokens) != len(blocks) * bs:
             raise ValueError(f"{len(tokens)} tokens do not fill {len(blocks)} blocks of {bs}")
         if not self.enabled or not blocks:
             return 0
-        key, now = tuple(tokens), next(self._clock)
-        node = self._roots.setdefault(namespace, Node((), [], None))
-        node.last_access = now
+        key, tick, now = tuple(tokens), next(self._ticks), self._clock()
+        node = root = self._roots.setdefault(namespace, Node((), [], None))
         pos = 0
-        while pos < len(key):
-            child = node.children.get(key[pos : pos + bs])
-            if child is None:
-                new_blocks = blocks[pos // bs :]
-                leaf = node.children[key[pos : pos + bs]] = Node(key[pos:], new_blocks, node, last_access=now)
-                self._leaves.discard(node)
-                self._leaves.add(leaf)
-                self.pool.retain(new_blocks)
-                self._evictable += len(new_blocks)
-                return len(new_blocks)
-            same = self._same_blocks(child, key, pos)
-            if same < len(child.blocks):
-                child = self._split(child, same)
-            child.last_access = now
-            pos += same * bs
-            node = child
-        return 0
+        for node, pos in self._descend(root, key):
+            node.visibility.owners.add(tenant)
+            node.last_access = tick
+            self._sent(node, tenant, now)
+        if pos == len(key):
+            return 0
+        new_blocks = blocks[pos // bs :]
+        leaf = Node(key[pos:], new_blocks, node, last_access=tick, hits=1.0, hits_at=now,
+                    visibility=Visibility(owners={tenant}))
+        node.children[key[pos : pos + bs]] = leaf
+        self._leaves.discard(node)
+        self._leaves.add(leaf)
+        self.pool.retain(new_blocks)
+        self._evictable += len(new_blocks)
+        self._sent(leaf, tenant, now)
+        published = (self.publication.published_tokens(namespace, key, bs) - pos) // bs
+        if published > 0:
+            self._make_public(self._split(leaf, published) if published < len(new_blocks) else leaf)
+        return len(new_blocks)
+
+    def publish(self, namespace: str, tokens: list[int]) -> int:
+        """Makes every whole block of `tokens`, from the start, public: the cached ones now, and
+        those stored later (a shared system prompt). Returns how many cached blocks it opened."""
+        if not self.enabled:
+            return 0
+        self.publication.publish(namespace, tuple(tokens))
+        key = tuple(tokens[: len(tokens) // self.block_size * self.block_size])
+        node = self._roots.get(namespace)
+        if node is None:
+            return 0
+        for node, _ in self._descend(node, key):
+            pass  # down to the node that ends where the published tokens leave the tree
+        return self._make_public(node)
 
     def lock(self, node: Node) -> None:
         """Protects `node` and its ancestors from eviction: one lock per request reading them."""
@@ -143,16 +202,17 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_blocks: int) -> int:
-        """Frees at least `num_blocks` blocks if it can, least recently used unlocked leaves first
-        (whole nodes, so maybe a few more); returns how many it freed."""
+        """Frees at least `num_blocks` blocks if it can, unlocked leaves with the fewest decayed
+        hits first, least recently used among equals (whole nodes, so maybe a few more); returns
+        how many it freed."""
         if num_blocks <= 0:
             return 0
-        tie = itertools.count()
-        leaves = [(n.last_access, next(tie), n) for n in self._leaves]
+        tie, now = itertools.count(), self._clock()
+        leaves = [(self._score(n, now), n.last_access, next(tie), n) for n in self._leaves]
         heapq.heapify(leaves)
         freed = 0
         while freed < num_blocks and leaves:
-            _, _, node = heapq.heappop(leaves)
+            *_, node = heapq.heappop(leaves)
             parent = node.parent
             del parent.children[node.key[: self.block_size]]
             self._leaves.remove(node)
@@ -161,7 +221,7 @@ class RadixCache:
             freed += len(node.blocks)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._leaves.add(parent)
-                heapq.heappush(leaves, (parent.last_access, next(tie), parent))
+                heapq.heappush(leaves, (self._score(parent, now), parent.last_access, next(tie), parent))
         if freed:
             self._roots = {ns: root for ns, root in self._roots.items() if root.children}
         return freed
@@ -172,6 +232,17 @@ class RadixCache:
 
     def stats(self) -> CacheStats:
         return CacheStats(self._evictable + self._locked, self._evictable, self._hit_tokens, self._queried_tokens)
+
+    def usage(self) -> CacheUsage:
+        public, private = 0, Counter()
+        for node in self._nodes():
+            if node.visibility.public:
+                public += len(node.blocks)
+            else:
+                for tenant in node.visibility.owners:
+                    private[tenant] += len(node.blocks)
+        return CacheUsage(self.pool.num_free, self._evictable + self._locked, self._evictable, self._locked,
+                          public, dict(private), self._hit_tokens, self._queried_tokens)
 
     def cached_blocks(self) -> list[int]:
         """Every block the tree holds."""
@@ -186,6 +257,35 @@ class RadixCache:
             if node.parent is not None:
                 nodes.append(node)
         return nodes
+
+    def _descend(self, node: Node, key: Key) -> Iterator[tuple[Node, int]]:
+        """The nodes under `node` along `key`, split where `key` ends or leaves them, each with how
+        many tokens of `key` it ends at."""
+        bs, pos = self.block_size, 0
+        while pos < len(key) and (child := node.children.get(key[pos : pos + bs])) is not None:
+            same = self._same_blocks(child, key, pos)
+            if same < len(child.blocks):
+                child = self._split(child, same)
+            pos += same * bs
+            yield child, pos
+            node = child
+
+    def _sent(self, node: Node, tenant: str, now: float) -> None:
+        if self.publication.sent(node.visibility, tenant, now):
+            self._make_public(node.parent)  # public already, or due: they saw every sender of `node`
+
+    def _make_public(self, node: Node) -> int:
+        """Makes `node` and its ancestors public; returns how many blocks were private."""
+        opened = 0
+        while node.parent is not None and not node.visibility.public:
+            node.visibility.public = True
+            node.visibility.senders.clear()
+            opened += len(node.blocks)
+            node = node.parent
+        return opened
+
+    def _score(self, node: Node, now: float) -> float:
+        return node.hits * 0.5 ** ((now - node.hits_at) / self.hit_half_life_s)
 
     def _same_blocks(self, node: Node, key: Key, pos: int) -> int:
         """How many leading blocks of `node` hold the tokens of `key` from `pos` (at least one: the
@@ -203,7 +303,8 @@ class RadixCache:
         `node`, so a lock held through it still covers both."""
         bs = self.block_size
         upper = Node(node.key[: num_blocks * bs], node.blocks[:num_blocks], node.parent,
-                     lock_ref=node.lock_ref, last_access=node.last_access)
+                     lock_ref=node.lock_ref, last_access=node.last_access, visibility=node.visibility.copy(),
+                     hits=node.hits, hits_at=node.hits_at)
         node.parent.children[upper.key[:bs]] = upper
         node.key, node.blocks, node.parent = node.key[num_blocks * bs :], node.blocks[num_blocks:], upper
         upper.children[node.key[:bs]] = node

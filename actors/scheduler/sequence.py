@@ -21,7 +21,7 @@ class Sequence:
     origin: str
     arrival: int
     output_ids: list[int] = field(default_factory=list)
-    namespace: str = ""  # prefix-cache namespace: requests share cached KV only within one
+    tenant: str = ""  # cached KV is shared within a tenant, and across tenants once public
     fork_of: str | None = None  # another choice of the same prompt, which computes it for both
     blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running

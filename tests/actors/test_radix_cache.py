@@ -1,10 +1,13 @@
 """The radix prefix cache on its own: what a request gets back from it, and what it costs the pool."""
 
+from collections import defaultdict
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.radix_cache import RadixCache
 
 BS = 4
@@ -15,9 +18,10 @@ def make(num_blocks: int = 32) -> tuple[BlockPool, RadixCache]:
     return pool, RadixCache(pool, BS)
 
 
-def finish(pool: BlockPool, cache: RadixCache, namespace: str, tokens: list[int], blocks: list[int]) -> int:
+def finish(pool: BlockPool, cache: RadixCache, namespace: str, tokens: list[int], blocks: list[int],
+           tenant: str = "") -> int:
     """What the scheduler does when a request ends: offer its blocks, then drop its own references."""
-    new = cache.insert(namespace, tokens, blocks)
+    new = cache.insert(namespace, tokens, blocks, tenant=tenant)
     pool.release(blocks)
     return new
 
@@ -164,30 +168,68 @@ def test_disabled_cache_matches_and_stores_nothing():
     assert pool.num_free == 8 and cache.stats() == (0, 0, 0, 0)
 
 
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TENANTS = ["t1", "t2", "t3"]
+WINDOW_S = 20.0
+
+
 @settings(max_examples=100, deadline=None)
-@given(data=st.data(), num_blocks=st.sampled_from([6, 12, 40]))
-def test_random_requests_only_ever_get_blocks_of_their_own_prefix(data, num_blocks):
-    """Requests over a few shared stems start (match, lock, allocate the rest, evicting if short),
-    run, and end (insert, unlock, release) in random order: every matched block holds exactly
-    the prefix it is matched for, and every count is its number of holders."""
-    pool, cache = make(num_blocks)
+@given(data=st.data(), num_blocks=st.sampled_from([6, 12, 40]), min_tenants=st.sampled_from([1, 2, 3]))
+def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, min_tenants):
+    """Requests of a few tenants over a few shared stems start (match, lock, allocate the rest,
+    evicting if short), run, and end (insert, unlock, release) in random order, among evictions,
+    publications and the clock moving on: every matched block holds exactly the prefix it is
+    matched for, its tenant may read it (it stored that prefix itself, an admin published it, or
+    `min_tenants` tenants sent it within the window), and every count is its number of holders."""
+    clock = Clock()
+    pool = BlockPool(num_blocks)
+    cache = RadixCache(pool, BS, publication=Publication(min_tenants, WINDOW_S), hit_half_life_s=10.0, clock=clock)
     holds_prefix: dict[int, tuple] = {}  # block -> (namespace, the tokens up to its end) it was written for
-    running: list[tuple[str, list[int], list[int], object]] = []
-    stems = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=4, max_size=12), min_size=1, max_size=3))
-    for _ in range(data.draw(st.integers(1, 40))):
-        if running and data.draw(st.booleans()):
-            namespace, tokens, blocks, node = running.pop(data.draw(st.integers(0, len(running) - 1)))
+    # What each tenant may read, by (namespace, a whole-block prefix); never less than the cache lets it.
+    stored_by: dict[tuple, set[str]] = defaultdict(set)  # tenants that ever stored the prefix
+    sent_at: dict[tuple, dict[str, float]] = defaultdict(dict)  # tenant -> its last send of the prefix
+    public: set[tuple] = set()  # published by an admin, or sent by enough tenants at some time
+
+    def send(namespace: str, tenant: str, tokens: list[int]) -> None:
+        for end in range(BS, len(tokens) + 1, BS):
+            prefix = (namespace, tuple(tokens[:end]))
+            sent_at[prefix][tenant] = clock.now
+            if sum(clock.now - at <= WINDOW_S for at in sent_at[prefix].values()) >= min_tenants:
+                public.add(prefix)
+
+    running: list[tuple[str, str, list[int], list[int], object]] = []
+    stems = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=12), min_size=1, max_size=3))
+    for _ in range(data.draw(st.integers(1, 60))):
+        actions = ["start"] * 3 + ["finish"] * 3 * bool(running) + ["evict", "publish", "wait"]
+        action = data.draw(st.sampled_from(actions))
+        if action == "finish":
+            namespace, tenant, tokens, blocks, node = running.pop(data.draw(st.integers(0, len(running) - 1)))
             full = data.draw(st.integers(0, len(tokens) // BS))  # how far the KV got computed
-            cache.insert(namespace, tokens[: full * BS], blocks[:full])
+            send(namespace, tenant, tokens[: full * BS])
+            for end in range(BS, full * BS + 1, BS):
+                stored_by[namespace, tuple(tokens[:end])].add(tenant)
+            cache.insert(namespace, tokens[: full * BS], blocks[:full], tenant=tenant)
             cache.unlock(node)
             pool.release(blocks)
-        else:
-            namespace = data.draw(st.sampled_from(["", "b"]))
+        elif action == "start":
+            namespace, tenant = data.draw(st.sampled_from(["", "b"])), data.draw(st.sampled_from(TENANTS))
             tokens = data.draw(st.sampled_from(stems)) + data.draw(st.lists(st.integers(0, 3), max_size=8))
-            hit = cache.match(namespace, tokens)
+            send(namespace, tenant, tokens[: (len(tokens) - 1) // BS * BS])
+            hit = cache.match(namespace, tokens, tenant)
             assert hit.num_tokens == len(hit.blocks) * BS < len(tokens)
             for i, block in enumerate(hit.blocks):
-                assert holds_prefix[block] == (namespace, tuple(tokens[: (i + 1) * BS]))
+                prefix = (namespace, tuple(tokens[: (i + 1) * BS]))
+                assert holds_prefix[block] == prefix
+                assert tenant in stored_by[prefix] or prefix in public
             cache.lock(hit.node)
             need = -(-len(tokens) // BS) - len(hit.blocks)
             if need > pool.num_free:
@@ -199,12 +241,23 @@ def test_random_requests_only_ever_get_blocks_of_their_own_prefix(data, num_bloc
                 pool.retain(hit.blocks)
                 for i, block in enumerate(fresh, start=len(hit.blocks)):
                     holds_prefix[block] = (namespace, tuple(tokens[: (i + 1) * BS]))
-                running.append((namespace, tokens, hit.blocks + fresh, hit.node))
-        check_refs(pool, cache, *(blocks for _, _, blocks, _ in running))
-        stats = cache.stats()
-        held = {b for _, _, blocks, _ in running for b in blocks}
-        assert stats.evictable_blocks == sum(b not in held for b in cache.cached_blocks())
-    for _, _, blocks, node in running:
+                running.append((namespace, tenant, tokens, hit.blocks + fresh, hit.node))
+        elif action == "evict":
+            cache.evict(data.draw(st.integers(1, 3)))
+        elif action == "publish":
+            namespace, stem = data.draw(st.sampled_from(["", "b"])), data.draw(st.sampled_from(stems))
+            tokens = stem[: data.draw(st.integers(0, len(stem)))]
+            cache.publish(namespace, tokens)
+            public.update((namespace, tuple(tokens[:end])) for end in range(BS, len(tokens) + 1, BS))
+        else:
+            clock.now += data.draw(st.sampled_from([1.0, 5.0, 30.0]))
+        held = [blocks for _, _, _, blocks, _ in running]
+        check_refs(pool, cache, *held)
+        usage = cache.usage()
+        assert usage.evictable_blocks == sum(all(b not in h for h in held) for b in cache.cached_blocks())
+        assert usage.evictable_blocks + usage.locked_blocks == usage.cached_blocks
+        assert usage.free_blocks == pool.num_free
+    for *_, blocks, node in running:
         cache.unlock(node)
         pool.release(blocks)
     cached = cache.stats().cached_blocks

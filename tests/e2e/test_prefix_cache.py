@@ -23,3 +23,17 @@ def test_repeated_prompt_is_served_from_the_cache_within_its_tenant(server):
     assert cached % 16 == 0  # whole KV blocks
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["choices"][0]["text"] == first["choices"][0]["text"] == other["choices"][0]["text"]
+
+
+def test_a_prefix_five_tenants_sent_becomes_public(server):
+    """The default publication rule (K = 5): private until the fifth tenant sends it, then a hit for all."""
+    prompt = "A system prompt that many tenants share, word for word, at the start of every request. " * 4
+
+    def cached(user: str) -> int:
+        body = {"model": "demo", "prompt": prompt, "max_tokens": 2, "temperature": 0, "user": user}
+        reply = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+        return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert [cached(f"shared-{i}") for i in range(4)] == [0, 0, 0, 0]
+    assert cached("shared-4") > 0  # the fifth sender already reads it
+    assert cached("a-later-tenant") > 0
