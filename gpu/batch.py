@@ -13,6 +13,9 @@ import numpy as np
 import torch
 
 _ALIGN = 16  # bytes; every array of the packed buffer starts aligned, so any dtype can view it
+# The input token of a decode whose token the previous step drew on the device and the host has
+# not seen yet; `HostBatch.build` leaves a placeholder there for the device to fill in.
+FROM_PREVIOUS_STEP = -1
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,10 @@ class HostBatch:
         block_size: int,
         logits_rows: np.ndarray | None = None,
         limits: BatchLimits | None = None,
+        deferred: np.ndarray | None = None,
     ) -> "HostBatch":
         """`logits_rows`: the sequences whose last token's logits are wanted (all when None).
+        `deferred`: the sequences whose one token is FROM_PREVIOUS_STEP; their input id is left 0.
         With `limits`, raises ValueError naming the first bad sequence before anything is built
         that could write outside its blocks or the pool."""
         num_seqs = len(token_ids)
@@ -84,6 +89,13 @@ class HostBatch:
         )
         token_data = np.empty(3 * num_tokens, np.int64)
         token_data[:num_tokens] = np.fromiter(chain.from_iterable(token_ids), np.int64, num_tokens)
+        if deferred is not None and len(deferred):
+            firsts = query_start[deferred]  # [D] the one token of each deferred sequence
+            bad = (query_lens[deferred] != 1) | (token_data[firsts] != FROM_PREVIOUS_STEP)
+            if (i := _first(bad)) is not None:
+                raise ValueError(f"sequence {deferred[i]}: a token from the previous step must be its only token, "
+                                 f"given as FROM_PREVIOUS_STEP ({FROM_PREVIOUS_STEP})")
+            token_data[firsts] = 0
         if limits is not None:
             _check_ids(token_data[:num_tokens], kv_indices, query_start, kv_indptr, limits)
         if num_tokens == num_seqs:  # decode: one token per sequence

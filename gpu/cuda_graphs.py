@@ -2,9 +2,11 @@
 
 A decode step of an 8B model launches a few hundred kernels; replayed from a graph they cost one
 launch. The graphs share their input and attention-metadata buffers, so a graph is only ever
-replayed right after `run` has planned and filled them for it. Graphs are captured largest first into one shared memory pool (a smaller graph reuses the
-larger one's activations), and all write their logits into one static buffer. Padded rows feed
-token 0 at position 0 and write and read only the KV pool's scratch block.
+replayed right after `prepare` has planned and filled them for it; the next step's `prepare` is
+enqueued on the same stream, so it overwrites them only once this replay has read them. Graphs
+are captured largest first into one shared memory pool (a smaller graph reuses the larger one's
+activations), and all write their logits into one static buffer. Padded rows feed token 0 at
+position 0 and write and read only the KV pool's scratch block.
 """
 
 import bisect
@@ -60,12 +62,17 @@ class DecodeGraphs:
             self.staging.release()
         torch.cuda.synchronize()
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Replays the graph of `batch`'s size (a decode batch padded to a captured size) and returns
-        its logits [size, vocab] float32, a view valid until the next replay."""
-        size = batch.num_seqs
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Plans `batch` (a decode batch padded to a captured size) into the graphs' metadata buffers
+        and copies its input ids, positions and slots into their inputs. The copy reads
+        `batch.token_data` on the stream, so ids written there on the device before this call
+        (tokens the previous step drew) are the ones the graph feeds."""
         self.model.attention_backend.prepare_graph(batch)
-        self._inputs[: 3 * size].copy_(batch.token_data, non_blocking=True)
+        self._inputs[: 3 * batch.num_seqs].copy_(batch.token_data, non_blocking=True)
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Replays the graph of `size`, prepared for it; its logits [size, vocab] float32, a view
+        valid until the next replay."""
         if self.timings is None:
             self._graphs[size].replay()
         else:

@@ -1,12 +1,14 @@
-"""The model, its KV pool and the sampler behind one `step` call: what the executor actor drives.
+"""The model, its KV pool and the sampler behind `launch` and `step`: what the executor actor drives.
 
 The runner knows nothing of requests or scheduling. Each step it is told, per sequence, which new
 tokens to feed, where they go in the KV pool and how to sample; it returns the drawn tokens.
 Block ids are owned by the scheduler; the runner only checks that they are in range.
 
-On CUDA a step is: numpy metadata, one host-to-device copy, the attention plan, the model (a graph
-replay for decode batches up to the largest captured size), the sampler, and one device-to-host
-copy of the drawn tokens, the step's one sync.
+On CUDA `launch` enqueues a step and returns at once: numpy metadata, one host-to-device copy, the
+input ids that the previous step drew gathered on the device, the attention plan, the model (a
+graph replay for decode batches up to the largest captured size), the sampler, and a non-blocking
+copy of the drawn tokens into pinned memory. `PendingStep.tokens` waits for that copy, the step's
+one sync; the host builds and launches the next step meanwhile, so the GPU does not wait for it.
 """
 
 from dataclasses import dataclass
@@ -41,6 +43,35 @@ class SequenceInput:
     top_k: int = 0
     seed: int = 0
     output_index: int = 0  # the index of the output token being drawn (0 for the first), keys the randomness
+    # >= 0: this decode's one token is the one drawn for sequence `previous_row` of the previous
+    # launch, still on the device; token_ids is then [FROM_PREVIOUS_STEP].
+    previous_row: int = -1
+
+
+class PendingStep:
+    """A launched step: its drawn tokens are on their way to pinned host memory."""
+
+    def __init__(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, done: torch.cuda.Event | None) -> None:
+        self._num_seqs = num_seqs
+        self._rows = rows  # [R] the sequences that sample, in order
+        self._drawn = drawn  # [R] int64 on the host (pinned on CUDA), written once `done` has passed
+        self._done = done
+        self._tokens: list[int | None] | None = None
+
+    def tokens(self) -> list[int | None]:
+        """Waits for the step and returns one drawn token per sequence with `sample=True`, None for
+        the others."""
+        if self._tokens is None:
+            if self._done is not None:
+                self._done.synchronize()  # the step's one host sync; releases the GIL while it waits
+            drawn = self._drawn.tolist()
+            if len(drawn) == self._num_seqs:
+                self._tokens = drawn
+            else:
+                self._tokens = [None] * self._num_seqs
+                for row, token in zip(self._rows.tolist(), drawn):
+                    self._tokens[row] = token
+        return self._tokens
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -53,7 +84,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-_token_ids, _starts, _tables, _samples = (attrgetter(n) for n in ("token_ids", "start_position", "block_table", "sample"))
+_token_ids, _starts, _tables, _samples, _previous_rows = (
+    attrgetter(n) for n in ("token_ids", "start_position", "block_table", "sample", "previous_row")
+)
 
 
 class ModelRunner:
@@ -133,6 +166,12 @@ class ModelRunner:
         )
         self.limits = BatchLimits(self.max_model_len, self.num_kv_blocks, self.vocab_size)
         self.staging = Staging(device) if device.type == "cuda" else None
+        # Looked up once: torch.cuda.current_stream() costs tens of microseconds of host time.
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        # The latest launch's drawn tokens, [R] int64 on the device, and the index into them of each
+        # of its sequences ([S], -1 where it sampled none): where `previous_row` inputs come from.
+        self._previous_drawn: torch.Tensor | None = None
+        self._previous_index: np.ndarray | None = None
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
         self.graphs: DecodeGraphs | None = None
@@ -162,45 +201,88 @@ class ModelRunner:
             sources, targets = zip(*copies)
             self.kv.copy_blocks(list(sources), list(targets))
 
-    @torch.inference_mode()
     def step(self, seqs: list[SequenceInput]) -> list[int | None]:
-        """Feeds every sequence's new tokens and returns one drawn token per sequence with
-        `sample=True`, None for the others. Raises ValueError, before touching the KV cache, on
-        input that would write outside a sequence's blocks or the pool."""
+        """`launch` and wait for its tokens: one drawn token per sequence with `sample=True`, None
+        for the others."""
+        return self.launch(seqs).tokens()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[SequenceInput]) -> PendingStep:
+        """Enqueues a step that feeds every sequence's new tokens and draws a token for each with
+        `sample=True`, and returns without waiting for the device. Steps run in launch order, and a
+        `previous_row` input reads the launch just before this one (an empty launch does not count).
+        Raises ValueError, before touching the KV cache, on input that would write outside a
+        sequence's blocks or the pool, or read a token the previous launch did not draw."""
         if not seqs:
-            return []
-        rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, len(seqs)))
+            return PendingStep(0, np.zeros(0, np.int64), torch.zeros(0, dtype=torch.int64), None)
+        n = len(seqs)
+        rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, n))  # [R]
+        previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]
+        deferred = np.flatnonzero(previous_rows >= 0)  # [D]
         host = HostBatch.build(
             list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
-            logits_rows=rows, limits=self.limits,
+            logits_rows=rows, limits=self.limits, deferred=deferred,
         )
+        gather = []  # [D] int64 each: the token each deferred sequence feeds, its index in the previous drawn
+        if len(deferred):
+            gather = [host.query_start[deferred].astype(np.int64), self._drawn_index(deferred, previous_rows)]
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature <= 0 for s in chosen)
-        extra = [] if greedy else _sampling_arrays(chosen)
+        extra = gather + ([] if greedy else _sampling_arrays(chosen))
         graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
+        batch, views = ForwardBatch.from_host(
+            host if graph_size is None else host.padded(graph_size, self.kv.scratch_block), self.staging, extra
+        )
+        if gather:
+            target, source = views[:2]
+            batch.input_ids.index_copy_(0, target, self._previous_drawn.index_select(0, source).to(torch.int32))
         if graph_size is not None:
-            batch, params = ForwardBatch.from_host(host.padded(graph_size, self.kv.scratch_block), self.staging, extra)
-            logits = self.graphs.run(batch)  # [graph_size, vocab]
+            self.graphs.prepare(batch)
+            self._release_staging()
+            logits = self.graphs.replay(graph_size)  # [graph_size, vocab]
             logits = logits[: len(rows)] if len(rows) == host.num_seqs else logits[batch.logits_index]
         else:
-            batch, params = ForwardBatch.from_host(host, self.staging, extra)
-            logits = self.model(batch, self.kv)  # [R, vocab] float32
-        if self.staging is not None:
-            self.staging.release()
-        out: list[int | None] = [None] * len(seqs)
-        if not len(rows):
-            return out
+            self.model.attention_backend.prepare(batch)
+            self._release_staging()
+            logits = self.model.compute_logits(batch, self.kv)  # [R, vocab] float32
         if greedy:
-            drawn = logits.argmax(dim=-1)
+            drawn = logits.argmax(dim=-1)  # [R] int64
         else:
-            temperature, top_p, top_k, seed, position = params
+            temperature, top_p, top_k, seed, position = views[len(gather):]
             drawn = sample(logits, SamplingTensors(
                 temperature, top_p, top_k, seed, position, all_greedy=False,
                 any_filtering=any(s.temperature > 0 and (s.top_k > 0 or s.top_p < 1) for s in chosen),
             ))
-        for row, token in zip(rows.tolist(), drawn.tolist()):  # the step's one host sync
-            out[row] = token
-        return out
+        self._previous_drawn = drawn
+        self._previous_index = np.full(n, -1, np.int64)
+        self._previous_index[rows] = np.arange(len(rows))
+        return self._send_to_host(n, rows, drawn)
+
+    def _drawn_index(self, deferred: np.ndarray, previous_rows: np.ndarray) -> np.ndarray:
+        """[D] the index in the previous launch's drawn tokens of each deferred sequence's token."""
+        if self._previous_index is None:
+            raise ValueError(f"sequence {deferred[0]}: feeds a token of the previous step, but none was launched")
+        index = np.append(self._previous_index, -1)  # [S' + 1]: a row past the end drew nothing either
+        found = index[np.minimum(previous_rows[deferred], len(index) - 1)]
+        if (missing := np.flatnonzero(found < 0)).size:
+            i = deferred[missing[0]]
+            raise ValueError(f"sequence {i}: previous_row {previous_rows[i]} drew no token in the previous step")
+        return found
+
+    def _release_staging(self) -> None:
+        # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)
+        # is enqueued: the next launch may refill it once these have run, not after the whole step.
+        if self.staging is not None:
+            self.staging.release()
+
+    def _send_to_host(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor) -> PendingStep:
+        if self._stream is None:
+            return PendingStep(num_seqs, rows, drawn, None)
+        pinned = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)  # [R], from torch's pinned cache
+        pinned.copy_(drawn, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(self._stream)
+        return PendingStep(num_seqs, rows, pinned, done)
 
 
 def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:

@@ -2,14 +2,16 @@
 
 It runs decode steps back to back on its own. Commands from the scheduler are queued as they
 arrive and applied between steps, while the model runs in a worker thread, so the bus never
-sits between two steps. Each step publishes one `StepOutput` with every sequence's new tokens.
+sits between two steps. Steps overlap: the loop applies commands, plans and launches step N+1,
+then waits for step N's tokens, books and publishes them while the GPU runs N+1. Each step
+publishes one `StepOutput` with every sequence's new tokens.
 """
 
 import asyncio
 import uuid
 
-from actors.executor.running_batch import RunningBatch
-from gpu.runner import ModelRunner
+from actors.executor.running_batch import PlannedInput, RunningBatch
+from gpu.runner import ModelRunner, PendingStep, SequenceInput
 from kernel.actor import Actor
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
@@ -96,28 +98,40 @@ class ExecutorActor(Actor):
         self.pending.clear()
 
     async def _step_loop(self) -> None:
+        in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
         while True:
-            await self.work.wait()
+            if in_flight is None:
+                await self.work.wait()
             self.work.clear()
             if self.new_epoch:
                 self.new_epoch, self.scheduler_id = False, None
-                self.batch.drop_all()
+                self.batch.drop_all()  # the step in flight books nothing: its sequences are gone
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
             inputs, plan = self.batch.plan_step(self.config.max_prefill_tokens)
-            updates = []
             copies = self.batch.take_copies()
-            if copies:
-                await asyncio.to_thread(self.runner.copy_blocks, copies)
-            if inputs:
-                tokens = await asyncio.to_thread(self.runner.step, inputs)
-                updates = self.batch.book(plan, tokens)
+            updates = []
+            if inputs or copies or in_flight:
+                previous = in_flight[0] if in_flight else None
+                launched, tokens = await asyncio.to_thread(self._launch_then_collect, copies, inputs, previous)
+                if in_flight:
+                    updates = self.batch.book(in_flight[1], tokens)
+                # Booking cannot let a sequence move that this plan left out (only blocks can), so with
+                # nothing launched the loop waits for the next commands.
+                in_flight = (launched, plan) if launched else None
             dropped = self.batch.take_dropped()
             if updates or dropped:
                 self.step_count += 1
                 await self.bus.publish(
                     self.subjects.step_outputs, StepOutput(executor_id, self.step_count, updates, dropped)
                 )
-            if inputs and len(self.batch):
-                self.work.set()  # keep stepping; a batch that cannot move waits for the next grant
+
+    def _launch_then_collect(
+        self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None
+    ) -> tuple[PendingStep | None, list[int | None] | None]:
+        """In the worker thread: enqueues the next step behind the one in flight, then waits for
+        that one's tokens, so the GPU has work queued while the host books and publishes."""
+        self.runner.copy_blocks(copies)
+        launched = self.runner.launch(inputs) if inputs else None
+        return launched, previous.tokens() if previous else None

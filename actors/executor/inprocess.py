@@ -1,14 +1,16 @@
 """The scheduler's batcher and the executor's batch driven in one process, with no bus between.
 
 The same plain objects the actors wrap, stepped in a loop: the reference that tests compare the
-actor system against, and the in-process path the benchmark measures.
+actor system against, and the in-process path the benchmark measures. Like the executor actor it
+overlaps steps: each `step` launches the next model step, then books the one launched before
+(`overlap=False` books each step before planning the next: the reference, and the old timing).
 """
 
 from collections.abc import Callable
 
-from actors.executor.running_batch import RunningBatch
+from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.scheduler.batching import ContinuousBatcher
-from gpu.runner import ModelRunner
+from gpu.runner import ModelRunner, PendingStep
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import StepOutput
@@ -16,9 +18,11 @@ from schemas.step import StepOutput
 
 class InProcessEngine:
     def __init__(
-        self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048, prefix_caching: bool = True
+        self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048, prefix_caching: bool = True,
+        overlap: bool = True,
     ) -> None:
         self.runner = runner
+        self.overlap = overlap
         self.max_prefill_tokens = max_prefill_tokens
         max_len = min(runner.max_model_len, runner.num_kv_blocks * runner.block_size)
         self.batcher = ContinuousBatcher(
@@ -30,6 +34,7 @@ class InProcessEngine:
         self.finish_reasons: dict[str, str] = {}
         self.cached_tokens: dict[str, int] = {}  # prompt tokens served from the prefix cache at the first start
         self.steps = 0
+        self.in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
 
     def submit(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_namespace: str = "",
@@ -47,12 +52,19 @@ class InProcessEngine:
         self.batcher.abort(request_id)
 
     def step(self) -> StepOutput:
-        """One scheduling round and one model step, as the two actors would do them."""
+        """One scheduling round: launches the next model step, then books and returns the output
+        of the step launched before it (empty on the first; with `overlap=False`, of this one), as
+        the two actors would do them."""
         for command in self.batcher.schedule():
             self.batch.apply(command)
         inputs, plan = self.batch.plan_step(self.max_prefill_tokens)
         self.runner.copy_blocks(self.batch.take_copies())
-        updates = self.batch.book(plan, self.runner.step(inputs)) if inputs else []
+        launched = (self.runner.launch(inputs), plan) if inputs else None
+        previous, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
+        updates = []
+        if previous is not None:
+            pending, launched_plan = previous
+            updates = self.batch.book(launched_plan, pending.tokens())
         self.steps += 1
         output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())
         self.batcher.on_step(output)
