@@ -18,6 +18,7 @@ from typing import ClassVar
 import structlog
 import uvloop
 
+from kernel import bus_auth
 from kernel import config as config_module
 from kernel.bus import Bus
 from kernel.config import KernelConfig
@@ -106,20 +107,27 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
     config = config_module.from_args(args)
     if not config.nats_url:
         parser.error("--nats-url is required when an actor runs on its own")
+    try:
+        credentials = bus_auth.load_credentials(config.nats_credentials) if config.nats_credentials else None
+    except bus_auth.CredentialsError as exc:
+        parser.error(f"--nats-credentials: {exc}")
     log = configure(actor_class.name, config.log_format, config.log_level)
     try:
-        uvloop.run(_serve(actor_class, config, args))
+        uvloop.run(_serve(actor_class, config, args, credentials))
     except Exception:
         log.exception("actor_crashed")
         sys.exit(1)
 
 
-async def _serve(actor_class: type[Actor], config: KernelConfig, args: argparse.Namespace) -> None:
+async def _serve(
+    actor_class: type[Actor], config: KernelConfig, args: argparse.Namespace,
+    credentials: bus_auth.BusCredentials | None,
+) -> None:
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
-    bus = await Bus.connect(config.nats_url, name=actor_class.name)
+    bus = await Bus.connect(config.nats_url, name=actor_class.name, credentials=credentials)
     try:
         actor = actor_class(config, bus, args)
         await actor.run_until_stopped(stop_requested)

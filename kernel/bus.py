@@ -14,6 +14,7 @@ import nats
 import nats.errors
 import structlog
 
+from kernel.bus_auth import BusCredentials
 from schemas.errors import Error
 
 log = structlog.get_logger()
@@ -54,9 +55,15 @@ class Bus:
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
-    async def connect(cls, url: str, name: str) -> "Bus":
-        """Connects, and keeps reconnecting forever if the server goes away."""
+    async def connect(cls, url: str, name: str, credentials: BusCredentials | None = None) -> "Bus":
+        """Connects (as the user of `credentials`, if given), and keeps reconnecting forever if
+        the server goes away."""
         bus = cls()
+        auth = {}
+        if credentials is not None:
+            auth = {"user": credentials.user, "password": credentials.password}
+            if credentials.inbox_prefix:
+                auth["inbox_prefix"] = credentials.inbox_prefix  # the only inboxes this user may read
 
         async def on_error(exc: Exception) -> None:
             log.warning("bus_error", error=repr(exc))
@@ -79,6 +86,7 @@ class Bus:
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            **auth,
         )
         return bus
 

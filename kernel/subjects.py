@@ -15,6 +15,10 @@ class Subjects:
         return self._("generate")
 
     @property
+    def sessions(self) -> str:  # public: OpenSession, CloseSession (the scheduler answers)
+        return self._("sessions")
+
+    @property
     def tokenizer(self) -> str:  # Encode, Track (queue group)
         return self._("tokenizer", "requests")
 
@@ -23,7 +27,7 @@ class Subjects:
         return self._("tokenizer", "untrack")
 
     @property
-    def scheduler(self) -> str:  # Submit, Abort
+    def scheduler(self) -> str:  # Submit, Abort; and from origins, the session conversation (schemas/session.py)
         return self._("scheduler", "requests")
 
     @property

@@ -15,6 +15,7 @@ import msgspec
 import structlog
 import uvloop
 
+from kernel import bus_auth
 from kernel import config as config_module
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
@@ -54,17 +55,18 @@ class Supervisor:
         if self.config.model is None:
             self.config = msgspec.structs.replace(self.config, model=await self._build_demo_model())
         if self.config.nats_url is None:
-            self.nats = EmbeddedNats(self.data_dir)
+            self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(self.data_dir, self.config.namespace))
             await self.nats.start()
             self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
-        bus = await Bus.connect(self.config.nats_url, name="supervisor")
+        own_credentials = self._credentials_file("supervisor")
+        credentials = bus_auth.load_credentials(own_credentials) if own_credentials else None
+        bus = await Bus.connect(self.config.nats_url, name="supervisor", credentials=credentials)
         await bus.subscribe(Subjects(self.config.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
         bus.on_reconnect(self._after_bus_outage)
-        argv = config_module.to_argv(self.config)
         try:
             async with asyncio.TaskGroup() as group:
                 for name, actor in self._child_names():
-                    child = self.children[name] = ChildProcess(name, actor, argv)
+                    child = self.children[name] = ChildProcess(name, actor, self._child_argv(actor))
                     await child.start()
                     group.create_task(self._watch(child))
                 if self.nats:
@@ -73,6 +75,18 @@ class Supervisor:
                 group.create_task(self._stop_on(stop_requested))
         finally:
             await bus.close()
+
+    def _credentials_file(self, user: str) -> str | None:
+        """Under the embedded server each actor connects as a user of its own; the credentials
+        given for an external server, if any, serve every actor."""
+        if self.nats:
+            return str(bus_auth.credentials_path(self.data_dir, user))
+        return self.config.nats_credentials
+
+    def _child_argv(self, actor: str) -> list[str]:
+        # The path of the credentials goes on the command line, never the password: argv shows in `ps`.
+        own = msgspec.structs.replace(self.config, nats_credentials=self._credentials_file(actor))
+        return config_module.to_argv(own)
 
     def _child_names(self) -> list[tuple[str, str]]:
         """(name, actor) in start order; tokenizer replicas are tokenizer, tokenizer-2, ..."""
@@ -185,6 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     config_module.add_arguments(parser)
     config = config_module.from_args(parser.parse_args(argv))
+    if config.nats_url and config.nats_credentials:
+        try:
+            bus_auth.load_credentials(config.nats_credentials)
+        except bus_auth.CredentialsError as exc:
+            parser.error(f"--nats-credentials: {exc}")
     configure("supervisor", config.log_format, config.log_level)
     sys.exit(uvloop.run(_main(config)))
 

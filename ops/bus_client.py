@@ -2,7 +2,8 @@
 that survives a nats-server restart: it numbers what it has, and when chunks go missing or the
 stream falls silent it sends the request again with `resume_from`, so the gateway replays the rest.
 
-    nc = await nats.connect(url)
+    credentials = json.loads(Path(".kernel/bus/client.json").read_text())  # written by the supervisor
+    nc = await nats.connect(url, user=credentials["user"], password=credentials["password"])
     async for reply in stream_generate(nc, GenerateRequest(text="Hi", params=SamplingParams(seed=1))):
         ...  # GenerateChunk, GenerateChunk, ..., then one GenerateResult per choice
 """

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
 from openai import AsyncOpenAI
 
 from ops.bus_client import stream_generate
@@ -81,7 +80,7 @@ async def run_workload(
 ) -> tuple[list[ClientLog | BaseException], float | None]:
     """Runs the workload; `kill()` is called once streams are flowing. Returns each client's log
     (or the exception that ended it) and the kill time."""
-    nc = await nats.connect(server.nats_url)
+    nc = await server.connect_nats()
     progress = asyncio.Event()
     tasks = [
         over_http(server.base_url, item, max_tokens, progress) if i % 2 else over_bus(nc, item, max_tokens, progress)

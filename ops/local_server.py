@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats
+
+from kernel import bus_auth
+
 STARTUP_TIMEOUT_S = 180
 
 
@@ -38,18 +42,27 @@ class RunningServer:
         return self.wait_for("serving")["nats_url"]
 
     @property
+    def client_credentials(self) -> bus_auth.BusCredentials:
+        """The `client` user's, which other services get: the public subjects and their replies."""
+        return bus_auth.load_credentials(bus_auth.credentials_path(self.data_dir, "client"))
+
+    async def connect_nats(self, **options) -> nats.NATS:
+        """A plain nats-py connection as the `client` user."""
+        credentials = self.client_credentials
+        return await nats.connect(self.nats_url, user=credentials.user, password=credentials.password, **options)
+
+    @property
     def model_dir(self) -> Path:
         return self.data_dir / "models" / "demo"
 
     def _read_logs(self) -> None:
         for line in self.process.stderr:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+            events = json_objects(line)
+            if events is None:
                 sys.stderr.write(line)
                 continue
             with self._lock:
-                self.events.append(event)
+                self.events += events
 
     def find(self, event: str, **match) -> list[dict]:
         with self._lock:
@@ -73,6 +86,22 @@ class RunningServer:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout_s)
+
+
+def json_objects(line: str) -> list[dict] | None:
+    """The JSON log events on one line: the actors share the supervisor's stderr, so two events
+    written at once can land on one line. None if the line is not JSON (a traceback, say)."""
+    decoder, events, position = json.JSONDecoder(), [], 0
+    line = line.strip()
+    while position < len(line):
+        try:
+            event, position = decoder.raw_decode(line, position)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        events.append(event)
+    return events or None
 
 
 def start_server(data_dir: Path, *flags: str) -> RunningServer:

@@ -32,6 +32,15 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 MAX_CHOICES = 128
 
 
+class SessionTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Runs a request as the next turn of an open session (see schemas/session.py): its prompt is
+    the parent turn's prompt and output, then its own, of which only the new part is computed."""
+
+    session_id: str
+    parent_turn: str | None = None  # the turn to continue (branching from it); None: the latest
+    replace: bool = False  # once this turn is recorded, the turns that came after the parent are gone
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="generate"):
     """Exactly one of `text`, `input_ids` and `messages` carries the prompt. With `n` > 1 the
     prompt is computed once and n choices are drawn from it, each with its own randomness."""
@@ -48,6 +57,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     # first sent the request) and the number of the next chunk the client expects.
     request_id: str | None = None
     resume_from: int = 0
+    session: SessionTurn | None = None  # a turn of an open session; n must be 1
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):

@@ -14,10 +14,16 @@ class Encode(msgspec.Struct, frozen=True, tag="encode"):
     text: str | None = None
     messages: list[ChatMessage] | None = None  # rendered with the model's chat template
     add_special_tokens: bool = True
+    # `messages` are the next turns of a conversation that has come as far as an assistant's reply
+    # (a session's): render them as its continuation, without the BOS or system prefix of a start.
+    continuation: bool = False
 
 
 class Encoded(msgspec.Struct, frozen=True, tag="encoded"):
     token_ids: list[int]
+    # For a continuation: how many leading tokens close the previous reply (an end-of-turn token,
+    # say); the origin leaves out those that the reply already ends with.
+    closing_tokens: int = 0
 
 
 class Track(msgspec.Struct, frozen=True, tag="track"):

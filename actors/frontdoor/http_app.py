@@ -18,6 +18,7 @@ from actors.origin.request_stream import RequestGroup
 from actors.frontdoor.tenants import Tenants
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
+from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
 
 log = structlog.get_logger()
 
@@ -25,6 +26,7 @@ log = structlog.get_logger()
 PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
 RETRY_AFTER_S = 1
 ADMIN_TIMEOUT_S = 5.0
+SESSION_TIMEOUT_S = 5.0
 
 
 def error_response(error: Error) -> web.Response:
@@ -63,6 +65,8 @@ class HttpApi:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
+        app.router.add_post("/v1/sessions", self.open_session)
+        app.router.add_delete("/v1/sessions/{session_id}", self.close_session)
         app.router.add_get("/admin/stats", self.stats)
         app.router.add_post("/admin/flush_cache", self.flush_cache)
         app.router.add_get("/openapi.json", self.openapi)
@@ -104,6 +108,27 @@ class HttpApi:
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(protocol.models_response(self.model_name, self.created))
+
+    async def open_session(self, request: web.Request) -> web.Response:
+        body = protocol.parse_session_body(await request.read())
+        if isinstance(body, Error):
+            return error_response(body)
+        user = self.tenants.cache_namespace(request["identity"], body.user or "")
+        message = OpenSession(user, body.capacity_tokens, body.idle_timeout_s)
+        reply = await self.pipeline.bus.request(self.pipeline.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
+        if isinstance(reply, Error):
+            return error_response(reply)
+        return web.json_response({"id": reply.session_id, "object": "session", "created": int(time.time()),
+                                  "capacity_tokens": reply.capacity_tokens, "idle_timeout_s": reply.idle_timeout_s})
+
+    async def close_session(self, request: web.Request) -> web.Response:
+        """The session's owner is the tenant, narrowed by `?user=` as it was when it was opened."""
+        user = self.tenants.cache_namespace(request["identity"], request.query.get("user", ""))
+        message = CloseSession(request.match_info["session_id"], user)
+        reply = await self.pipeline.bus.request(self.pipeline.subjects.scheduler, message, SessionClosed, SESSION_TIMEOUT_S)
+        if isinstance(reply, Error):
+            return error_response(reply)
+        return web.json_response({"id": reply.session_id, "object": "session", "deleted": True})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, protocol.parse_chat_request(await request.read(), self.model_name))

@@ -23,7 +23,8 @@ from actors.frontdoor.openai_responses import (  # noqa: F401  (re-exported for 
     usage_chunk,
 )
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, SamplingParams
+from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, SamplingParams, SessionTurn
+from schemas.session import IdleTimeout, TokenCount as SessionTokens
 
 # Bounds keep every number encodable downstream (msgpack, int32 tensors); msgspec alone takes any int.
 INT32_MAX = 2**31 - 1
@@ -34,6 +35,9 @@ Body = TypeVar("Body", bound=msgspec.Struct)
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
 TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# A turn is named by its request id; the id of an OpenAI response is that with a prefix.
+RESPONSE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
 Stop = StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None
 
 
@@ -72,6 +76,10 @@ class OpenAIFields(SamplingFields, kw_only=True):
     logit_bias: dict[str, Any] | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
     user: str | None = None  # names the tenant when no API keys are configured
+    # A turn of a session (POST /v1/sessions): the prompt continues the parent turn's conversation.
+    session_id: Id | None = None
+    session_parent: Id | None = None  # the id of the turn to continue; default: the latest
+    session_replace: bool | None = None  # drop the turns after the parent once this one is done
 
 
 class ContentPart(msgspec.Struct):
@@ -117,6 +125,17 @@ class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input_ids: list[TokenId] | None = None
     sampling_params: NativeSampling = msgspec.field(default_factory=NativeSampling)
     stream: bool = False
+    session_id: Id | None = None  # as in OpenAIFields
+    session_parent: Id | None = None
+    session_replace: bool = False
+
+
+class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of POST /v1/sessions, all of it optional."""
+
+    capacity_tokens: SessionTokens | None = None  # most KV tokens kept pinned for it; default: the global budget
+    idle_timeout_s: IdleTimeout | None = None  # it closes itself after this long unused; default: 600
+    user: str | None = None  # as in completions: the tenant without API keys, a narrower scope with them
 
 
 @dataclass(frozen=True)
@@ -128,6 +147,10 @@ class ParsedRequest:
     request: GenerateRequest
     include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
     user: str = ""  # the OpenAI `user` field: the prefix-cache namespace when no API keys are configured
+
+
+def parse_session_body(body: bytes) -> SessionBody | Error:
+    return _decode(body, SessionBody) if body.strip() else SessionBody()
 
 
 def parse_chat_request(body: bytes, served_model: str) -> ParsedRequest | Error:
@@ -173,8 +196,12 @@ def parse_generate_request(body: bytes) -> ParsedRequest | Error:
         return _invalid("give max_new_tokens or max_tokens, not both", "sampling_params.max_new_tokens")
     # The bus API's default, so one prompt behaves the same on either door.
     max_tokens = sampling.max_new_tokens or sampling.max_tokens or SamplingParams().max_tokens
+    session = _session_turn(req.session_id, req.session_parent, req.session_replace)
+    if isinstance(session, Error):
+        return session
     request = GenerateRequest(
-        text=req.text, input_ids=req.input_ids, params=_sampling_params(sampling, max_tokens), stream=req.stream
+        text=req.text, input_ids=req.input_ids, params=_sampling_params(sampling, max_tokens), stream=req.stream,
+        session=session,
     )
     return ParsedRequest("generate", request, include_usage_in_stream=False)
 
@@ -308,12 +335,25 @@ def _completion_prompt(prompt: str | list[Any]) -> GenerateRequest | Error:
         return _invalid(f"prompt must be a string or a list of token ids: {detail}", f"prompt{index.rstrip('`')}")
 
 
+def _session_turn(session_id: str | None, parent: str | None, replace: bool | None) -> SessionTurn | None | Error:
+    if session_id is None:
+        if parent is not None or replace:
+            return _invalid("session_parent and session_replace need a session_id", "session_id")
+        return None
+    if parent is not None:
+        parent = next((parent.removeprefix(p) for p in RESPONSE_ID_PREFIXES if parent.startswith(p)), parent)
+    return SessionTurn(session_id, parent, bool(replace))
+
+
 def _openai_parsed(
     kind: Literal["chat", "completion"], req: OpenAIFields, prompt: GenerateRequest, max_tokens: int | None, model: str
-) -> ParsedRequest:
+) -> ParsedRequest | Error:
+    session = _session_turn(req.session_id, req.session_parent, req.session_replace)
+    if isinstance(session, Error):
+        return session
     stream = bool(req.stream)
     request = msgspec.structs.replace(prompt, params=_sampling_params(req, max_tokens), stream=stream, model=model,
-                                      n=req.n or 1)
+                                      n=req.n or 1, session=session)
     include_usage = stream and req.stream_options is not None and bool(req.stream_options.include_usage)
     return ParsedRequest(kind, request, include_usage, req.user or "")
 

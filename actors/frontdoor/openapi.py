@@ -6,14 +6,14 @@ cannot drift from what the server accepts.
 
 import msgspec
 
-from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody
+from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody
 from schemas.admin import SchedulerStats
 
 REF = "#/components/schemas/{name}"
 
 
-def _json_body(schema_name: str) -> dict:
-    return {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(name=schema_name)}}}}
+def _json_body(schema_name: str, required: bool = True) -> dict:
+    return {"required": required, "content": {"application/json": {"schema": {"$ref": REF.format(name=schema_name)}}}}
 
 
 def _responses(ok: str, *errors: int) -> dict:
@@ -31,15 +31,16 @@ ERROR_BODY = {
 
 
 def openapi_document() -> dict:
-    (chat, completion, generate, stats), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, CompletionRequest, GenerateBody, SchedulerStats], ref_template=REF
+    (chat, completion, generate, session, stats), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody, SchedulerStats], ref_template=REF
     )
     components["ErrorBody"] = ERROR_BODY
     post_errors = (400, 404, 413, 429, 503)
     return {
         "openapi": "3.1.0",
         "info": {"title": "kernel-llm", "version": "0.1.0",
-                 "description": "OpenAI-compatible completions and chat, a native generate route, health and admin."},
+                 "description": "OpenAI-compatible completions and chat, a native generate route, sessions for "
+                                "multi-turn work, health and admin."},
         "paths": {
             "/v1/chat/completions": {"post": {"requestBody": _json_body("ChatCompletionRequest"),
                                               "responses": _responses("a chat completion, or an SSE stream of chunks", *post_errors)}},
@@ -47,6 +48,15 @@ def openapi_document() -> dict:
                                          "responses": _responses("a completion, or an SSE stream of chunks", *post_errors)}},
             "/generate": {"post": {"requestBody": _json_body("GenerateBody"),
                                    "responses": _responses("generated text and token ids, or an SSE stream", *post_errors)}},
+            "/v1/sessions": {"post": {"requestBody": _json_body("SessionBody", required=False),
+                                      "responses": _responses("the new session: its id, for `session_id`", 400, 413, 503)}},
+            "/v1/sessions/{session_id}": {"delete": {
+                "parameters": [
+                    {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "the `user` the session was opened with"},
+                ],
+                "responses": _responses("the session is closed and its pinned KV released", 404, 503)}},
             "/v1/models": {"get": {"responses": _responses("the served model")}},
             "/health": {"get": {"responses": _responses("the process answers")}},
             "/health/ready": {"get": {"responses": {**_responses("every actor can serve now"),

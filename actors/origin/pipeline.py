@@ -5,11 +5,17 @@ takes: it encodes the prompt with a tokenizer, asks one to track the output, sub
 scheduler, and receives the text on its own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
 When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
 it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
+A turn of a session is a request whose prompt starts with the tokens of an earlier turn, which the
+scheduler keeps: the origin asks for them first, so that its record still holds the whole prompt,
+and tells the scheduler the turn's tokens when it has finished, before its client sees the end.
 """
 
 import asyncio
+import functools
 import random
+import time
 import uuid
+from collections.abc import AsyncIterator
 
 import msgspec
 import structlog
@@ -22,13 +28,17 @@ from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
 from schemas.health import Heartbeat
-from schemas.requests import Abort, Accepted, OutputBatch, Submit
+from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit
+from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
 log = structlog.get_logger()
 CONTROL_TIMEOUT_S = 10.0  # encode, track and submit are quick; a slower answer means an actor is down
 RETRY_INTERVAL_S = 0.25
 LIVENESS_CHECK_S = 0.5
+# After a bus outage, a request that gets nothing for STALL_S is migrated again, for STALL_WATCH_S.
+STALL_S = 5.0
+STALL_WATCH_S = 60.0
 
 
 def check_params(params: SamplingParams) -> Error | None:
@@ -46,6 +56,31 @@ def check_params(params: SamplingParams) -> Error | None:
     return None
 
 
+def continue_conversation(earlier_ids: list[int], encoded: Encoded) -> list[int]:
+    """`encoded` appended to the tokens of an earlier turn, leaving out the leading tokens that close
+    the earlier reply where it already ends with them (it stopped at its end-of-turn token)."""
+    new_ids = encoded.token_ids
+    for overlap in range(min(encoded.closing_tokens, len(earlier_ids)), 0, -1):
+        if earlier_ids[-overlap:] == new_ids[:overlap]:
+            return earlier_ids + new_ids[overlap:]
+    return earlier_ids + new_ids
+
+
+class SessionTurnGroup(RequestGroup):
+    """A request that is a turn of a session: when it finishes, `record` tells the scheduler, before
+    the client sees the end, so that the client's next turn can follow it."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], record) -> None:
+        super().__init__(request_id, prompt_ids)
+        self._record = record
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        async for index, output in super().__aiter__():
+            if output.finish_reason and output.error is None:
+                await self._record(self.choices[index])
+            yield index, output
+
+
 class RequestPipeline:
     def __init__(self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float, max_migrations: int) -> None:
         self.bus = bus
@@ -56,6 +91,7 @@ class RequestPipeline:
         self.streams: dict[str, RequestStream] = {}
         self.liveness = Liveness()
         self._migrations: set[asyncio.Task] = set()
+        self._watch_stalls_until = 0.0  # monotonic time
 
     async def start(self) -> None:
         await self.bus.subscribe(self.origin, OutputBatch, self._on_outputs)
@@ -70,12 +106,13 @@ class RequestPipeline:
 
     # -- one request ----------------------------------------------------------------------
 
-    async def encode(self, request: GenerateRequest) -> list[int] | Error:
+    async def encode(self, request: GenerateRequest, continuation: bool = False) -> Encoded | Error:
+        """The prompt's tokens; with `continuation`, as the next turns of a conversation (no BOS)."""
         if request.input_ids is not None:
-            return list(request.input_ids)
-        encode = Encode(text=request.text, messages=request.messages)
-        reply = await self.bus.request(self.subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
-        return reply.token_ids if isinstance(reply, Encoded) else reply
+            return Encoded(list(request.input_ids))
+        encode = Encode(text=request.text, messages=request.messages, add_special_tokens=not continuation,
+                        continuation=continuation)
+        return await self.bus.request(self.subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
 
     async def submit(
         self, request: GenerateRequest, cache_namespace: str = "", request_id: str | None = None
@@ -88,13 +125,27 @@ class RequestPipeline:
         error = check_params(request.params)
         if error:
             return error
-        prompt_ids = await self.encode(request)
-        if isinstance(prompt_ids, Error):
-            return prompt_ids
+        if request.session is not None and request.n > 1:
+            return Error("invalid_request", "a turn of a session has one choice: n must be 1", param="n")
+        request_id = request_id or uuid.uuid4().hex
+        earlier = None
+        if request.session is not None:
+            begin = BeginTurn(request.session.session_id, cache_namespace, request_id, request.session.parent_turn)
+            earlier = await self.bus.request(self.subjects.scheduler, begin, TurnTokens, CONTROL_TIMEOUT_S)
+            if isinstance(earlier, Error):
+                return earlier
+        encoded = await self.encode(request, continuation=bool(earlier and earlier.token_ids))
+        if isinstance(encoded, Error):
+            return encoded
+        prompt_ids = continue_conversation(earlier.token_ids, encoded) if earlier else encoded.token_ids
         params = request.params
         if params.seed is None:  # a seed of our own keeps the draw reproducible after a restart
             params = msgspec.structs.replace(params, seed=random.getrandbits(63))
-        group = RequestGroup(request_id or uuid.uuid4().hex, prompt_ids)
+        if earlier is None:
+            group = RequestGroup(request_id, prompt_ids)
+        else:
+            record_turn = functools.partial(self._record_turn, request, cache_namespace, earlier.parent_turn)
+            group = SessionTurnGroup(request_id, prompt_ids, record_turn)
         for index in range(request.n):
             # The first choice computes the prompt; the others fork it, each with its own seed.
             record = RequestRecord(
@@ -112,6 +163,18 @@ class RequestPipeline:
                 return reply
         log.info("request_submitted", request_id=group.request_id, prompt_tokens=len(prompt_ids), choices=request.n)
         return group
+
+    async def _record_turn(
+        self, request: GenerateRequest, user: str, parent_turn: str | None, stream: RequestStream
+    ) -> None:
+        """The turn's tokens are what its client got: up to a stop string, not what ran past it."""
+        record = stream.record
+        message = RecordTurn(request.session.session_id, user, record.request_id, parent_turn, request.session.replace,
+                             record.prompt_ids + record.delivered_ids)
+        reply = await self.bus.request(self.subjects.scheduler, message, TurnRecorded, CONTROL_TIMEOUT_S)
+        if isinstance(reply, Error):  # the session closed meanwhile, or went with a restarted scheduler
+            log.warning("turn_not_recorded", request_id=record.request_id, session_id=message.session_id,
+                        error=reply.message)
 
     async def _track(self, record: RequestRecord) -> Tracked | Error:
         params = record.params
@@ -140,6 +203,7 @@ class RequestPipeline:
         """Outputs, tracks or submits may have been lost while the bus was down: every unfinished
         request is tracked and submitted again from what its client has."""
         self.liveness.forgive_silence()
+        self._watch_stalls_until = time.monotonic() + STALL_WATCH_S
         self._migrate_all(lambda record: True, reason="bus reconnected")
 
     async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
@@ -153,9 +217,16 @@ class RequestPipeline:
                 self._migrate_all(lambda record: False, reason="scheduler restarted")
 
     async def watch_liveness(self) -> None:
-        """Migrates the requests that a dead scheduler or tokenizer leaves behind."""
+        """Migrates the requests that a dead scheduler or tokenizer leaves behind, and, for a while
+        after a bus outage, those that stall: a resync that lost a message must not hang a request."""
         while True:
             await asyncio.sleep(LIVENESS_CHECK_S)
+            now = time.monotonic()
+            if now < self._watch_stalls_until:
+                stalled = [s for s in self.streams.values() if not s.finished and now - s.progressed_at > STALL_S]
+                for stream in stalled:
+                    stream.progressed_at = now
+                    self._start_migration(stream, retrack=True, reason="stalled after a bus outage")
             for dead in self.liveness.expire():
                 log.warning("actor_lost", actor=dead.actor, instance=dead.instance_id)
                 if dead.actor == "scheduler":
@@ -167,9 +238,12 @@ class RequestPipeline:
     def _migrate_all(self, needs_retrack, reason: str) -> None:
         for stream in list(self.streams.values()):
             if not stream.finished:
-                task = asyncio.create_task(self._migrate(stream, needs_retrack(stream.record), reason))
-                self._migrations.add(task)
-                task.add_done_callback(self._migrations.discard)
+                self._start_migration(stream, needs_retrack(stream.record), reason)
+
+    def _start_migration(self, stream: RequestStream, retrack: bool, reason: str) -> None:
+        task = asyncio.create_task(self._migrate(stream, retrack, reason))
+        self._migrations.add(task)
+        task.add_done_callback(self._migrations.discard)
 
     async def _migrate(self, stream: RequestStream, retrack: bool, reason: str) -> None:
         record = stream.record

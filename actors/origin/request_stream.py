@@ -6,6 +6,7 @@ and because outputs are numbered by their position, the client never receives a 
 """
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ class RequestStream:
     def __init__(self, record: RequestRecord, timeout_s: float, on_close) -> None:
         self.record = record
         self.finished = False
+        self.progressed_at = time.monotonic()  # when the client last got something, or the request last moved
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._timeout_s = timeout_s
         self._on_close = on_close
@@ -55,6 +57,7 @@ class RequestStream:
         record = self.record
         if output.error is None and output.output_index != len(record.delivered_ids):
             return  # a repeat from a run that was replaced, or another tokenizer's copy
+        self.progressed_at = time.monotonic()
         record.delivered_ids += output.token_ids
         record.delivered_chars += len(output.text)
         if output.cached_tokens is not None:

@@ -1,23 +1,37 @@
-"""The scheduler actor: owns the request table, the queue, the running batch and the KV block ids.
+"""The scheduler actor: owns the request table, the queue, the running batch, the KV block ids
+and the sessions table.
 
 It wraps a `ContinuousBatcher`: submits, aborts and step outputs go in, executor commands come
-out, published as one message per scheduling round without waiting for a reply.
+out, published as one message per scheduling round without waiting for a reply. Beside it a
+`SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache.
 """
 
 import asyncio
 import uuid
 
 from actors.scheduler.batching import ContinuousBatcher
+from actors.scheduler.cache_visibility import Publication
+from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.liveness import Liveness
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
 from schemas.errors import Error
 from schemas.health import Heartbeat
 from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
+from schemas.session import (
+    BeginTurn,
+    CloseSession,
+    OpenSession,
+    PublicSessionRequest,
+    RecordTurn,
+    SessionReply,
+    SessionRequest,
+)
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5
+SESSION_CHECK_S = 0.5  # how often idle sessions are looked for
 ORIGIN_ACTORS = ("frontdoor", "gateway")  # the actors that keep request records: their death orphans requests
 
 
@@ -30,15 +44,18 @@ class SchedulerActor(Actor):
         self.scheduler_id = uuid.uuid4().hex[:12]
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
+        self.sessions: SessionTable | None = None
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
-        await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest, self._on_request)
+        await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
+        await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
         await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
         self.spawn(self._abort_orphans(), "abort_orphans")
+        self.spawn(self._expire_sessions(), "expire_sessions")
         self.spawn(self._find_executor(), "find_executor")
         self.bus.on_reconnect(self._after_bus_outage)
 
@@ -69,17 +86,26 @@ class SchedulerActor(Actor):
             self.batcher = ContinuousBatcher(
                 info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
                 self.config.max_num_seqs, self.config.max_prefill_tokens, prefix_caching=self.config.prefix_caching,
+                publication=Publication(self.config.public_prefix_tenants, self.config.public_prefix_window_s),
             )
         else:
             self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,
                              requeued=len(self.batcher.sequences))
             self.batcher.reset_executor(info.num_blocks, info.block_size, info.max_model_len, info.vocab_size)
+        budget = self.config.session_budget_tokens
+        budget = info.num_blocks * info.block_size // 2 if budget is None else budget
+        if self.sessions is None:
+            self.sessions = SessionTable(self.batcher.cache, budget)
+        else:
+            self.sessions.attach(self.batcher.cache, budget)
         self.executor_id = info.executor_id
         self.log.info("executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len)
         # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
         await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, self.batcher.schedule()))
 
-    async def _on_request(self, message: SchedulerRequest, _reply_to: str | None) -> Accepted | Error | None:
+    async def _on_request(
+        self, message: SchedulerRequest | SessionRequest, reply_to: str | None
+    ) -> Accepted | SessionReply | None:
         match message:
             case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of):
                 if self.batcher is None:
@@ -95,8 +121,29 @@ class SchedulerActor(Actor):
             case Abort(request_id, reason):
                 if self.batcher and self.batcher.abort(request_id):
                     self.log.info("request_aborted", request_id=request_id, reason=reason)
+                    self.sessions.turn_released(request_id)
                     await self._schedule()
                 return None
+            case OpenSession() | CloseSession() | BeginTurn() | RecordTurn():
+                return await self._on_session(message, reply_to)
+
+    async def _on_session(self, message: SessionRequest, _reply_to: str | None) -> SessionReply:
+        if self.sessions is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        match message:
+            case OpenSession():
+                opened = self.sessions.open(message)
+                self.log.info("session_opened", session_id=opened.session_id, capacity_tokens=opened.capacity_tokens)
+                return opened
+            case CloseSession():
+                reply = self.sessions.close(message)
+                if not isinstance(reply, Error):
+                    self.log.info("session_closed", session_id=message.session_id)
+                return reply
+            case BeginTurn():
+                return self.sessions.begin_turn(message)
+            case RecordTurn():
+                return self.sessions.record_turn(message)
 
     async def _on_origin_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
         self.origins.observe(beat)
@@ -114,9 +161,18 @@ class SchedulerActor(Actor):
                     self.log.warning("orphans_aborted", origin=origin, count=len(orphans))
                     await self._schedule()
 
+    async def _expire_sessions(self) -> None:
+        """A session unused for longer than its idle timeout closes itself, and its pins go."""
+        while True:
+            await asyncio.sleep(SESSION_CHECK_S)
+            if self.sessions is not None:
+                for session_id in self.sessions.expire(lambda turn_id: turn_id in self.batcher.sequences):
+                    self.log.info("session_expired", session_id=session_id)
+
     async def _on_flush_cache(self, _message: FlushCache, _reply_to: str | None) -> CacheFlushed | Error:
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
+        self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
         freed = self.batcher.flush_cache()
         self.log.info("cache_flushed", freed_blocks=freed)
         return CacheFlushed(freed)
@@ -129,10 +185,14 @@ class SchedulerActor(Actor):
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:
             return
-        self.batcher.on_step(output)
+        for seq in self.batcher.on_step(output):
+            self.sessions.turn_released(seq.request_id)
         await self._schedule()
 
     async def _schedule(self) -> None:
         commands = self.batcher.schedule()
+        # Nothing runs, yet a request waits: blocks are short, and session pins may hold the ones it needs.
+        while self.batcher.waiting and not self.batcher.running and self.sessions.unpin_oldest():
+            commands += self.batcher.schedule()
         if commands:
             await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, commands))

@@ -20,6 +20,12 @@ from schemas.step import StepOutput
 from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
 
 QUEUE_GROUP = "tokenizers"
+# A continuation is rendered after this stand-in for the conversation so far, which ends, as a
+# session's turn does, with an assistant's reply.
+EARLIER_TURNS = [
+    {"role": "user", "content": "kernel-session-earlier-question"},
+    {"role": "assistant", "content": "kernel-session-earlier-reply"},
+]
 
 
 @dataclass
@@ -62,14 +68,48 @@ class TokenizerActor(Actor):
             if self.tokenizer.chat_template is None:
                 return Error("invalid_request", "this model has no chat template; use completions", param="messages")
             conversation = [{"role": m.role, "content": m.content} for m in message.messages]
-            try:
-                text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-            except jinja2.TemplateError as exc:
-                return Error("invalid_request", f"the chat template rejected the messages: {exc}", param="messages")
+            if message.continuation:
+                return self._encode_continuation(conversation)
+            text = self._render(conversation, add_generation_prompt=True)
+            if isinstance(text, Error):
+                return text
             return Encoded(self.tokenizer.encode(text, add_special_tokens=False))
         if message.text is None:
             return Error("invalid_request", "nothing to encode", param="prompt")
         return Encoded(self.tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
+
+    def _encode_continuation(self, conversation: list[dict]) -> Encoded | Error:
+        """The tokens that `conversation` adds to one that ended with an assistant's reply: the
+        template renders it after a stand-in history, and what follows the stand-in reply is the
+        continuation, beginning with what closes that reply (an end-of-turn token, say).
+
+        Assumes the template renders an earlier message the same whatever follows it (true of the
+        Llama, Qwen and Mistral templates), and that what follows a reply starts at a token boundary
+        (a special token in all of them), so the continuation's tokens are those of the whole text.
+        """
+        reply = EARLIER_TURNS[-1]["content"]
+        before = self._render(EARLIER_TURNS, add_generation_prompt=False)
+        whole = self._render(EARLIER_TURNS + conversation, add_generation_prompt=True)
+        for rendered in (before, whole):
+            if isinstance(rendered, Error):
+                return rendered
+        if reply not in before or reply not in whole:
+            return Error("invalid_request", "this model's chat template cannot continue a conversation; "
+                         "send the session's turns as text or input_ids", param="messages")
+        continuation = whole[whole.index(reply) + len(reply):]
+        closing = before[before.index(reply) + len(reply):]
+        token_ids = self.tokenizer.encode(continuation, add_special_tokens=False)
+        closing_ids = self.tokenizer.encode(closing, add_special_tokens=False) if continuation.startswith(closing) else []
+        closing_tokens = len(closing_ids) if token_ids[: len(closing_ids)] == closing_ids else 0
+        return Encoded(token_ids, closing_tokens)
+
+    def _render(self, conversation: list[dict], add_generation_prompt: bool) -> str | Error:
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except jinja2.TemplateError as exc:
+            return Error("invalid_request", f"the chat template rejected the messages: {exc}", param="messages")
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         batches: dict[str, list[RequestOutput]] = defaultdict(list)

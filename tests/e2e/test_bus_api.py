@@ -3,7 +3,6 @@
 import uuid
 
 import msgspec
-import nats
 import pytest
 
 from schemas.errors import Error
@@ -14,7 +13,7 @@ Reply = GenerateChunk | GenerateResult | Error
 
 @pytest.fixture
 async def nc(server):
-    connection = await nats.connect(server.nats_url)
+    connection = await server.connect_nats()
     yield connection
     await connection.drain()
 

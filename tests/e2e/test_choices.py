@@ -3,7 +3,6 @@ Each choice draws its own tokens; with a seed the whole set is reproducible, and
 a single request with that choice's seed gives."""
 
 import msgspec
-import nats
 
 from kernel.randomness import choice_seed
 from ops.bus_client import stream_generate
@@ -40,7 +39,7 @@ def test_streamed_chat_choices_equal_the_whole_reply(client):
 
 
 async def test_bus_choices_arrive_numbered_then_a_result_each(server):
-    nc = await nats.connect(server.nats_url)
+    nc = await server.connect_nats()
     params = SamplingParams(max_tokens=8, temperature=0.9, seed=7, ignore_eos=True)
     replies = [r async for r in stream_generate(nc, GenerateRequest(text="Hello", params=params, n=3))]
     await nc.drain()

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import msgspec
-import nats
 import pytest
 
 from ops.bus_client import stream_generate
@@ -109,7 +108,7 @@ def scheduler_stats(server) -> SchedulerStats:
     """Over the bus, so it works while the frontdoor is down."""
 
     async def ask():
-        nc = await nats.connect(server.nats_url)
+        nc = await server.connect_nats()
         reply = await nc.request("llm.admin.stats", msgspec.msgpack.encode(GetStats()), timeout=5)
         await nc.drain()
         return msgspec.msgpack.decode(reply.data, type=SchedulerStats)
@@ -163,7 +162,7 @@ def test_killed_frontdoor_leaves_bus_clients_alone(own_server):
     replies = []
 
     async def over_bus():
-        nc = await nats.connect(own_server.nats_url)
+        nc = await own_server.connect_nats()
         params = SamplingParams(max_tokens=600, temperature=0, ignore_eos=True)
         async for reply in stream_generate(nc, GenerateRequest(text="Go on", params=params)):
             replies.append(reply)

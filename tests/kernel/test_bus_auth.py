@@ -1,0 +1,111 @@
+import argparse
+import json
+import stat
+
+import pytest
+
+from kernel import bus_auth
+from kernel import config as config_module
+from kernel.actor import Actor, main
+
+ACTOR_USERS = {"executor", "scheduler", "tokenizer", "gateway", "frontdoor", "supervisor"}
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def users(config_path) -> dict[str, dict]:
+    return {entry["user"]: entry for entry in json.loads(config_path.read_text())["authorization"]["users"]}
+
+
+def test_every_actor_and_the_client_get_a_private_credential_file(tmp_path):
+    config_path = bus_auth.prepare(tmp_path, "llm")
+    bus_dir = tmp_path / "bus"
+    assert mode(bus_dir) == 0o700
+    assert set(users(config_path)) == ACTOR_USERS | {"client"}
+    for user in ACTOR_USERS | {"client"}:
+        path = bus_auth.credentials_path(tmp_path, user)
+        assert mode(path) == 0o600
+        credentials = bus_auth.load_credentials(path)
+        assert credentials.user == user
+        assert len(credentials.password) >= 32
+    assert mode(config_path) == 0o600
+    passwords = {bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, u)).password for u in ACTOR_USERS}
+    assert len(passwords) == len(ACTOR_USERS)
+
+
+def test_credentials_already_there_are_reused(tmp_path):
+    """So a restarted nats-server admits the actors and clients that are still running."""
+    bus_auth.prepare(tmp_path, "llm")
+    before = {u: bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, u)) for u in ACTOR_USERS}
+    bus_auth.credentials_path(tmp_path, "client").chmod(0o644)
+    config_path = bus_auth.prepare(tmp_path, "llm")
+    after = {u: bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, u)) for u in ACTOR_USERS}
+    assert after == before
+    assert users(config_path)["scheduler"]["password"] == before["scheduler"].password
+    assert mode(bus_auth.credentials_path(tmp_path, "client")) == 0o600
+
+
+def test_permissions_follow_the_namespace(tmp_path):
+    bus_auth.prepare(tmp_path, "llm")
+    password = bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "scheduler")).password
+    scheduler = users(bus_auth.prepare(tmp_path, "team"))["scheduler"]
+    assert scheduler["password"] == password
+    assert "team.scheduler.requests" in scheduler["permissions"]["subscribe"]["allow"]
+    assert not [s for s in scheduler["permissions"]["subscribe"]["allow"] if s.startswith("llm.")]
+    credentials = bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "scheduler"))
+    assert credentials.inbox_prefix == "team.inbox.scheduler"
+
+
+def test_the_client_may_only_request_the_public_subjects_and_read_replies(tmp_path):
+    client = users(bus_auth.prepare(tmp_path, "llm"))["client"]["permissions"]
+    assert client["publish"] == {"allow": ["llm.generate", "llm.sessions", "llm.admin.>"]}
+    assert client["subscribe"] == {"allow": ["_INBOX.>"]}
+    assert "allow_responses" not in client
+
+
+def test_each_actor_reads_replies_only_at_its_own_inbox(tmp_path):
+    entries = users(bus_auth.prepare(tmp_path, "llm"))
+    for user in ACTOR_USERS:
+        subscribe = entries[user]["permissions"]["subscribe"]["allow"]
+        assert f"llm.inbox.{user}.>" in subscribe
+        assert not [s for s in subscribe if ".inbox." in s and s != f"llm.inbox.{user}.>"]
+        assert "_INBOX.>" not in subscribe
+
+
+def test_a_user_with_nothing_to_publish_is_denied_every_publish(tmp_path):
+    supervisor = users(bus_auth.prepare(tmp_path, "llm"))["supervisor"]["permissions"]
+    assert supervisor["publish"] == {"deny": [">"]}
+
+
+@pytest.mark.parametrize("content", [None, "not json", '{"user": "client"}', '{"user": "a", "password": "b", "x": 1}'])
+def test_a_bad_credential_file_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "credentials.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(bus_auth.CredentialsError, match=str(path)):
+        bus_auth.load_credentials(path)
+
+
+def test_the_credentials_flag_round_trips_and_reads_the_environment(monkeypatch):
+    parser = argparse.ArgumentParser()
+    config_module.add_arguments(parser)
+    cfg = config_module.from_args(parser.parse_args(["--nats-credentials", "/data/bus/tokenizer.json"]))
+    assert cfg.nats_credentials == "/data/bus/tokenizer.json"
+    assert config_module.from_args(parser.parse_args(config_module.to_argv(cfg))) == cfg
+    monkeypatch.setenv("KERNEL_NATS_CREDENTIALS", "/etc/llm/bus.json")
+    assert config_module.from_args(parser.parse_args([])).nats_credentials == "/etc/llm/bus.json"
+
+
+class Idle(Actor):
+    """Does nothing."""
+
+    name = "idle"
+
+
+def test_an_actor_with_an_unreadable_credential_file_stops_with_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(Idle, ["--nats-url", "nats://127.0.0.1:1", "--nats-credentials", str(tmp_path / "missing.json")])
+    assert exit_info.value.code == 2
+    assert "--nats-credentials: cannot read" in capsys.readouterr().err
