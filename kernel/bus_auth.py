@@ -50,7 +50,7 @@ def grants(s: Subjects) -> dict[str, Grant]:
         ),
         "scheduler": Grant(
             publish=[s.executor_commands, s.executor_describe, s.heartbeat("scheduler")],
-            subscribe=[s.scheduler, s.sessions, s.executor_info, s.step_outputs, s.admin_stats, s.admin_flush_cache,
+            subscribe=[s.scheduler, s.sessions, s.executor_info, s.step_outputs, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
                        s.heartbeat("frontdoor"), s.heartbeat("gateway")],
             answers_requests=True,
         ),
@@ -67,7 +67,7 @@ def grants(s: Subjects) -> dict[str, Grant]:
             answers_requests=True,
         ),
         "frontdoor": Grant(
-            publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.admin_stats, s.admin_flush_cache,
+            publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
                      s.heartbeat("frontdoor")],
             subscribe=[s.origin("*"), s.all_heartbeats],
         ),

@@ -54,6 +54,14 @@ class Subjects:
     def admin_flush_cache(self) -> str:  # public: FlushCache -> CacheFlushed
         return self._("admin", "flush_cache")
 
+    @property
+    def admin_cache(self) -> str:  # public: GetCache -> CacheReport
+        return self._("admin", "cache")
+
+    @property
+    def admin_publish(self) -> str:  # public: PublishPrefix -> PrefixPublished
+        return self._("admin", "publish")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

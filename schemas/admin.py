@@ -19,6 +19,35 @@ class SchedulerStats(msgspec.Struct, frozen=True, tag="scheduler_stats"):
     preemptions: int = 0  # running requests sent back to the queue for lack of blocks, since start
 
 
+class GetCache(msgspec.Struct, frozen=True, tag="get_cache"):
+    pass
+
+
+class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
+    total_blocks: int
+    free_blocks: int  # held by nobody
+    cached_blocks: int  # held by the prefix cache
+    evictable_blocks: int  # cached, read by no running request
+    in_use_blocks: int  # held by running requests (cached or not)
+    public_blocks: int  # cached and readable by every tenant
+    private_blocks: dict[str, int]  # tenant -> cached blocks only it (and co-owners) can read
+    hit_tokens: int  # prompt tokens served from the cache, since start
+    queried_tokens: int  # prompt tokens looked up, since start
+    hit_rate: float  # hit_tokens / queried_tokens
+
+
+class PublishPrefix(msgspec.Struct, frozen=True, tag="publish_prefix"):
+    """Makes a prefix (a shared system prompt) readable by every tenant, cached now or later.
+    On the bus it is token ids; the HTTP route also takes text and encodes it as a prompt."""
+
+    input_ids: list[int]
+
+
+class PrefixPublished(msgspec.Struct, frozen=True, tag="prefix_published"):
+    tokens: int  # whole blocks of the prefix: what can be shared
+    opened_blocks: int  # cached blocks that became public now
+
+
 class FlushCache(msgspec.Struct, frozen=True, tag="flush_cache"):
     """Drops every cached block that no running request uses."""
 

@@ -16,7 +16,9 @@ from actors.frontdoor.openapi import openapi_document
 from actors.origin.pipeline import RequestPipeline
 from actors.origin.request_stream import RequestGroup
 from actors.frontdoor.tenants import Tenants
-from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
+from schemas.admin import (
+    CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
+)
 from schemas.errors import Error
 from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
 
@@ -69,6 +71,8 @@ class HttpApi:
         app.router.add_delete("/v1/sessions/{session_id}", self.close_session)
         app.router.add_get("/admin/stats", self.stats)
         app.router.add_post("/admin/flush_cache", self.flush_cache)
+        app.router.add_get("/admin/cache", self.cache_report)
+        app.router.add_post("/admin/publish", self.publish_prefix)
         app.router.add_get("/openapi.json", self.openapi)
         return app
 
@@ -98,6 +102,19 @@ class HttpApi:
 
     async def flush_cache(self, _request: web.Request) -> web.Response:
         return await self._admin(self.pipeline.subjects.admin_flush_cache, FlushCache(), CacheFlushed)
+
+    async def cache_report(self, _request: web.Request) -> web.Response:
+        return await self._admin(self.pipeline.subjects.admin_cache, GetCache(), CacheReport)
+
+    async def publish_prefix(self, request: web.Request) -> web.Response:
+        """{"text": ...} (encoded as a completions prompt is) or {"input_ids": [...]}."""
+        parsed = protocol.parse_publish_request(await request.read())
+        if isinstance(parsed, Error):
+            return error_response(parsed)
+        encoded = await self.pipeline.encode(parsed)
+        if isinstance(encoded, Error):
+            return error_response(encoded)
+        return await self._admin(self.pipeline.subjects.admin_publish, PublishPrefix(encoded.token_ids), PrefixPublished)
 
     async def _admin(self, subject: str, message, reply_type) -> web.Response:
         """Admin routes are the bus's admin conversations, answered as JSON."""

@@ -130,6 +130,25 @@ class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     session_replace: bool = False
 
 
+class PublishBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`POST /admin/publish`: a prefix every tenant may read from the cache."""
+
+    text: str | None = None
+    input_ids: list[TokenId] | None = None
+
+
+def parse_publish_request(body: bytes) -> GenerateRequest | Error:
+    """The prefix as a prompt to encode (text is encoded as a completions prompt is)."""
+    req = _decode(body, PublishBody)
+    if isinstance(req, Error):
+        return req
+    if (req.text is None) == (req.input_ids is None):
+        return _invalid("give exactly one of text and input_ids", "text")
+    if not (req.text or req.input_ids):
+        return _invalid("the prefix is empty", "text" if req.text is not None else "input_ids")
+    return GenerateRequest(text=req.text, input_ids=req.input_ids)
+
+
 class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The body of POST /v1/sessions, all of it optional."""
 

@@ -6,8 +6,8 @@ cannot drift from what the server accepts.
 
 import msgspec
 
-from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody
-from schemas.admin import SchedulerStats
+from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody, PublishBody, SessionBody
+from schemas.admin import CacheReport, SchedulerStats
 
 REF = "#/components/schemas/{name}"
 
@@ -31,8 +31,9 @@ ERROR_BODY = {
 
 
 def openapi_document() -> dict:
-    (chat, completion, generate, session, stats), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody, SchedulerStats], ref_template=REF
+    (chat, completion, generate, session, publish, stats, cache), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody, PublishBody, SchedulerStats, CacheReport],
+        ref_template=REF,
     )
     components["ErrorBody"] = ERROR_BODY
     post_errors = (400, 404, 413, 429, 503)
@@ -63,6 +64,9 @@ def openapi_document() -> dict:
                                                     "503": {"description": "an actor is down or stuck"}}}},
             "/admin/stats": {"get": {"responses": _responses("queue, running batch, KV blocks and prefix cache", 503)}},
             "/admin/flush_cache": {"post": {"responses": _responses("cached blocks no request uses are freed", 503)}},
+            "/admin/cache": {"get": {"responses": _responses("KV blocks free, cached, in use; public and private per tenant; hit rate", 503)}},
+            "/admin/publish": {"post": {"requestBody": _json_body("PublishBody"),
+                                        "responses": _responses("the prefix is readable by every tenant", 400, 413, 503)}},
             "/openapi.json": {"get": {"responses": _responses("this document")}},
         },
         "components": {"schemas": components},

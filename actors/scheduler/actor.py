@@ -14,7 +14,9 @@ from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.liveness import Liveness
-from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
+from schemas.admin import (
+    CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
+)
 from schemas.errors import Error
 from schemas.health import Heartbeat
 from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
@@ -51,6 +53,8 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
         await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
+        await self.bus.subscribe(self.subjects.admin_cache, GetCache, self._on_cache_report)
+        await self.bus.subscribe(self.subjects.admin_publish, PublishPrefix, self._on_publish)
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
@@ -176,6 +180,18 @@ class SchedulerActor(Actor):
         freed = self.batcher.flush_cache()
         self.log.info("cache_flushed", freed_blocks=freed)
         return CacheFlushed(freed)
+
+    async def _on_cache_report(self, _message: GetCache, _reply_to: str | None) -> CacheReport | Error:
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        return self.batcher.cache_report()
+
+    async def _on_publish(self, message: PublishPrefix, _reply_to: str | None) -> PrefixPublished | Error:
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        published = self.batcher.publish_prefix(message.input_ids)
+        self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
+        return published
 
     async def _on_stats(self, _message: GetStats, _reply_to: str | None) -> SchedulerStats | Error:
         if self.batcher is None:

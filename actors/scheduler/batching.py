@@ -19,7 +19,7 @@ from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.radix_cache import CacheStats, MatchResult, Node, RadixCache
 from actors.scheduler.sequence import Sequence, State
-from schemas.admin import SchedulerStats
+from schemas.admin import CacheReport, PrefixPublished, SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
@@ -190,6 +190,20 @@ class ContinuousBatcher:
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
+
+    def cache_report(self) -> CacheReport:
+        """GET /admin/cache: a walk of the tree, for people, not for the hot loop."""
+        usage = self.cache.usage()
+        in_use = len({b for seq in self.running for b in seq.blocks})
+        hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
+        return CacheReport(
+            self.pool.num_blocks, usage.free_blocks, usage.cached_blocks, usage.evictable_blocks, in_use,
+            usage.public_blocks, usage.private_blocks, usage.hit_tokens, usage.queried_tokens, hit_rate,
+        )
+
+    def publish_prefix(self, tokens: list[int]) -> PrefixPublished:
+        opened = self.cache.publish(MODEL_NAMESPACE, tokens)
+        return PrefixPublished(len(tokens) // self.block_size * self.block_size, opened)
 
     def flush_cache(self) -> int:
         """Frees every cached block that no running request uses (stale after a weight update,
