@@ -142,11 +142,19 @@ def parse_publish_request(body: bytes) -> GenerateRequest | Error:
     req = _decode(body, PublishBody)
     if isinstance(req, Error):
         return req
-    if (req.text is None) == (req.input_ids is None):
-        return _invalid("give exactly one of text and input_ids", "text")
-    if not (req.text or req.input_ids):
-        return _invalid("the prefix is empty", "text" if req.text is not None else "input_ids")
+    error = _check_text_or_ids(req.text, req.input_ids, "prefix")
+    if error:
+        return error
     return GenerateRequest(text=req.text, input_ids=req.input_ids)
+
+
+def _check_text_or_ids(text: str | None, input_ids: list[int] | None, what: str) -> Error | None:
+    """The native bodies give their tokens as text or as ids: exactly one, and not empty."""
+    if (text is None) == (input_ids is None):
+        return _invalid("give exactly one of text and input_ids", "text")
+    if not (text or input_ids):
+        return _invalid(f"the {what} is empty", "text" if text is not None else "input_ids")
+    return None
 
 
 class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -206,10 +214,9 @@ def parse_generate_request(body: bytes) -> ParsedRequest | Error:
     req = _decode(body, GenerateBody)
     if isinstance(req, Error):
         return req
-    if (req.text is None) == (req.input_ids is None):
-        return _invalid("give exactly one of text and input_ids", "text")
-    if req.text == "" or req.input_ids == []:
-        return _invalid("the prompt is empty", "text" if req.text is not None else "input_ids")
+    error = _check_text_or_ids(req.text, req.input_ids, "prompt")
+    if error:
+        return error
     sampling = req.sampling_params
     if sampling.max_tokens is not None and sampling.max_new_tokens not in (None, sampling.max_tokens):
         return _invalid("give max_new_tokens or max_tokens, not both", "sampling_params.max_new_tokens")
