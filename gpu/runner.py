@@ -41,6 +41,7 @@ class SequenceInput:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int = 0
     output_index: int = 0  # the index of the output token being drawn (0 for the first), keys the randomness
     # >= 0: this decode's one token is the one drawn for sequence `previous_row` of the previous
@@ -248,10 +249,11 @@ class ModelRunner:
         if greedy:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
-            temperature, top_p, top_k, seed, position = views[len(gather):]
+            sampled = [s for s in chosen if s.temperature > 0]
             drawn = sample(logits, SamplingTensors(
-                temperature, top_p, top_k, seed, position, all_greedy=False,
-                any_filtering=any(s.temperature > 0 and (s.top_k > 0 or s.top_p < 1) for s in chosen),
+                *views[len(gather):], all_greedy=False,
+                any_filtering=any(s.top_k > 0 or s.top_p < 1 for s in sampled),
+                any_min_p=any(s.min_p > 0 for s in sampled),
             ))
         self._previous_drawn = drawn
         self._previous_index = np.full(n, -1, np.int64)
@@ -286,7 +288,8 @@ class ModelRunner:
 
 
 def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:
-    """temperature, top_p (float32), top_k, seed, output index (int64) of the sampled sequences."""
+    """temperature, top_p (float32), top_k (int64), min_p (float32), seed, output index (int64) of the
+    sampled sequences: the fields of SamplingTensors, in order."""
     n = len(chosen)
     seeds = [s.seed for s in chosen]
     try:
@@ -297,6 +300,7 @@ def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:
         np.fromiter((s.temperature for s in chosen), np.float32, n),
         np.fromiter((s.top_p for s in chosen), np.float32, n),
         np.fromiter((s.top_k for s in chosen), np.int64, n),
+        np.fromiter((s.min_p for s in chosen), np.float32, n),
         seed,
         np.fromiter((s.output_index for s in chosen), np.int64, n),
     ]

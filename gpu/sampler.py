@@ -50,11 +50,14 @@ class SamplingTensors:
     temperature: torch.Tensor  # [S] float32; <= 0 means greedy
     top_p: torch.Tensor  # [S] float32; 1 keeps everything
     top_k: torch.Tensor  # [S] int64; <= 0 keeps everything
+    min_p: torch.Tensor  # [S] float32; 0 keeps everything
     seed: torch.Tensor  # [S] int64
     position: torch.Tensor  # [S] int64, index of the output token being drawn
     # Host-side summaries, so a batch that needs no filtering (or no randomness) skips that work.
+    # min-p has its own: it is one pass over the logits, while top-k and top-p sort every row.
     all_greedy: bool
     any_filtering: bool
+    any_min_p: bool
 
     @classmethod
     def from_lists(
@@ -62,6 +65,7 @@ class SamplingTensors:
         temperature: list[float],
         top_p: list[float],
         top_k: list[int],
+        min_p: list[float],
         seed: list[int],
         position: list[int],
         device: torch.device | str,
@@ -71,10 +75,12 @@ class SamplingTensors:
             temperature=torch.tensor(temperature, dtype=torch.float32).to(device, non_blocking=True),
             top_p=torch.tensor(top_p, dtype=torch.float32).to(device, non_blocking=True),
             top_k=torch.tensor(top_k, dtype=torch.int64).to(device, non_blocking=True),
+            min_p=torch.tensor(min_p, dtype=torch.float32).to(device, non_blocking=True),
             seed=torch.tensor([_as_int64(s) for s in seed], dtype=torch.int64).to(device, non_blocking=True),
             position=torch.tensor(position, dtype=torch.int64).to(device, non_blocking=True),
             all_greedy=not any(sampled),
             any_filtering=any(s and (k > 0 or p < 1) for s, k, p in zip(sampled, top_k, top_p)),
+            any_min_p=any(s and p > 0 for s, p in zip(sampled, min_p)),
         )
 
 
@@ -94,6 +100,14 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
 
 
+def filter_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Sets to -inf every logit whose probability is below min_p times that of the row's most
+    likely token. logits: [S, V] float32, after temperature; min_p: [S] -> [S, V]"""
+    # p < min_p * p_max is logit < max_logit + log(min_p): no softmax, and log(0) = -inf keeps a row whole.
+    threshold = logits.max(dim=-1, keepdim=True).values + min_p.log()[:, None]  # [S, 1]
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """One token per row. logits: [S, V] float32 -> [S] int64"""
     greedy = logits.argmax(dim=-1)  # [S]
@@ -103,6 +117,8 @@ def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     scaled = logits / temperature[:, None]  # [S, V]
     if params.any_filtering:
         scaled = filter_top_k_top_p(scaled, params.top_k, params.top_p)
+    if params.any_min_p:  # after top-k and top-p, so top-p weighs the unfiltered distribution, as in SGLang
+        scaled = filter_min_p(scaled, params.min_p)
     gumbel = -torch.log(-torch.log(uniform_noise(params.seed, params.position, logits.shape[-1])))  # [S, V]
     drawn = (scaled + gumbel).argmax(dim=-1)  # [S]
     return torch.where(params.temperature > 0, drawn, greedy)

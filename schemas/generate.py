@@ -17,6 +17,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or less: no top-k filter
+    # Drops tokens less likely than min_p times the most likely one; 0: off. The range is checked on decoding.
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     seed: int | None = None  # None: the server picks one, so the draw is still reproducible
     stop: list[str] = []
     stop_token_ids: list[int] = []

@@ -136,6 +136,7 @@ class RunningBatch:
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
+            min_p=p.min_p,
             seed=p.seed or 0,
             output_index=seq.num_outputs,
             previous_row=previous_row,

@@ -48,6 +48,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None  # -1 or 0: off
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None  # 0: off
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # int64
     stop: Stop = None
     stop_token_ids: list[TokenId] | None = None
@@ -396,6 +397,7 @@ def _sampling_params(fields: SamplingFields, max_tokens: int | None) -> Sampling
         temperature=given(fields.temperature, default.temperature),
         top_p=given(fields.top_p, default.top_p),
         top_k=given(fields.top_k, default.top_k),
+        min_p=given(fields.min_p, default.min_p),
         seed=fields.seed,
         stop=[fields.stop] if isinstance(fields.stop, str) else given(fields.stop, []),
         stop_token_ids=given(fields.stop_token_ids, []),

@@ -69,6 +69,7 @@ async def test_malformed_messages_get_error_replies(nc, payload):
     ("request_", "code"),
     [
         (GenerateRequest(text="hi", params=SamplingParams(max_tokens=0)), "invalid_request"),
+        (GenerateRequest(text="hi", params=SamplingParams(min_p=1.5)), "invalid_request"),  # refused when decoded
         (GenerateRequest(text="hi", params=SamplingParams(max_tokens=10**7)), "context_length_exceeded"),
         (GenerateRequest(messages=[]), "invalid_request"),
         (GenerateRequest(text="hi", input_ids=[1, 2]), "invalid_request"),

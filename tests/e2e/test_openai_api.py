@@ -1,6 +1,7 @@
 """The OpenAI-compatible API through the whole stack, with the official SDK."""
 
 import httpx
+import openai
 import pytest
 from transformers import AutoTokenizer
 
@@ -62,6 +63,31 @@ def test_seed_makes_sampling_reproducible(client):
     other = client.completions.create(**args, seed=4321).choices[0].text
     assert first == again
     assert first != other
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(client):
+    args = dict(model="demo", prompt="Once upon", max_tokens=16, seed=7)
+    greedy = client.completions.create(**args, temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+    hot = client.completions.create(**args, temperature=2.0, extra_body={"ignore_eos": True}).choices[0].text
+    pinned = client.completions.create(**args, temperature=2.0, extra_body={"ignore_eos": True, "min_p": 1.0})
+    assert hot != greedy
+    assert pinned.choices[0].text == greedy
+    chat = dict(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, seed=7)
+    pinned_chat = client.chat.completions.create(**chat, temperature=2.0, extra_body={"min_p": 1.0})
+    greedy_chat = client.chat.completions.create(**chat, temperature=0)
+    assert pinned_chat.choices[0].message.content == greedy_chat.choices[0].message.content
+
+
+def test_min_p_out_of_range_is_a_400_and_the_server_keeps_serving(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="demo", prompt="x", max_tokens=2, extra_body={"min_p": 1.5})
+    assert refused.value.body["param"] == "min_p"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "x"}], extra_body={"min_p": -0.5})
+    reply = client.completions.create(
+        model="demo", prompt="x", max_tokens=2, temperature=0.8, extra_body={"min_p": 0.1})
+    assert reply.usage.completion_tokens > 0
 
 
 def test_stop_string_truncates_and_finishes(client):

@@ -244,17 +244,17 @@ def test_completion_without_prompt_is_refused():
 
 
 def test_sampling_fields_reach_sampling_params():
-    parsed = completion(max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, seed=2**63 - 1, stop="\n",
+    parsed = completion(max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, min_p=0.05, seed=2**63 - 1, stop="\n",
                         stop_token_ids=[2, 7], ignore_eos=True, skip_special_tokens=False, stream=True)
     assert parsed.request.params == SamplingParams(
-        max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, seed=2**63 - 1, stop=["\n"],
+        max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, min_p=0.05, seed=2**63 - 1, stop=["\n"],
         stop_token_ids=[2, 7], ignore_eos=True, skip_special_tokens=False,
     )
     assert parsed.request.stream
 
 
 def test_null_sampling_fields_mean_the_defaults():
-    nulls = dict.fromkeys(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+    nulls = dict.fromkeys(["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                            "ignore_eos", "skip_special_tokens", "stream", "n", "logprobs"])
     assert completion(**nulls).request.params == SamplingParams()
 
@@ -263,6 +263,7 @@ def test_edge_values_are_accepted():
     params = completion(temperature=2, top_p=1, top_k=-1, seed=-(2**63), stop=["a"] * 16).request.params
     assert (params.temperature, params.top_p, params.top_k, params.seed) == (2.0, 1.0, -1, -(2**63))
     assert completion(top_k=0, temperature=0).request.params.top_k == 0
+    assert [chat(min_p=p).request.params.min_p for p in (0, 1)] == [0.0, 1.0]
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -275,6 +276,8 @@ def test_edge_values_are_accepted():
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"top_k": 1.5}, "top_k"),
+    ({"min_p": -0.01}, "min_p"),
+    ({"min_p": 1.01}, "min_p"),
     ({"seed": 2**63}, "seed"),
     ({"seed": -(2**63) - 1}, "seed"),
     ({"stop": ""}, "stop"),
@@ -317,6 +320,7 @@ def test_generate_defaults_match_the_bus_api():
     ({"sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens", ""),
     ({"sampling_params": {"max_new_tokens": 4, "max_tokens": 5}}, "sampling_params.max_new_tokens", "not both"),
     ({"sampling_params": {"temperature": 3}}, "sampling_params.temperature", ""),
+    ({"sampling_params": {"min_p": 2}}, "sampling_params.min_p", "<= 1.0"),
     ({"sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token", "not a known field"),
     ({"sampling_params": {"repetition_penalty": 1.1}}, "sampling_params.repetition_penalty", "not a known field"),
     ({"return_logprob": True}, "return_logprob", "not a known field"),
@@ -334,8 +338,8 @@ json_values = st.recursive(
     max_leaves=20,
 )
 field_names = st.sampled_from([
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-    "stop", "stop_token_ids", "stream", "stream_options", "n", "logprobs", "tools", "response_format", "echo",
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "seed", "stop", "stop_token_ids", "stream", "stream_options", "n", "logprobs", "tools", "response_format", "echo",
     "text", "input_ids", "sampling_params", "role", "content", "type", "include_usage", "max_new_tokens",
 ])
 # Good bodies with a few fields replaced, so arbitrary values reach the validation past the decoder.

@@ -65,7 +65,7 @@ def test_sampling_on_cuda_draws_what_the_cpu_draws():
         uniform_noise(torch.tensor(seeds), torch.tensor(positions), 3000),
     )
     logits = torch.randn(32, 3000, generator=torch.Generator().manual_seed(0)) * 3
-    args = ([0.9] * 32, [0.95] * 32, [40] * 32, seeds, positions)
+    args = ([0.9] * 32, [0.95] * 32, [40] * 32, [0.05] * 32, seeds, positions)
     on_cpu = sample(logits, SamplingTensors.from_lists(*args, device="cpu"))
     on_cuda = sample(logits.cuda(), SamplingTensors.from_lists(*args, device="cuda"))
     assert torch.equal(on_cuda.cpu(), on_cpu)

@@ -83,6 +83,18 @@ def test_seeded_draw_is_the_same_alone_and_in_a_batch(runner):
     assert crowd[1] == alone[0]
 
 
+def test_min_p_one_draws_the_greedy_token_at_any_temperature(runner):
+    prompts = [[20 + i, 21, 22, 30 + i] for i in range(8)]
+
+    def step(**sampling):
+        return runner.step([SequenceInput(p, 0, [i], seed=i, output_index=i, **sampling)
+                            for i, p in enumerate(prompts)])
+
+    greedy = step(sample=True)
+    assert step(sample=True, temperature=2.0) != greedy  # so the sampler is really drawing
+    assert step(sample=True, temperature=2.0, min_p=1.0) == greedy
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [

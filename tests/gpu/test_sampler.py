@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_top_k_top_p, sample, uniform_noise
+from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
 
 
 def params(rows: list[dict]) -> SamplingTensors:
@@ -14,7 +14,7 @@ def params(rows: list[dict]) -> SamplingTensors:
         return [row.get(name, default) for row in rows]
 
     return SamplingTensors.from_lists(
-        column("temperature", 1.0), column("top_p", 1.0), column("top_k", 0), column("seed", 0),
+        column("temperature", 1.0), column("top_p", 1.0), column("top_k", 0), column("min_p", 0.0), column("seed", 0),
         column("position", 0), "cpu",
     )
 
@@ -38,8 +38,9 @@ def test_noise_is_strictly_inside_the_unit_interval():
 
 @pytest.mark.parametrize(
     "row",
-    [dict(temperature=0.0), dict(top_k=1), dict(top_p=1e-6), dict(temperature=0.7, top_k=1, top_p=0.5)],
-    ids=["temperature-0", "top-k-1", "tiny-top-p", "combined"],
+    [dict(temperature=0.0), dict(top_k=1), dict(top_p=1e-6), dict(temperature=2.0, min_p=1.0),
+     dict(temperature=0.7, top_k=1, top_p=0.5, min_p=0.3)],
+    ids=["temperature-0", "top-k-1", "tiny-top-p", "min-p-1", "combined"],
 )
 def test_degenerate_settings_are_argmax(row):
     logits = random_logits(16, 300)
@@ -48,7 +49,7 @@ def test_degenerate_settings_are_argmax(row):
 
 
 def test_a_draw_depends_only_on_its_own_seed_and_position():
-    logits = random_logits(6, 500)
+    logits = random_logits(8, 500)
     rows = [
         dict(temperature=1.0, seed=1, position=0),
         dict(temperature=0.8, top_p=0.9, seed=2, position=5),
@@ -56,10 +57,12 @@ def test_a_draw_depends_only_on_its_own_seed_and_position():
         dict(temperature=1.3, top_k=20, seed=3, position=2),
         dict(temperature=1.0, top_k=50, top_p=0.95, seed=-4, position=9),
         dict(temperature=2.0, seed=2**63 + 5, position=1),  # seeds wrap to int64
+        dict(temperature=1.5, min_p=0.1, seed=5, position=4),
+        dict(temperature=0.9, top_p=0.9, min_p=0.05, seed=6, position=0),
     ]
     together = sample(logits, params(rows)).tolist()
     alone = [sample(logits[i : i + 1], params([row])).item() for i, row in enumerate(rows)]
-    order = [4, 2, 0, 5, 1, 3]
+    order = [4, 7, 2, 0, 6, 5, 1, 3]
     reordered = sample(logits[order], params([rows[i] for i in order])).tolist()
     assert together == alone
     assert reordered == [together[i] for i in order]
@@ -113,3 +116,24 @@ def test_top_k_keeps_k_tokens_whatever_their_order():
     kept = filter_top_k_top_p(logits, torch.tensor([2]), torch.tensor([1.0]))
     assert torch.isfinite(kept[0]).tolist() == [False, True, False, True, False]
     assert math.isclose(kept[0, 1].item(), 3.0)
+
+
+def test_min_p_keeps_tokens_at_least_that_share_of_the_best():
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().expand(4, -1)
+    kept = filter_min_p(logits, torch.tensor([0.0, 0.2, 0.5, 1.0]))  # thresholds 0, 0.1, 0.25, 0.5
+    assert torch.isfinite(kept).sum(-1).tolist() == [4, 3, 2, 1]
+    assert torch.equal(kept[0], logits[0])
+
+
+def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone():
+    draws = 6000
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -2.0])
+    probs = logits.softmax(-1)  # [0.44, 0.27, 0.16, 0.06, ...]: min_p 0.3 keeps the first three
+    rows = [dict(min_p=0.3 if p % 2 else 0.0, seed=11, position=p) for p in range(2 * draws)]
+    drawn = sample(logits.expand(2 * draws, -1), params(rows))
+    counts = torch.bincount(drawn[1::2], minlength=6).float()
+    assert counts[3:].sum() == 0
+    assert chi_square(counts[:3], probs[:3] / probs[:3].sum()) < 13.8  # 2 degrees of freedom, 0.999 quantile
+    # A row with min_p 0 draws what it draws in a batch without min_p.
+    unfiltered = [dict(row, min_p=0.0) for row in rows[::2]]
+    assert torch.equal(drawn[::2], sample(logits.expand(draws, -1), params(unfiltered)))
