@@ -5,7 +5,8 @@ so checkpoints load by name with no mapping table. After loading, `fuse_projecti
 gate/up into one matrix each, the per-module parameters becoming views of it: one product instead of
 three, and a weight update written in place (`param.copy_`) reaches the packed matrix. Attention is
 delegated to a backend, which reads the paged KV cache; on the GPU in bf16/fp16 the norms, rotary
-embedding, KV write and activation run as fused Triton kernels (gpu/kernels.py).
+embedding, KV write and activation run as fused Triton kernels (gpu/kernels.py), and a single
+token's products as our matrix-vector kernel (gpu/gemv.py).
 """
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from gpu.attention import AttentionBackend, TorchAttention
 from gpu.batch import ForwardBatch
 from gpu.config import ModelConfig
+from gpu.gemv import linear, silu_mul_linear
 from gpu.kv_cache import KVCache
 from gpu.layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
@@ -72,7 +74,7 @@ class Attention(nn.Module):
         tokens = x.shape[0]
         if self.qkv_weight is None:
             raise RuntimeError("call CausalLM.fuse_projections() after loading the weights")
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (heads + 2 kv_heads) * head_dim]
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)  # [T, (heads + 2 kv_heads) * head_dim]
         if _uses_kernels(x):
             from gpu.kernels import rope_store_kv
 
@@ -92,7 +94,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
             kv.write(self.layer_index, k, v, rope.slot_mapping)
         out = backend.attend(self.layer_index, q, kv)  # [T, heads, head_dim]
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        return linear(out.reshape(tokens, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -110,11 +112,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]; SwiGLU
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2 * inner]
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2 * inner]
         if _uses_kernels(x):
-            from gpu.kernels import silu_and_mul
-
-            return self.down_proj(silu_and_mul(gate_up))
+            return silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -210,7 +210,7 @@ class CausalLM(nn.Module):
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [R, hidden]
         last, _ = add_rms_norm(x, residual, self.model.norm)
-        logits = self.lm_head(last)  # [R, vocab] in the model dtype, as transformers computes them
+        logits = linear(last, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
         if out is None:
             return logits.float()
         return out.copy_(logits)
