@@ -93,28 +93,16 @@ class RunningBatch:
         return dropped
 
     def plan_step(self, max_prefill_tokens: int) -> tuple[list[SequenceInput], list[PlannedInput]]:
-        """Every decode that has a block for its next token, plus prefill chunks up to the budget
-        (always at least one chunk, so a chunk larger than the budget still runs). The sequences
+        """Every decode that has a block for its next token, then prefill chunks up to the budget
+        (always at least one chunk, so a chunk larger than the budget still runs). Decodes come
+        first so the attention backend can run them apart, with its decode kernel. The sequences
         advance as if the step ran: launch the inputs before the next plan, and book the plan after
         it (a decode reads the previous launch's tokens on the device)."""
         inputs: list[SequenceInput] = []
         plan: list[PlannedInput] = []
-        prefill_budget = max_prefill_tokens
-        for seq in self.sequences.values():
-            if seq.exhausted:
-                continue
-            capacity = len(seq.block_table) * self.block_size
-            if seq.chunks:
-                chunk = seq.chunks[0]
-                fits = chunk.start_position + len(chunk.token_ids) <= capacity
-                if not fits or (plan and len(chunk.token_ids) > prefill_budget):
-                    continue
-                prefill_budget -= len(chunk.token_ids)
-                seq.chunks.popleft()
-                inputs.append(self._input(seq, list(chunk.token_ids), chunk.start_position, chunk.last))
-                seq.position += len(chunk.token_ids)
-                plan.append(self._advance(seq, len(inputs) - 1, len(chunk.token_ids), chunk.last))
-            elif (seq.last_token is not None or seq.pending is not None) and seq.position + 1 <= capacity:
+        live = [seq for seq in self.sequences.values() if not seq.exhausted]
+        for seq in live:
+            if not seq.chunks and (seq.last_token is not None or seq.pending is not None) and seq.position < self._capacity(seq):
                 if seq.pending is not None:  # drawn by the step in flight: read on the device
                     inputs.append(self._input(seq, [FROM_PREVIOUS_STEP], seq.position, True, seq.pending.row))
                 else:
@@ -122,7 +110,24 @@ class RunningBatch:
                 seq.last_token = None
                 seq.position += 1
                 plan.append(self._advance(seq, len(inputs) - 1, 0, True))
+        prefill_budget = max_prefill_tokens
+        for seq in live:
+            if not seq.chunks:
+                continue
+            chunk = seq.chunks[0]
+            fits = chunk.start_position + len(chunk.token_ids) <= self._capacity(seq)
+            if not fits or (prefill_budget < max_prefill_tokens and len(chunk.token_ids) > prefill_budget):
+                continue
+            prefill_budget -= len(chunk.token_ids)
+            seq.chunks.popleft()
+            inputs.append(self._input(seq, list(chunk.token_ids), chunk.start_position, chunk.last))
+            seq.position += len(chunk.token_ids)
+            plan.append(self._advance(seq, len(inputs) - 1, len(chunk.token_ids), chunk.last))
         return inputs, plan
+
+    def _capacity(self, seq: RunningSequence) -> int:
+        """Tokens its granted blocks hold."""
+        return len(seq.block_table) * self.block_size
 
     def _input(
         self, seq: RunningSequence, token_ids: list[int], start: int, sample: bool, previous_row: int = -1

@@ -6,6 +6,7 @@ in place. Plans take the host copies of the indptr arrays (no device sync) and t
 the page indices. flashinfer is imported here, so only when this backend is chosen.
 """
 
+import numpy as np
 import torch
 
 from gpu.attention.base import AttentionBackend
@@ -48,27 +49,38 @@ class FlashInferAttention(AttentionBackend):
         self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
         self._graph_decode: dict[int, object] = {}
         self._active = None
+        self._decodes = 0  # of a mixed step: its first sequences, which decode (0: one kernel runs it all)
         self._empty = torch.empty(0, dtype=dtype)  # the planner takes the dtypes as empty tensors
         # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
         # Python argument handling (see _replan_graph); False takes the public plan() every step.
         self.direct_graph_replan = True
 
     def prepare(self, batch: ForwardBatch) -> None:
-        block_size = batch.block_size
-        if batch.host.is_decode:
+        """Plans the step's attention: decode rows with the decode kernel, prompt chunks with the
+        prefill kernel. A step that mixes them runs each kernel on its part when the one-token
+        sequences come first (the running batch puts them there): the prefill kernel reads a
+        decode's long KV several times slower than the decode kernel does."""
+        query_lens = batch.host.query_lens
+        decodes = batch.num_seqs if batch.host.is_decode else int(np.argmin(query_lens == 1))
+        self._decodes = decodes if 0 < decodes < batch.num_seqs else 0
+        self._active = None
+        if decodes:
+            pages = int(batch.host.kv_indptr[decodes])
             self._decode.plan(
-                batch.host_kv_indptr, batch.kv_indices, batch.host_kv_last_page_len, *self._heads, block_size,
-                pos_encoding_mode="NONE", **self._kwargs,
+                batch.host_kv_indptr[: decodes + 1], batch.kv_indices[:pages], batch.host_kv_last_page_len[:decodes],
+                *self._heads, batch.block_size, pos_encoding_mode="NONE", **self._kwargs,
             )
             self._active = self._decode
-        else:
+        if decodes < batch.num_seqs:
+            pages = batch.host_kv_indptr[decodes:]
             self._prefill.plan(
-                batch.host_query_start, batch.host_kv_indptr, batch.kv_indices, batch.host_kv_last_page_len,
-                *self._heads, block_size, causal=True, **self._kwargs,
+                batch.host_query_start[decodes:] - decodes, pages - pages[0], batch.kv_indices[int(pages[0]):],
+                batch.host_kv_last_page_len[decodes:], *self._heads, batch.block_size, causal=True, **self._kwargs,
             )
             self._active = self._prefill
 
     def prepare_graph(self, batch: ForwardBatch) -> None:
+        self._decodes = 0
         size = batch.num_seqs
         if size > len(self._graph_last_page_len):
             raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}")
@@ -110,4 +122,11 @@ class FlashInferAttention(AttentionBackend):
         )
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        return self._active.run(q, kv.layers[layer])  # [T, heads, head_dim]
+        # q: [T, heads, head_dim] -> [T, heads, head_dim]
+        if not self._decodes:
+            return self._active.run(q, kv.layers[layer])
+        out = torch.empty_like(q)
+        split = self._decodes  # the decodes' one token each come first
+        self._decode.run(q[:split], kv.layers[layer], out=out[:split])
+        self._prefill.run(q[split:], kv.layers[layer], out=out[split:])
+        return out

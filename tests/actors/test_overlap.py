@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from actors.executor.inprocess import InProcessEngine
+from actors.executor.running_batch import RunningBatch
 from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner, SequenceInput
 from schemas.generate import SamplingParams
+from schemas.step import PrefillChunk, StartSequence
 
 
 def greedy(max_tokens: int, **more) -> SamplingParams:
@@ -238,3 +240,24 @@ def test_on_cuda_tokens_read_on_the_device_are_the_tokens_drawn(tmp_path, backen
     assert runner.graphs is not None
     for n in (3, 100, 300):
         assert decode_chain(runner, n, 12, overlap=True) == decode_chain(runner, n, 12, overlap=False)
+
+
+
+
+def test_decodes_come_before_prompt_chunks_in_a_step():
+    """The attention backend runs a mixed step's leading one-token rows with its decode kernel, so
+    the running batch lists every decode before the chunks, even one admitted after them."""
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[])
+    batch.apply(StartSequence("long", greedy(4), list(range(0, 8))))
+    for start in (0, 8, 16):
+        batch.apply(PrefillChunk("long", list(range(10 + start, 18 + start)), start, last=start == 16))
+    batch.apply(StartSequence("short", greedy(4), list(range(8, 12))))
+    batch.apply(PrefillChunk("short", [1, 2, 3], 0, last=True))
+    inputs, plan = batch.plan_step(max_prefill_tokens=8)  # long's first chunk; short's waits for budget
+    assert [len(i.token_ids) for i in inputs] == [8]
+    batch.book(plan, [None])
+    inputs, plan = batch.plan_step(max_prefill_tokens=11)  # long's second chunk and short's prompt
+    assert [len(i.token_ids) for i in inputs] == [8, 3]
+    batch.book(plan, [None, 5])
+    inputs, _ = batch.plan_step(max_prefill_tokens=8)  # short decodes, long's last chunk after it
+    assert [(i.token_ids, i.start_position) for i in inputs] == [([5], 3), (list(range(26, 34)), 16)]

@@ -122,7 +122,11 @@ def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model):
             mixed = runner.model(
                 ForwardBatch.build([[10], [11, 12, 13], [14]], [4, 17, 34], tables, BLOCK_SIZE, "cuda"), runner.kv
             )
-        logits[name] = torch.cat([prefill, decode, mixed])
+            # Two decodes first, then a chunk: FlashInfer runs the two with its decode kernel.
+            decodes_first = runner.model(ForwardBatch.build(
+                [[15], [16], [17, 18]], [5, 35, 20], [tables[0], tables[2], tables[1]], BLOCK_SIZE, "cuda"
+            ), runner.kv)
+        logits[name] = torch.cat([prefill, decode, mixed, decodes_first])
     error = (logits["flashinfer"] - logits["torch"]).norm() / logits["torch"].norm()
     assert error.item() < 1e-2
 
