@@ -192,6 +192,13 @@ def main() -> None:
     device = torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu"
     print(f"device: {device}; model: {args.model_dir or args.model} ({runner.attention_backend_name}, "
           f"{runner.num_kv_blocks} KV blocks of {runner.block_size}); greedy answers of {args.answer_tokens} tokens")
+    # Before timing: kernels that compile or load on first use (FlashInfer's JIT takes over a
+    # minute on a fresh machine) do it on a small multi-turn run, whose steps mix decodes and chunks.
+    warm_up = PrefixBench(argparse.Namespace(**vars(args) | dict(sessions=4, turns=2)), runner)
+    started = time.perf_counter()
+    warm_up.multi_turn(sharing=False)
+    warm_up.multi_turn(sharing=True)
+    print(f"warm-up: {time.perf_counter() - started:.1f} s")
     print("| workload | sharing on, out tok/s | off, out tok/s | on / off | TTFT p50 on / off | prefix hits (on) | target |")
     print("|---|---|---|---|---|---|---|")
     bench = PrefixBench(args, runner)

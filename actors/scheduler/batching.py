@@ -150,8 +150,11 @@ class ContinuousBatcher:
                 continue  # aborted while the step ran
             stale = self._unacked_drops[update.request_id] > 0
             if not stale:
+                was_prefilling = seq.prefilling
                 seq.prefill_done += update.prefilled_tokens
                 seq.computed_len = max(seq.computed_len, seq.prefill_done)
+                if was_prefilling and not seq.prefilling:
+                    self._cache_prompt(seq)
                 if update.token_ids and update.output_index <= len(seq.output_ids):
                     # the run has fed every token before the one it drew
                     seq.computed_len = max(seq.computed_len, len(seq.prompt_ids) + update.output_index)
@@ -221,12 +224,49 @@ class ContinuousBatcher:
                 break
             if seq.prefill_sent < len(seq.prefill_ids):
                 budget -= self._send_chunk(seq, budget)
+        deferred = []
         while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            if self._awaits_shared_prefill(self.waiting[0]):
+                deferred.append(self.waiting.popleft())
+                continue
             if not self._admit(self.waiting[0]):
                 break
             budget -= self._send_chunk(self.waiting.popleft(), budget)
+        self.waiting.extendleft(reversed(deferred))  # first in the queue again, in their order
         commands, self._commands = self._commands, []
         return commands
+
+    def _awaits_shared_prefill(self, seq: Sequence) -> bool:
+        """Whether a running request of the same tenant is computing blocks of `seq`'s tokens that
+        the cache lacks. Admitted once that prefill is done, `seq` reads them from the cache instead
+        of computing them again: requests that arrive together with one system prompt compute it once."""
+        if seq.fork_of or not self.cache.enabled:
+            return False
+        tokens = seq.prompt_ids + seq.output_ids
+        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant, count=False)
+        end = (len(cached.blocks) + 1) * self.block_size  # one block past what the cache has
+        if end >= len(tokens):
+            return False
+        head = tokens[:end]
+        return any(o.prefilling and o.tenant == seq.tenant and o.prefill_ids[:end] == head for o in self.running)
+
+    def _cache_prompt(self, seq: Sequence) -> None:
+        """Stores the full blocks of a prefill that just completed, so requests admitted while this
+        one still runs read them. Where the tree now holds this request's own blocks, the request
+        holds that longer prefix against eviction, as it held the matched one; where it kept blocks
+        another request computed for the same tokens, this one goes on reading its own copies."""
+        full = min(seq.prefill_done // self.block_size, len(seq.blocks))
+        if full <= len(seq.cached.blocks):
+            return
+        tokens = seq.prefill_ids[: full * self.block_size]
+        self.cache.insert(MODEL_NAMESPACE, tokens, seq.blocks[:full], tenant=seq.tenant)
+        # match leaves the last token it is given uncached: give one past the stored blocks.
+        stored = self.cache.match(MODEL_NAMESPACE, tokens + [0], tenant=seq.tenant, count=False)
+        if stored.blocks != seq.blocks[: len(stored.blocks)]:
+            return
+        self.cache.lock(stored.node)
+        self.cache.unlock(seq.cached.node)
+        seq.cached = stored
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
