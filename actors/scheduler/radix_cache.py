@@ -104,16 +104,19 @@ class RadixCache:
         self._hit_tokens = 0
         self._queried_tokens = 0
 
-    def match(self, namespace: str, tokens: list[int], tenant: str = "") -> MatchResult:
+    def match(self, namespace: str, tokens: list[int], tenant: str = "", *, count: bool = True) -> MatchResult:
         """The longest cached prefix of `tokens` that `tenant` may read, in whole blocks, leaving
         at least one token uncached so that computing the rest yields the last position's logits.
 
         `tenant` counts as a sender of every cached node along `tokens`, readable or not, before
         the cache decides what it may read: the request that makes a node public already reads it.
+        With `count=False` the lookup is no request's (a session finding the KV to pin): it is
+        neither a send nor a hit, so eviction and the hit rate weigh only what requests read.
         """
         if not self.enabled:
             return MatchResult(self._nowhere, [], 0)
-        self._queried_tokens += len(tokens)
+        if count:
+            self._queried_tokens += len(tokens)
         root = self._roots.get(namespace)
         if root is None:
             return MatchResult(self._nowhere, [], 0)
@@ -121,14 +124,17 @@ class RadixCache:
         key = tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
         node, hit, blocks, readable = root, 0, [], True
         for child, end in self._descend(root, key):
-            self._sent(child, tenant, now)
+            if count:
+                self._sent(child, tenant, now)
             readable = readable and child.visibility.visible_to(tenant)
             if readable:
-                child.last_access = tick
-                child.hits, child.hits_at = self._score(child, now) + 1, now
+                if count:
+                    child.last_access = tick
+                    child.hits, child.hits_at = self._score(child, now) + 1, now
                 blocks += child.blocks
                 node, hit = child, end
-        self._hit_tokens += hit
+        if count:
+            self._hit_tokens += hit
         return MatchResult(node, blocks, hit)
 
     def insert(self, namespace: str, tokens: list[int], blocks: list[int], tenant: str = "") -> int:

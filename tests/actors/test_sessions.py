@@ -249,6 +249,21 @@ def test_a_turn_recorded_before_its_blocks_reach_the_cache_is_pinned_when_they_d
     check(table, pool, cache)
 
 
+def test_pinning_a_turn_counts_as_no_cache_hit():
+    """A session finds the KV to pin through the cache, but only requests read it: a pin must not
+    raise the hit rate that GET /admin/cache reports, nor the hit counts that eviction weighs."""
+    pool, cache, table, _ = make()
+    sid = opened(table)
+    turn(table, pool, cache, sid, "t1", list(range(100, 113)))
+    turn(table, pool, cache, sid, "t2", list(range(200, 208)))
+    table.turn_released("t2")  # pins again
+    assert (cache.stats().hit_tokens, cache.stats().queried_tokens) == (0, 0)
+    node = table.sessions[sid].pins[0].node
+    while node.parent is not None:
+        assert node.hits == 1.0  # what storing gave it
+        node = node.parent
+
+
 def test_a_new_cache_starts_without_pins_and_flushing_unpins():
     pool, cache, table, _ = make()
     sid = opened(table)
