@@ -1,7 +1,8 @@
 """Frontdoor <-> tokenizer: encoding prompts, and tracking requests for detokenization.
 
 Tokenizers form a NATS queue group. `Encode` and `Track` go to one of them; step outputs are
-broadcast to all, and each tokenizer detokenizes only the requests it tracks.
+broadcast to all, and each tokenizer detokenizes only the requests it tracks. An origin sends a
+new request's `Track` together with its `Submit` to the scheduler, not one after the other.
 """
 
 import msgspec
@@ -41,6 +42,9 @@ class Track(msgspec.Struct, frozen=True, tag="track"):
 class Tracked(msgspec.Struct, frozen=True, tag="tracked"):
     request_id: str
     instance_id: str  # the tokenizer now tracking it: if that one dies, the origin tracks it elsewhere
+    # A run of the request had started before the Track arrived (it overtook the Track): outputs went
+    # by untracked, so the origin submits the request again.
+    missed_start: bool = False
 
 
 class Untrack(msgspec.Struct, frozen=True, tag="untrack"):

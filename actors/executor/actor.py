@@ -126,6 +126,9 @@ class ExecutorActor(Actor):
                 await self.bus.publish(
                     self.subjects.step_outputs, StepOutput(executor_id, self.step_count, updates, dropped)
                 )
+                # nats-py's flusher task writes it: let it run now, before the next launch's thread
+                # holds the GIL, or the tokens wait on the host until that launch ends.
+                await asyncio.sleep(0)
 
     def _launch_then_collect(
         self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None

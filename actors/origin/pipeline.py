@@ -1,8 +1,9 @@
 """The path of one request from its origin through the actors, and back as a stream of outputs.
 
 An origin (the HTTP frontdoor, or the gateway for bus clients) keeps the record of every request it
-takes: it encodes the prompt with a tokenizer, asks one to track the output, submits to the
-scheduler, and receives the text on its own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
+takes: it encodes the prompt with a tokenizer, asks one to track the output while it submits to the
+scheduler (both at once: a round trip less before the first token), and receives the text on its
+own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
 When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
 it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
 A turn of a session is a request whose prompt starts with the tokens of an earlier turn, which the
@@ -155,9 +156,7 @@ class RequestPipeline:
             )
             stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
             group.choices.append(stream)
-            reply = await self._track(record)
-            if not isinstance(reply, Error):
-                reply = await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S)
+            reply = await self._track_and_submit(stream)
             if isinstance(reply, Error):
                 await group.close()
                 return reply
@@ -175,6 +174,23 @@ class RequestPipeline:
         if isinstance(reply, Error):  # the session closed meanwhile, or went with a restarted scheduler
             log.warning("turn_not_recorded", request_id=record.request_id, session_id=message.session_id,
                         error=reply.message)
+
+    async def _track_and_submit(self, stream: RequestStream) -> Accepted | Error:
+        """Tracks and submits a new request at once. The Track leaves first (gather starts its tasks in
+        order, and each publishes before it waits), and the step outputs follow from the Submit, so
+        the tokenizer nearly always has the Track before them; when it had not, it says so, and the
+        request is submitted again, with the tokenizer now tracking it."""
+        record = stream.record
+        tracked, accepted = await asyncio.gather(
+            self._track(record),
+            self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S),
+        )
+        for reply in (tracked, accepted):
+            if isinstance(reply, Error):
+                return reply  # the caller closes the request, which aborts and untracks it
+        if tracked.missed_start:
+            self._start_migration(stream, retrack=False, reason="its first outputs overtook the track")
+        return accepted
 
     async def _track(self, record: RequestRecord) -> Tracked | Error:
         params = record.params

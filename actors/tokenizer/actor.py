@@ -3,9 +3,11 @@
 Stateless between requests: tokenizers form a queue group, so `Encode` and `Track` go to any one
 of them. Step outputs reach every tokenizer; each detokenizes the requests it tracks, ends those
 whose stop string matched (through the scheduler), and sends each origin its requests' new text
-in one message per step.
+in one message per step. A Track that comes after its request's first step output is told so
+(see untracked_starts.py).
 """
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -13,6 +15,7 @@ import jinja2
 from transformers import AutoTokenizer
 
 from actors.tokenizer.detokenizer import StreamingDetokenizer
+from actors.tokenizer.untracked_starts import UntrackedStarts
 from kernel.actor import Actor
 from schemas.errors import Error
 from schemas.requests import Abort, OutputBatch, RequestOutput
@@ -20,6 +23,7 @@ from schemas.step import StepOutput
 from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
 
 QUEUE_GROUP = "tokenizers"
+UNTRACKED_START_KEEP_S = 30.0  # an origin gives up on a Track's answer well before this
 # A continuation is rendered after this stand-in for the conversation so far, which ends, as a
 # session's turn does, with an assistant's reply.
 EARLIER_TURNS = [
@@ -43,6 +47,7 @@ class TokenizerActor(Actor):
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
         self.tracked: dict[str, TrackedRequest] = {}
+        self.untracked_starts = UntrackedStarts(UNTRACKED_START_KEEP_S)
         await self.bus.subscribe(self.subjects.tokenizer, TokenizerRequest, self._on_request, queue=QUEUE_GROUP)
         await self.bus.subscribe(self.subjects.tokenizer_untrack, Untrack, self._on_untrack)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
@@ -59,7 +64,7 @@ class TokenizerActor(Actor):
                     self.tokenizer.backend_tokenizer, stop, skip_special_tokens, delivered_ids, delivered_chars
                 )
                 self.tracked[request_id] = TrackedRequest(origin, detokenizer)
-                return Tracked(request_id, self.instance_id)
+                return Tracked(request_id, self.instance_id, self.untracked_starts.claim(request_id))
 
     def encode(self, message: Encode) -> Encoded | Error:
         if message.messages is not None:
@@ -113,9 +118,12 @@ class TokenizerActor(Actor):
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         batches: dict[str, list[RequestOutput]] = defaultdict(list)
+        now = time.monotonic()
         for update in output.updates:
             tracked = self.tracked.get(update.request_id)
             if tracked is None:
+                if update.cached_tokens is not None:  # the first update of a run: its Track may come late
+                    self.untracked_starts.saw(update.request_id, now)
                 continue
             if update.cached_tokens is not None:  # reported when a run starts, before its first token
                 tracked.cached_tokens = update.cached_tokens
