@@ -15,7 +15,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch, Staging
+from gpu.batch import ForwardBatch, HostBatch
+from gpu.staging import Staging
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 

@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from gpu.attention import make_backend
-from gpu.batch import BatchLimits, ForwardBatch, HostBatch, Staging
+from gpu.batch import BatchLimits, ForwardBatch, HostBatch
 from gpu.config import ModelConfig
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.sampler import SamplingTensors, _as_int64, sample
+from gpu.staging import Staging
 from gpu.weights import load_model, random_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpu.batch import ForwardBatch, HostBatch, Staging
+from gpu.batch import ForwardBatch, HostBatch
+from gpu.staging import Staging
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner, SequenceInput
 from tests.gpu.decoding import generate, random_prompt, shuffled_tables

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gpu.attention import TorchAttention, make_backend
-from gpu.batch import ForwardBatch, HostBatch, Staging
+from gpu.batch import ForwardBatch, HostBatch
+from gpu.staging import Staging
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner, SequenceInput
