@@ -140,6 +140,30 @@ class HostBatch:
         )
 
 
+    def with_filler(self, num_tokens: int, scratch_block: int) -> "HostBatch":
+        """This batch grown to `num_tokens` tokens by one more sequence, last, of filler tokens (id 0,
+        positions from 0) that write and read only the scratch block; logits_index is unchanged.
+        Its rows are computed and thrown away: every layer treats rows apart, attention included."""
+        extra = num_tokens - self.num_tokens
+        if extra < 0:
+            raise ValueError(f"a batch of {self.num_tokens} tokens cannot be grown to {num_tokens}")
+        if extra == 0:
+            return self
+        n, bs = self.num_tokens, self.block_size
+        positions = np.arange(extra, dtype=np.int32)
+        pages = -(-extra // bs)
+        token_data = [self.token_data[:n], np.zeros(extra, np.int32), self.token_data[n : 2 * n], positions,
+                      self.token_data[2 * n :], scratch_block * bs + positions % bs]
+        return replace(
+            self,
+            token_data=np.concatenate(token_data),
+            query_start=np.append(self.query_start, num_tokens).astype(np.int32),
+            kv_indptr=np.append(self.kv_indptr, self.kv_indptr[-1] + pages).astype(np.int32),
+            kv_indices=np.concatenate([self.kv_indices, np.full(pages, scratch_block, np.int32)]),
+            kv_last_page_len=np.append(self.kv_last_page_len, extra - (pages - 1) * bs).astype(np.int32),
+        )
+
+
 def _offsets(lengths: np.ndarray) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])

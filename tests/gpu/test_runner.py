@@ -39,6 +39,43 @@ def test_decode_batch_pads_onto_the_scratch_block():
     assert padded.kv_last_page_len.tolist() == [1, 1, 1, 1] and padded.logits_index.tolist() == [0, 1]
 
 
+def test_eager_batch_grows_by_a_filler_sequence_on_the_scratch_block():
+    host = HostBatch.build([[10, 11, 12], [13]], [3, 4], [[7, 2], [5, 1]], block_size=4)
+    grown = host.with_filler(10, scratch_block=9)
+    assert grown.num_tokens == 10 and grown.num_seqs == 3
+    ids, positions, slots = grown.token_data.reshape(3, 10).tolist()
+    assert ids == [10, 11, 12, 13, 0, 0, 0, 0, 0, 0] and positions == [3, 4, 5, 4, 0, 1, 2, 3, 4, 5]
+    assert slots[4:] == [9 * 4 + p % 4 for p in range(6)]  # the scratch block only
+    assert grown.query_start.tolist() == [0, 3, 4, 10]
+    assert grown.kv_indptr.tolist() == [0, 2, 4, 6] and grown.kv_indices.tolist() == [7, 2, 5, 1, 9, 9]
+    assert grown.kv_last_page_len.tolist() == [2, 1, 2] and grown.logits_index.tolist() == [2, 3]
+    assert host.with_filler(4, scratch_block=9) is host
+
+
+def test_filler_tokens_change_no_drawn_token_and_no_real_block(build_tiny_model):
+    """What the runner does on CUDA to keep cuBLAS's shapes few, run on the CPU: the same tokens, and
+    only the scratch block beyond the sequences' own."""
+    steps = [
+        [SequenceInput(list(range(20, 29)), 0, [0, 1, 2], sample=True),
+         SequenceInput([5, 6, 7], 0, [3], sample=True, temperature=0.9, seed=3)],
+        [SequenceInput([40], 9, [0, 1, 2], sample=True),  # a decode beside a prompt chunk
+         SequenceInput([8, 9], 3, [3, 4], sample=False)],
+    ]
+    runs, fed = [], []
+    for bucket in (1, 16):
+        runner = ModelRunner(build_tiny_model("llama"), num_kv_blocks=8, block_size=4)
+        runner.eager_token_bucket = bucket
+        compute = runner.model.compute_logits
+        runner.model.compute_logits = lambda batch, kv: fed.append(batch.host.num_tokens) or compute(batch, kv)
+        runs.append(([runner.step(s) for s in steps], runner.kv.layers[-1][: runner.kv.scratch_block].clone()))
+    assert fed == [12, 3, 16, 16]
+    (tokens, blocks), (filled_tokens, filled_blocks) = runs
+    assert filled_tokens == tokens
+    # Equal up to float32 rounding (a product of another shape sums in another order)...
+    assert torch.allclose(filled_blocks, blocks, rtol=0, atol=1e-4)
+    assert filled_blocks[5:].abs().sum() == 0  # ...and the blocks no sequence has stay unwritten
+
+
 def test_cache_write_lands_in_the_mapped_slot():
     cache = KVCache(num_layers=2, num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
     k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
