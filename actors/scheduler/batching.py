@@ -297,7 +297,9 @@ class ContinuousBatcher:
         if parent is not None and parent.state is State.RUNNING:
             return self._admit_fork(seq, parent)
         tokens = seq.prompt_ids + seq.output_ids
-        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant)
+        # One request is one lookup in the hit figures, however often it waits for blocks or is readmitted.
+        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant, count=not seq.looked_up)
+        seq.looked_up = True
         self.cache.lock(cached.node)  # so that _allocate cannot evict it
         blocks = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if blocks is None:

@@ -71,3 +71,17 @@ def test_other_tenants_do_not_wait_for_a_prefill_they_could_not_read(runner):
     assert {s.request_id for s in engine.batcher.running} == {"a", "b"}
     engine.run()
     assert engine.cached_tokens["b"] == 0
+
+
+def test_a_request_waiting_for_blocks_is_one_lookup_in_the_hit_figures(build_tiny_model):
+    runner = ModelRunner(build_tiny_model("llama"), device="cpu", num_kv_blocks=12, block_size=BLOCK_SIZE)
+    engine = InProcessEngine(runner, max_prefill_tokens=64)
+    engine.submit("big", SYSTEM + [1, 2, 3], greedy(2))
+    engine.submit("waits", list(range(300, 330)), greedy(2))  # no room until big ends
+    steps = 0
+    while "waits" not in engine.cached_tokens:
+        engine.step()
+        steps += 1
+    engine.run()
+    assert steps > 2  # it was looked at in several scheduling rounds
+    assert engine.batcher.cache_stats().queried_tokens == len(SYSTEM) + 3 + 30
