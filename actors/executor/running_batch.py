@@ -102,7 +102,8 @@ class RunningBatch:
         plan: list[PlannedInput] = []
         live = [seq for seq in self.sequences.values() if not seq.exhausted]
         for seq in live:
-            if not seq.chunks and (seq.last_token is not None or seq.pending is not None) and seq.position < self._capacity(seq):
+            has_input = seq.last_token is not None or seq.pending is not None
+            if not seq.chunks and has_input and seq.position < self._capacity(seq):
                 if seq.pending is not None:  # drawn by the step in flight: read on the device
                     inputs.append(self._input(seq, [FROM_PREVIOUS_STEP], seq.position, True, seq.pending.row))
                 else:

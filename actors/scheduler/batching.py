@@ -240,15 +240,16 @@ class ContinuousBatcher:
         """Whether a running request of the same tenant is computing blocks of `seq`'s tokens that
         the cache lacks. Admitted once that prefill is done, `seq` reads them from the cache instead
         of computing them again: requests that arrive together with one system prompt compute it once."""
-        if seq.fork_of or not self.cache.enabled:
-            return False
+        peers = [o for o in self.running if o.prefilling and o.tenant == seq.tenant]
+        if seq.fork_of or not self.cache.enabled or not peers:
+            return False  # and no tree walk beside _admit's, in the common case
         tokens = seq.prompt_ids + seq.output_ids
         cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant, count=False)
         end = (len(cached.blocks) + 1) * self.block_size  # one block past what the cache has
         if end >= len(tokens):
             return False
         head = tokens[:end]
-        return any(o.prefilling and o.tenant == seq.tenant and o.prefill_ids[:end] == head for o in self.running)
+        return any(o.prefill_ids[:end] == head for o in peers)
 
     def _cache_prompt(self, seq: Sequence) -> None:
         """Stores the full blocks of a prefill that just completed, so requests admitted while this
