@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from gpu.attention.base import PLAIN_GRAPH
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.staging import Staging
 from gpu.kv_cache import KVCache
@@ -36,7 +37,7 @@ class DecodeGraphs:
         # Graph of size B reads ids | positions | slots from the first 3B entries.
         self._inputs = torch.zeros(3 * self.max_batch, dtype=torch.int32, device=device)
         self._logits = torch.empty(self.max_batch, model.config.vocab_size, dtype=torch.float32, device=device)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # by size and the backend's kind
         self._stream = torch.cuda.current_stream(device)
         # Set to [] to time every replay with device events (benchmarks): (size, start, end).
         self.timings: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] | None = None
@@ -49,37 +50,42 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
+        backend = self.model.attention_backend
         for size in reversed(self.sizes):
-            batch = self._upload(self._idle_batch(size))
-            static = self._static(batch)
-            self.model.attention_backend.prepare_graph(batch)
-            self.model.compute_logits(static, self.kv, out=self._logits[:size])  # compiles kernels, sizes workspaces
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.model.compute_logits(static, self.kv, out=self._logits[:size])
-            pool = graph.pool()
-            self._graphs[size] = graph
-            self.staging.release()
+            for kind in backend.graph_kinds(size):
+                batch = self._upload(self._idle_batch(size))
+                static = self._static(batch)
+                backend.prepare_graph(batch, kind)
+                self.model.compute_logits(static, self.kv, out=self._logits[:size])  # compiles kernels, sizes workspaces
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.model.compute_logits(static, self.kv, out=self._logits[:size])
+                pool = graph.pool()
+                self._graphs[size, kind] = graph
+                self.staging.release()
         torch.cuda.synchronize()
 
-    def prepare(self, batch: ForwardBatch) -> None:
+    def prepare(self, batch: ForwardBatch) -> str:
         """Plans `batch` (a decode batch padded to a captured size) into the graphs' metadata buffers
-        and copies its input ids, positions and slots into their inputs. The copy reads
-        `batch.token_data` on the stream, so ids written there on the device before this call
-        (tokens the previous step drew) are the ones the graph feeds."""
-        self.model.attention_backend.prepare_graph(batch)
+        and copies its input ids, positions and slots into their inputs; returns the kind of graph
+        the attention backend planned for. The copy reads `batch.token_data` on the stream, so ids
+        written there on the device before this call (tokens the previous step drew) are the ones
+        the graph feeds."""
+        kind = self.model.attention_backend.prepare_graph(batch)
         self._inputs[: 3 * batch.num_seqs].copy_(batch.token_data, non_blocking=True)
+        return kind
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Replays the graph of `size`, prepared for it; its logits [size, vocab] float32, a view
-        valid until the next replay."""
+    def replay(self, size: int, kind: str = PLAIN_GRAPH) -> torch.Tensor:
+        """Replays the graph of `size` and `kind`, prepared for it; its logits [size, vocab] float32,
+        a view valid until the next replay."""
+        graph = self._graphs[size, kind]
         if self.timings is None:
-            self._graphs[size].replay()
+            graph.replay()
         else:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(self._stream)
-            self._graphs[size].replay()
+            graph.replay()
             end.record(self._stream)
             self.timings.append((size, start, end))
         return self._logits[:size]

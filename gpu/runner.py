@@ -247,9 +247,9 @@ class ModelRunner:
             target, source = views[:2]
             batch.input_ids.index_copy_(0, target, self._previous_drawn.index_select(0, source).to(torch.int32))
         if graph_size is not None:
-            self.graphs.prepare(batch)
+            kind = self.graphs.prepare(batch)
             self._release_staging()
-            logits = self.graphs.replay(graph_size)  # [graph_size, vocab]
+            logits = self.graphs.replay(graph_size, kind)  # [graph_size, vocab]
             logits = logits[: len(rows)] if len(rows) == n else logits[batch.logits_index]
         else:
             self.model.attention_backend.prepare(batch)

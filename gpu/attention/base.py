@@ -13,6 +13,9 @@ from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 
+PLAIN_GRAPH = "plain"  # the kind of decode graph every backend captures
+
+
 class AttentionBackend(ABC):
     # True when `attend` can be captured in a CUDA graph after `prepare_graph`.
     supports_cuda_graphs: bool = False
@@ -30,7 +33,13 @@ class AttentionBackend(ABC):
         q: [T, heads, head_dim], RoPE applied -> [T, heads, head_dim]
         """
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
+    def graph_kinds(self, size: int) -> tuple[str, ...]:
+        """The kinds of CUDA graph to capture for decode batches of `size`: one per way the backend
+        may plan such a batch, each a different sequence of kernels."""
+        return (PLAIN_GRAPH,)
+
+    def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         """Plans a padded decode batch for the CUDA graph captured at its size: the plan must land
-        in buffers whose addresses the captured graph holds."""
+        in buffers whose addresses the captured graph holds. `kind` None lets the backend pick the
+        kind that serves this batch best; returns the kind planned for."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -1,5 +1,7 @@
 """Attention through FlashInfer's paged kernels: batch prefill (FA3 on Hopper) for steps with prompt
 chunks, batch decode for decode-only steps, and one CUDA-graph decode wrapper per captured batch size.
+Where many decoding sequences share leading blocks, their step reads those blocks once (see
+shared_prefix.py), eagerly and in graphs of a second kind captured for that.
 
 The cache layer tensor [blocks, 2, block_size, kv_heads, head_dim] is FlashInfer's NHD layout, read
 in place. Plans take the host copies of the indptr arrays (no device sync) and the device copy of
@@ -9,13 +11,18 @@ the page indices. flashinfer is imported here, so only when this backend is chos
 import numpy as np
 import torch
 
-from gpu.attention.base import AttentionBackend
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
+from gpu.attention.shared_prefix import (
+    MIN_SPARED_TOKEN_READS, SharedPrefix, find_shared_prefix, merge_attention_states,
+)
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
+from gpu.staging import Staging
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 WORKSPACE_BYTES = 256 << 20  # split-KV partial results; shared by every wrapper, which run one at a time
+SHARED_PREFIX_GRAPH = "shared_prefix"  # the graph kind whose decode reads a shared prefix once
 
 
 class FlashInferAttention(AttentionBackend):
@@ -43,48 +50,113 @@ class FlashInferAttention(AttentionBackend):
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD", backend="fa2")
+        self._shared_prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        # The shared-prefix plans' own arrays (suffix pages, the prefix, who shares) reach the device here.
+        self._staging = Staging(device)
         # The graph wrappers' metadata lives in these buffers (sliced per size), at fixed addresses.
+        max_graph_pages = max(1, max_graph_batch * max_pages_per_seq)
         self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
         self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(max_graph_pages, dtype=torch.int32, device=device)
         self._graph_decode: dict[int, object] = {}
-        self._active = None
-        self._decodes = 0  # of a mixed step: its first sequences, which decode (0: one kernel runs it all)
+        # A shared-prefix graph's prefix pass is one request of `size` query rows over the prefix.
+        self._graph_prefix_buffers = dict(
+            qo_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
+            paged_kv_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
+            paged_kv_indices_buf=torch.zeros(max(1, max_pages_per_seq), dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buf=torch.ones(1, dtype=torch.int32, device=device),
+        )
+        self._graph_shares = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
+        self._graph_prefix: dict[int, object] = {}
+        # The step's plan: its first `_decodes` sequences decode with `_decode_run`, the rest (if
+        # any) are prompt chunks for `_prefill`; `_prefix_run` and `_shares` are set when the
+        # decodes read a shared prefix once.
+        self._decodes = 0
+        self._decode_run = None
+        self._prefix_run = None
+        self._shares: torch.Tensor | None = None
         self._empty = torch.empty(0, dtype=dtype)  # the planner takes the dtypes as empty tensors
         # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
         # Python argument handling (see _replan_graph); False takes the public plan() every step.
         self.direct_graph_replan = True
+        # A shared prefix is read once when that spares at least this many token reads a layer.
+        self.min_spared_token_reads = MIN_SPARED_TOKEN_READS
 
     def prepare(self, batch: ForwardBatch) -> None:
         """Plans the step's attention: decode rows with the decode kernel, prompt chunks with the
         prefill kernel. A step that mixes them runs each kernel on its part when the one-token
         sequences come first (the running batch puts them there): the prefill kernel reads a
         decode's long KV several times slower than the decode kernel does."""
-        query_lens = batch.host.query_lens
-        decodes = batch.num_seqs if batch.host.is_decode else int(np.argmin(query_lens == 1))
-        self._decodes = decodes if 0 < decodes < batch.num_seqs else 0
-        self._active = None
+        host = batch.host
+        decodes = batch.num_seqs if host.is_decode else int(np.argmin(host.query_lens == 1))
+        self._decodes, self._decode_run, self._prefix_run, self._shares = decodes, None, None, None
         if decodes:
-            pages = int(batch.host.kv_indptr[decodes])
+            shared = find_shared_prefix(host, decodes, self.min_spared_token_reads)
+            if shared is None:
+                pages = int(host.kv_indptr[decodes])
+                indptr, indices = batch.host_kv_indptr[: decodes + 1], batch.kv_indices[:pages]
+            else:
+                indptr, indices = self._stage_shared_prefix(shared, self._shared_prefill, decodes, batch.block_size)
             self._decode.plan(
-                batch.host_kv_indptr[: decodes + 1], batch.kv_indices[:pages], batch.host_kv_last_page_len[:decodes],
-                *self._heads, batch.block_size, pos_encoding_mode="NONE", **self._kwargs,
+                indptr, indices, batch.host_kv_last_page_len[:decodes], *self._heads, batch.block_size,
+                pos_encoding_mode="NONE", **self._kwargs,
             )
-            self._active = self._decode
+            self._decode_run = self._decode
+            self._staging.release()  # the plans have enqueued their reads of its pinned arrays
         if decodes < batch.num_seqs:
             pages = batch.host_kv_indptr[decodes:]
             self._prefill.plan(
                 batch.host_query_start[decodes:] - decodes, pages - pages[0], batch.kv_indices[int(pages[0]):],
                 batch.host_kv_last_page_len[decodes:], *self._heads, batch.block_size, causal=True, **self._kwargs,
             )
-            self._active = self._prefill
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
-        self._decodes = 0
+    def graph_kinds(self, size: int) -> tuple[str, ...]:
+        return (PLAIN_GRAPH, SHARED_PREFIX_GRAPH) if size >= 2 else (PLAIN_GRAPH,)
+
+    def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size = batch.num_seqs
         if size > len(self._graph_last_page_len):
             raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}")
+        if kind is None:
+            shared = find_shared_prefix(batch.host, size, self.min_spared_token_reads) if size >= 2 else None
+            kind = PLAIN_GRAPH if shared is None else SHARED_PREFIX_GRAPH
+        elif kind == SHARED_PREFIX_GRAPH:  # capturing: a one-block prefix that no row merges
+            host = batch.host
+            shared = SharedPrefix(host.kv_indices[:1], host.kv_indptr, host.kv_indices, np.zeros(size, np.int32))
+        self._decodes, self._prefix_run, self._shares = size, None, None
+        if kind == PLAIN_GRAPH:
+            indptr, indices = batch.host_kv_indptr, batch.kv_indices
+        else:
+            prefix_run = self._graph_prefix.get(size)
+            if prefix_run is None:
+                prefix_run = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self._workspace, "NHD", use_cuda_graph=True, **self._graph_prefix_buffers,
+                )
+                self._graph_prefix[size] = prefix_run
+            indptr, indices = self._stage_shared_prefix(shared, prefix_run, size, batch.block_size)
+            self._graph_shares[:size].copy_(self._shares, non_blocking=True)
+            self._shares = self._graph_shares[:size]
+        self._decode_run = self._plan_graph_decode(size, indptr, indices, batch)
+        self._staging.release()  # the plans have enqueued their reads of its pinned arrays
+        return kind
+
+    def _stage_shared_prefix(self, shared: SharedPrefix, prefix_run, rows: int, block_size: int):
+        """Uploads a shared-prefix plan and plans `prefix_run`, the pass of the first `rows` queries
+        over the prefix. Returns the host indptr and device indices of the decode pass, over what
+        each row reads besides; the caller releases the staging once it has planned that pass."""
+        arrays = [shared.suffix_indptr, shared.suffix_indices, shared.pages, shared.shares,
+                  np.array([0, rows], np.int32), np.array([0, len(shared.pages)], np.int32),
+                  np.array([block_size], np.int32)]
+        device, host = self._staging.upload(arrays, host_views_of=(0, 4, 5, 6))
+        prefix_run.plan(host[4], host[5], device[2], host[6], *self._heads, block_size, causal=False, **self._kwargs)
+        self._prefix_run, self._shares = prefix_run, device[3]
+        return host[0], device[1]
+
+    def _plan_graph_decode(self, size: int, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch):
         wrapper = self._graph_decode.get(size)
+        if wrapper is not None and self.direct_graph_replan:
+            self._replan_graph(wrapper, indptr, indices, batch)
+            return wrapper
         if wrapper is None:
             wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, "NHD", use_cuda_graph=True,
@@ -94,39 +166,45 @@ class FlashInferAttention(AttentionBackend):
                 backend="fa2",
             )
             self._graph_decode[size] = wrapper
-        elif self.direct_graph_replan:
-            self._replan_graph(wrapper, batch)
-            self._active = wrapper
-            return
         wrapper.plan(
-            batch.host_kv_indptr, batch.kv_indices, batch.host_kv_last_page_len, *self._heads, batch.block_size,
+            indptr, indices, batch.host_kv_last_page_len, *self._heads, batch.block_size,
             pos_encoding_mode="NONE", **self._kwargs,
         )
-        self._active = wrapper
+        return wrapper
 
-    def _replan_graph(self, wrapper, batch: ForwardBatch) -> None:
+    def _replan_graph(self, wrapper, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch) -> None:
         """What FlashInfer 0.7's BatchDecodeWithPagedKVCacheWrapper.plan does for a CUDA-graph wrapper
         of the CUDA-core decode kernel that was planned once already (same dtypes, heads, no window,
         no soft cap): fill the metadata buffers the graph reads and rerun the compiled planner, which
         rewrites the split-KV schedule in the int workspace. The graph's kernel arguments (workspace
-        offsets) depend only on the batch size, fixed per wrapper."""
-        wrapper._paged_kv_indptr_buf.copy_(batch.host_kv_indptr, non_blocking=True)
+        offsets) depend only on the batch size, fixed per wrapper. `indptr` is on the host (pinned),
+        `indices` on the device."""
+        wrapper._paged_kv_indptr_buf.copy_(indptr, non_blocking=True)
         wrapper._paged_kv_last_page_len_buf.copy_(batch.host_kv_last_page_len, non_blocking=True)
-        wrapper._paged_kv_indices_buf[: batch.kv_indices.numel()].copy_(batch.kv_indices, non_blocking=True)
+        wrapper._paged_kv_indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
         num_heads, num_kv_heads, head_dim = self._heads
         empty = self._empty
         wrapper._plan_info = wrapper._cached_module.plan(
             wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
-            batch.host_kv_indptr, batch.num_seqs, num_heads, num_kv_heads, batch.block_size, True, -1, 0.0,
+            indptr, batch.num_seqs, num_heads, num_kv_heads, batch.block_size, True, -1, 0.0,
             head_dim, head_dim, empty, empty,
         )
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         # q: [T, heads, head_dim] -> [T, heads, head_dim]
-        if not self._decodes:
-            return self._active.run(q, kv.layers[layer])
+        cache = kv.layers[layer]
+        decodes = self._decodes  # their one token each comes first
+        if decodes == len(q) and self._shares is None:
+            return self._decode_run.run(q, cache)
+        if decodes == 0:
+            return self._prefill.run(q, cache)
         out = torch.empty_like(q)
-        split = self._decodes  # the decodes' one token each come first
-        self._decode.run(q[:split], kv.layers[layer], out=out[:split])
-        self._prefill.run(q[split:], kv.layers[layer], out=out[split:])
+        if self._shares is None:
+            self._decode_run.run(q[:decodes], cache, out=out[:decodes])
+        else:
+            _, lse = self._decode_run.run(q[:decodes], cache, out=out[:decodes], return_lse=True)
+            prefix_out, prefix_lse = self._prefix_run.run(q[:decodes], cache, return_lse=True)
+            merge_attention_states(out[:decodes], lse, prefix_out, prefix_lse, self._shares)
+        if decodes < len(q):
+            self._prefill.run(q[decodes:], cache, out=out[decodes:])
         return out

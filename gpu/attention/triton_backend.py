@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from gpu.attention.base import AttentionBackend
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
 from gpu.attention.triton_kernels import ExtendTiles, decode_attention, extend_attention, extend_tiles
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
@@ -76,7 +76,7 @@ class TritonAttention(AttentionBackend):
                 batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, query_start=batch.query_start, tiles=tiles
             )
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
+    def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size, pages = batch.num_seqs, batch.kv_indices.numel()
         if size > len(self._graph_last_page_len) or pages > len(self._graph_indices):
             raise ValueError(
@@ -89,6 +89,7 @@ class TritonAttention(AttentionBackend):
         self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
         # The split count depends on the size alone, so a replay launches what was captured.
         self._plan = _Plan(indptr, self._graph_indices, last_page_len, self._splits(size))
+        return PLAIN_GRAPH
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan, cache = self._plan, kv.layers[layer]  # cache: [num_blocks + 1, 2, block_size, kv_heads, head_dim]

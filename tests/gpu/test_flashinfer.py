@@ -160,3 +160,65 @@ def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
         changed = (old != new).flatten(1).any(dim=1).nonzero().flatten().tolist()
         assert set(changed) <= {3, 4, 5, runner.kv.scratch_block}
         assert torch.equal(old[3, :, :3], new[3, :, :3])  # the cached prompt stays as it was
+
+
+def test_a_shared_prefix_read_once_gives_plain_attention():
+    """Decode rows that share leading blocks (and one that does not, and a prompt chunk after them):
+    FlashInfer's two-pass attention matches the torch reference."""
+    needs("flashinfer")
+    from gpu.attention.flashinfer_backend import FlashInferAttention
+    from gpu.attention.torch_backend import TorchAttention
+    from gpu.kv_cache import KVCache
+
+    heads, kv_heads, dim = 8, 2, 128
+    kv = KVCache(1, NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, torch.bfloat16, "cuda")
+    kv.layers[0].normal_(generator=torch.Generator("cuda").manual_seed(0))
+    shared = list(range(10))  # 160 tokens every sharing row starts with
+    tables = [shared + [20], shared + [21, 22], [30, 31, 32], shared + [23], [40, 41]]
+    token_ids = [[1], [1], [1], [1], [2] * 20]
+    starts = [170, 190, 40, 160, 5]  # the last row: a 20-token chunk over 5 cached tokens
+    host = HostBatch.build(token_ids, starts, tables, BLOCK_SIZE)
+    batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
+    q = torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+    for decode_only in (False, True):
+        step = batch if not decode_only else ForwardBatch.build(token_ids[:4], starts[:4], tables[:4], BLOCK_SIZE, "cuda")
+        queries = q[: step.host.num_tokens]
+        backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
+        backend.min_spared_token_reads = 0
+        backend.prepare(step)
+        assert backend._shares is not None and backend._shares.tolist() == [1, 1, 0, 1], decode_only
+        reference = TorchAttention(dim**-0.5)
+        reference.prepare(step)
+        expected = reference.attend(0, queries, kv)
+        error = (backend.attend(0, queries, kv).float() - expected.float()).norm() / expected.float().norm()
+        assert error.item() < 1e-2, (decode_only, error.item())
+
+
+def test_graphs_that_read_a_shared_prefix_once_give_the_eager_tokens(hd128_model):
+    """Eight continuations of one 48-token prompt decode in a batch of 8 whose prompt blocks are the
+    same blocks, each fed the plain kernels' tokens: the graph of the shared-prefix kind draws
+    exactly the eager tokens, and those are the plain kernels' but for rare near-ties."""
+    needs("flashinfer")
+    model_dir = hd128_model("llama")
+    runners = {"plain": runner_for(model_dir, "flashinfer"), "eager": runner_for(model_dir, "flashinfer"),
+               "graphs": runner_for(model_dir, "flashinfer", cuda_graphs=True)}
+    for name in ("graphs", "eager"):
+        runners[name].model.attention_backend.min_spared_token_reads = 0
+    prompt = random_prompt(48, seed=1)
+    tables = [[0, 1, 2, 10 + i] for i in range(8)]
+    fed = None  # the plain runner's tokens, fed to all
+    drawn = {}
+    for name, runner in runners.items():
+        runner.step([SequenceInput(prompt, 0, [0, 1, 2], sample=False)])
+        tokens = runner.step([SequenceInput(random_prompt(3, seed=10 + i), 48, t, sample=True)
+                              for i, t in enumerate(tables)])
+        drawn[name] = [tokens]
+        for step in range(8):
+            inputs = tokens if fed is None else fed[step]
+            tokens = runner.step([SequenceInput([tok], 51 + step, t, sample=True) for tok, t in zip(inputs, tables)])
+            drawn[name].append(tokens)
+        assert (runner.model.attention_backend._shares is not None) == (name != "plain"), name
+        fed = drawn["plain"]
+    assert drawn["graphs"] == drawn["eager"]
+    same = sum(a == b for plain, eager in zip(drawn["plain"], drawn["eager"]) for a, b in zip(plain, eager))
+    assert same >= 0.95 * 72, drawn
