@@ -8,12 +8,14 @@ in place. Plans take the host copies of the indptr arrays (no device sync) and t
 the page indices. flashinfer is imported here, so only when this backend is chosen.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
 from gpu.attention.shared_prefix import (
-    MIN_SPARED_TOKEN_READS, SharedPrefix, find_shared_prefix, merge_attention_states,
+    MAX_GROUPS, MIN_SPARED_TOKEN_READS, SharedPrefixes, find_shared_prefixes, merge_attention_states,
 )
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
@@ -59,22 +61,26 @@ class FlashInferAttention(AttentionBackend):
         self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
         self._graph_indices = torch.zeros(max_graph_pages, dtype=torch.int32, device=device)
         self._graph_decode: dict[int, object] = {}
-        # A shared-prefix graph's prefix pass is one request of `size` query rows over the prefix.
+        # A shared-prefix graph's prefix pass is MAX_GROUPS requests (the unused ones empty), over
+        # the decode rows in the order the plan puts them.
         self._graph_prefix_buffers = dict(
-            qo_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
-            paged_kv_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
-            paged_kv_indices_buf=torch.zeros(max(1, max_pages_per_seq), dtype=torch.int32, device=device),
-            paged_kv_last_page_len_buf=torch.ones(1, dtype=torch.int32, device=device),
+            qo_indptr_buf=torch.zeros(MAX_GROUPS + 1, dtype=torch.int32, device=device),
+            paged_kv_indptr_buf=torch.zeros(MAX_GROUPS + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buf=torch.zeros(max(1, MAX_GROUPS * max_pages_per_seq), dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buf=torch.ones(MAX_GROUPS, dtype=torch.int32, device=device),
         )
-        self._graph_shares = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
+        self._graph_order = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
+        self._graph_slots = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
         self._graph_prefix: dict[int, object] = {}
         # The step's plan: its first `_decodes` sequences decode with `_decode_run`, the rest (if
-        # any) are prompt chunks for `_prefill`; `_prefix_run` and `_shares` are set when the
-        # decodes read a shared prefix once.
+        # any) are prompt chunks for `_prefill`. When groups of the decodes share leading blocks,
+        # `_prefix_run` attends the rows `_order` picks over them and `_slots` says where each
+        # decode row's result from that pass is.
         self._decodes = 0
         self._decode_run = None
         self._prefix_run = None
-        self._shares: torch.Tensor | None = None
+        self._order: torch.Tensor | None = None
+        self._slots: torch.Tensor | None = None
         self._empty = torch.empty(0, dtype=dtype)  # the planner takes the dtypes as empty tensors
         # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
         # Python argument handling (see _replan_graph); False takes the public plan() every step.
@@ -89,14 +95,15 @@ class FlashInferAttention(AttentionBackend):
         decode's long KV several times slower than the decode kernel does."""
         host = batch.host
         decodes = batch.num_seqs if host.is_decode else int(np.argmin(host.query_lens == 1))
-        self._decodes, self._decode_run, self._prefix_run, self._shares = decodes, None, None, None
+        self._decodes, self._decode_run, self._prefix_run = decodes, None, None
         if decodes:
-            shared = find_shared_prefix(host, decodes, self.min_spared_token_reads)
+            shared = find_shared_prefixes(host, decodes, self.min_spared_token_reads)
             if shared is None:
                 pages = int(host.kv_indptr[decodes])
                 indptr, indices = batch.host_kv_indptr[: decodes + 1], batch.kv_indices[:pages]
             else:
-                indptr, indices = self._stage_shared_prefix(shared, self._shared_prefill, decodes, batch.block_size)
+                indptr, indices = self._plan_prefix_pass(shared, self._shared_prefill, batch.block_size)
+                self._order = self._order[: int(shared.query_indptr[-1])]  # eagerly, the pass takes its rows only
             self._decode.plan(
                 indptr, indices, batch.host_kv_last_page_len[:decodes], *self._heads, batch.block_size,
                 pos_encoding_mode="NONE", **self._kwargs,
@@ -118,12 +125,11 @@ class FlashInferAttention(AttentionBackend):
         if size > len(self._graph_last_page_len):
             raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}")
         if kind is None:
-            shared = find_shared_prefix(batch.host, size, self.min_spared_token_reads) if size >= 2 else None
+            shared = find_shared_prefixes(batch.host, size, self.min_spared_token_reads) if size >= 2 else None
             kind = PLAIN_GRAPH if shared is None else SHARED_PREFIX_GRAPH
-        elif kind == SHARED_PREFIX_GRAPH:  # capturing: a one-block prefix that no row merges
-            host = batch.host
-            shared = SharedPrefix(host.kv_indices[:1], host.kv_indptr, host.kv_indices, np.zeros(size, np.int32))
-        self._decodes, self._prefix_run, self._shares = size, None, None
+        elif kind == SHARED_PREFIX_GRAPH:
+            shared = self._capture_plan(batch)
+        self._decodes, self._prefix_run = size, None
         if kind == PLAIN_GRAPH:
             indptr, indices = batch.host_kv_indptr, batch.kv_indices
         else:
@@ -133,23 +139,35 @@ class FlashInferAttention(AttentionBackend):
                     self._workspace, "NHD", use_cuda_graph=True, **self._graph_prefix_buffers,
                 )
                 self._graph_prefix[size] = prefix_run
-            indptr, indices = self._stage_shared_prefix(shared, prefix_run, size, batch.block_size)
-            self._graph_shares[:size].copy_(self._shares, non_blocking=True)
-            self._shares = self._graph_shares[:size]
+            indptr, indices = self._plan_prefix_pass(_padded_to_max_groups(shared), prefix_run, batch.block_size)
+            self._graph_order[:size].copy_(self._order, non_blocking=True)
+            self._graph_slots[:size].copy_(self._slots, non_blocking=True)
+            self._order, self._slots = self._graph_order[:size], self._graph_slots[:size]
         self._decode_run = self._plan_graph_decode(size, indptr, indices, batch)
         self._staging.release()  # the plans have enqueued their reads of its pinned arrays
         return kind
 
-    def _stage_shared_prefix(self, shared: SharedPrefix, prefix_run, rows: int, block_size: int):
-        """Uploads a shared-prefix plan and plans `prefix_run`, the pass of the first `rows` queries
-        over the prefix. Returns the host indptr and device indices of the decode pass, over what
+    @staticmethod
+    def _capture_plan(batch: ForwardBatch) -> SharedPrefixes:
+        """A plan to capture a shared-prefix graph with: every row in the first group, over one block
+        that no row merges (the pass must be captured at the most rows it will take)."""
+        host, size = batch.host, batch.num_seqs
+        return SharedPrefixes(
+            order=np.arange(size, dtype=np.int32), query_indptr=np.array([0, size], np.int32),
+            pages_indptr=np.array([0, 1], np.int32), pages=host.kv_indices[:1], slots=np.full(size, -1, np.int32),
+            suffix_indptr=host.kv_indptr, suffix_indices=host.kv_indices,
+        )
+
+    def _plan_prefix_pass(self, shared: SharedPrefixes, prefix_run, block_size: int):
+        """Uploads a shared-prefix plan and plans `prefix_run`, the pass of each group's rows over its
+        shared blocks. Returns the host indptr and device indices of the decode pass, over what
         each row reads besides; the caller releases the staging once it has planned that pass."""
-        arrays = [shared.suffix_indptr, shared.suffix_indices, shared.pages, shared.shares,
-                  np.array([0, rows], np.int32), np.array([0, len(shared.pages)], np.int32),
-                  np.array([block_size], np.int32)]
-        device, host = self._staging.upload(arrays, host_views_of=(0, 4, 5, 6))
-        prefix_run.plan(host[4], host[5], device[2], host[6], *self._heads, block_size, causal=False, **self._kwargs)
-        self._prefix_run, self._shares = prefix_run, device[3]
+        full_pages = np.full(shared.num_groups, block_size, np.int32)
+        arrays = [shared.suffix_indptr, shared.suffix_indices, shared.pages, shared.slots, shared.order,
+                  shared.query_indptr, shared.pages_indptr, full_pages]
+        device, host = self._staging.upload(arrays, host_views_of=(0, 5, 6, 7))
+        prefix_run.plan(host[5], host[6], device[2], host[7], *self._heads, block_size, causal=False, **self._kwargs)
+        self._prefix_run, self._slots, self._order = prefix_run, device[3], device[4]
         return host[0], device[1]
 
     def _plan_graph_decode(self, size: int, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch):
@@ -194,17 +212,30 @@ class FlashInferAttention(AttentionBackend):
         # q: [T, heads, head_dim] -> [T, heads, head_dim]
         cache = kv.layers[layer]
         decodes = self._decodes  # their one token each comes first
-        if decodes == len(q) and self._shares is None:
+        if decodes == len(q) and self._prefix_run is None:
             return self._decode_run.run(q, cache)
         if decodes == 0:
             return self._prefill.run(q, cache)
         out = torch.empty_like(q)
-        if self._shares is None:
+        if self._prefix_run is None:
             self._decode_run.run(q[:decodes], cache, out=out[:decodes])
         else:
             _, lse = self._decode_run.run(q[:decodes], cache, out=out[:decodes], return_lse=True)
-            prefix_out, prefix_lse = self._prefix_run.run(q[:decodes], cache, return_lse=True)
-            merge_attention_states(out[:decodes], lse, prefix_out, prefix_lse, self._shares)
+            grouped = q.index_select(0, self._order)  # each group's rows together
+            prefix_out, prefix_lse = self._prefix_run.run(grouped, cache, return_lse=True)
+            merge_attention_states(out[:decodes], lse, prefix_out, prefix_lse, self._slots)
         if decodes < len(q):
             self._prefill.run(q[decodes:], cache, out=out[decodes:])
         return out
+
+
+def _padded_to_max_groups(shared: SharedPrefixes) -> SharedPrefixes:
+    """The plan with empty groups appended (no rows, one block already listed) up to MAX_GROUPS, the
+    requests a graph's prefix pass was captured with."""
+    missing = MAX_GROUPS - shared.num_groups
+    return replace(
+        shared,
+        query_indptr=np.r_[shared.query_indptr, np.repeat(shared.query_indptr[-1:], missing)].astype(np.int32),
+        pages_indptr=np.r_[shared.pages_indptr, shared.pages_indptr[-1] + np.arange(1, missing + 1)].astype(np.int32),
+        pages=np.r_[shared.pages, np.repeat(shared.pages[:1], missing)].astype(np.int32),
+    )

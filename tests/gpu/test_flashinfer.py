@@ -186,7 +186,7 @@ def test_a_shared_prefix_read_once_gives_plain_attention():
         backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
         backend.min_spared_token_reads = 0
         backend.prepare(step)
-        assert backend._shares is not None and backend._shares.tolist() == [1, 1, 0, 1], decode_only
+        assert backend._slots.tolist()[:4] == [0, 1, -1, 2], decode_only
         reference = TorchAttention(dim**-0.5)
         reference.prepare(step)
         expected = reference.attend(0, queries, kv)
@@ -194,22 +194,23 @@ def test_a_shared_prefix_read_once_gives_plain_attention():
         assert error.item() < 1e-2, (decode_only, error.item())
 
 
-def test_graphs_that_read_a_shared_prefix_once_give_the_eager_tokens(hd128_model):
-    """Eight continuations of one 48-token prompt decode in a batch of 8 whose prompt blocks are the
-    same blocks, each fed the plain kernels' tokens: the graph of the shared-prefix kind draws
-    exactly the eager tokens, and those are the plain kernels' but for rare near-ties."""
+def test_graphs_that_read_shared_prefixes_once_give_the_eager_tokens(hd128_model):
+    """Four continuations of each of two 48-token prompts, interleaved, decode in a batch of 8 whose
+    prompt blocks are their prompt's blocks; each is fed the plain kernels' tokens. The graph of
+    the shared-prefix kind draws exactly the eager tokens, and those are the plain kernels' but for
+    rare near-ties."""
     needs("flashinfer")
     model_dir = hd128_model("llama")
     runners = {"plain": runner_for(model_dir, "flashinfer"), "eager": runner_for(model_dir, "flashinfer"),
                "graphs": runner_for(model_dir, "flashinfer", cuda_graphs=True)}
     for name in ("graphs", "eager"):
         runners[name].model.attention_backend.min_spared_token_reads = 0
-    prompt = random_prompt(48, seed=1)
-    tables = [[0, 1, 2, 10 + i] for i in range(8)]
+    prompts = {(0, 1, 2): random_prompt(48, seed=1), (3, 4, 5): random_prompt(48, seed=2)}
+    tables = [[*((0, 1, 2) if i % 2 else (3, 4, 5)), 10 + i] for i in range(8)]
     fed = None  # the plain runner's tokens, fed to all
     drawn = {}
     for name, runner in runners.items():
-        runner.step([SequenceInput(prompt, 0, [0, 1, 2], sample=False)])
+        runner.step([SequenceInput(prompt, 0, list(blocks), sample=False) for blocks, prompt in prompts.items()])
         tokens = runner.step([SequenceInput(random_prompt(3, seed=10 + i), 48, t, sample=True)
                               for i, t in enumerate(tables)])
         drawn[name] = [tokens]
@@ -217,7 +218,10 @@ def test_graphs_that_read_a_shared_prefix_once_give_the_eager_tokens(hd128_model
             inputs = tokens if fed is None else fed[step]
             tokens = runner.step([SequenceInput([tok], 51 + step, t, sample=True) for tok, t in zip(inputs, tables)])
             drawn[name].append(tokens)
-        assert (runner.model.attention_backend._shares is not None) == (name != "plain"), name
+        backend = runner.model.attention_backend
+        assert (backend._prefix_run is not None) == (name != "plain"), name
+        if name != "plain":
+            assert sorted(backend._slots.tolist()) == list(range(8))  # every row in one of the two groups
         fed = drawn["plain"]
     assert drawn["graphs"] == drawn["eager"]
     same = sum(a == b for plain, eager in zip(drawn["plain"], drawn["eager"]) for a, b in zip(plain, eager))
