@@ -65,6 +65,8 @@ def find_shared_prefixes(
     candidates, firsts = candidates[by_first], firsts[by_first]  # [C], a group's rows adjacent
     group_starts = np.flatnonzero(np.r_[True, firsts[1:] != firsts[:-1]])  # [G0]
     group_sizes = np.diff(np.r_[group_starts, len(candidates)])
+    if group_sizes.max() < 2:  # no two rows start alike: the common case without a prefix cache
+        return None
     # Each candidate's leading blocks but its last, padded with -1, against its group's first row's.
     limits = pages[candidates] - 1  # [C]
     columns = np.arange(limits.max())
