@@ -1,4 +1,5 @@
-"""CUDA graphs of decode-only steps, one per batch size in a fixed set, padded up to the next size.
+"""CUDA graphs of decode-only steps, for each batch size in a fixed set (padded up to the next
+size) one per kind of plan the attention backend makes (FlashInfer: plain, or shared prefixes read once).
 
 A decode step of an 8B model launches a few hundred kernels; replayed from a graph they cost one
 launch. The graphs share their input and attention-metadata buffers, so a graph is only ever

@@ -124,11 +124,16 @@ class FlashInferAttention(AttentionBackend):
         size = batch.num_seqs
         if size > len(self._graph_last_page_len):
             raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}")
-        if kind is None:
-            shared = find_shared_prefixes(batch.host, size, self.min_spared_token_reads) if size >= 2 else None
+        if kind is None:  # replaying: only a kind captured at this size may be chosen
+            shared = None
+            if size in self._graph_prefix:
+                shared = find_shared_prefixes(batch.host, size, self.min_spared_token_reads)
             kind = PLAIN_GRAPH if shared is None else SHARED_PREFIX_GRAPH
-        elif kind == SHARED_PREFIX_GRAPH:
+        elif kind == SHARED_PREFIX_GRAPH:  # capturing
             shared = self._capture_plan(batch)
+        elif kind != PLAIN_GRAPH:
+            raise ValueError(f"unknown CUDA-graph kind {kind!r}; this backend captures {PLAIN_GRAPH!r} and "
+                             f"{SHARED_PREFIX_GRAPH!r}")
         self._decodes, self._prefix_run = size, None
         if kind == PLAIN_GRAPH:
             indptr, indices = batch.host_kv_indptr, batch.kv_indices

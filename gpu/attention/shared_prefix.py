@@ -4,7 +4,8 @@ When 64 chats share a 2,048-token system prompt, a decode step reads those block
 llama-3.1-8b shape that is 17 GB a step, more than the weights. Instead the step attends in two
 passes whose results merge exactly (each pass returns its softmax's log-sum-exp):
 - the query of every row of a group against the group's shared blocks, as one request of many
-  query rows (a prefill kernel, which reads the blocks once per tile of queries, not once per row);
+  query rows (a prefill kernel, which reads the blocks once per tile of queries and query head,
+  not once per row);
 - each row against its own remaining blocks (the decode kernel).
 Blocks are shared physically (the radix cache hands the same block ids to every request that
 reuses a prefix), so finding the groups is comparing block ids: 16 completions of each of 8 prompts
