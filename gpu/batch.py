@@ -81,10 +81,10 @@ class HostBatch:
         ends = starts + query_lens
         if limits is not None:
             _check_shapes(query_lens, starts, ends, table_lens, block_size, limits)
-        query_start = _offsets(query_lens)
+        query_start = offsets(query_lens)
         num_tokens = int(query_start[-1])
         pages = (ends + block_size - 1) // block_size
-        kv_indptr = _offsets(pages)
+        kv_indptr = offsets(pages)
         kv_indices = np.fromiter(
             chain.from_iterable(t[:n] for t, n in zip(block_tables, pages.tolist())), np.int64, int(kv_indptr[-1])
         )
@@ -164,10 +164,11 @@ class HostBatch:
         )
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
+def offsets(lengths: np.ndarray) -> np.ndarray:
+    """[n+1] int64: 0, then the running sums of `lengths` (where each of n ragged runs starts)."""
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return starts
 
 
 def _first(bad: np.ndarray) -> int | None:

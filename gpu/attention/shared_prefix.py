@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.batch import HostBatch
+from gpu.batch import HostBatch, offsets
 
 # The shared pass costs two small kernels a layer; it pays once it spares at least this many KV
 # token reads a layer (16 MB of bf16 KV at 8 KV heads of 128: about 6 us of HBM time on an H100,
@@ -87,17 +87,15 @@ def find_shared_prefixes(
     slots[member_rows] = np.arange(len(member_rows))
     dropped = np.zeros(rows, np.int64)
     dropped[member_rows] = np.repeat(shared[kept], group_sizes[kept])
-    suffix_indptr = np.zeros(rows + 1, np.int64)
-    np.cumsum(pages - dropped, out=suffix_indptr[1:])
     position_in_row = np.arange(indptr[-1]) - np.repeat(indptr[:-1], pages)
     keep = position_in_row >= np.repeat(dropped, pages)
     return SharedPrefixes(
         order=np.concatenate([member_rows, np.flatnonzero(slots < 0)]).astype(np.int32),
-        query_indptr=np.r_[0, np.cumsum(group_sizes[kept])].astype(np.int32),
-        pages_indptr=np.r_[0, np.cumsum(shared[kept])].astype(np.int32),
+        query_indptr=offsets(group_sizes[kept]).astype(np.int32),
+        pages_indptr=offsets(shared[kept]).astype(np.int32),
         pages=np.concatenate([table[group_starts[g], : shared[g]] for g in kept]).astype(np.int32),
         slots=slots.astype(np.int32),
-        suffix_indptr=suffix_indptr.astype(np.int32),
+        suffix_indptr=offsets(pages - dropped).astype(np.int32),
         suffix_indices=host.kv_indices[: indptr[-1]][keep].astype(np.int32),
     )
 
