@@ -1,8 +1,9 @@
 """The HTTP front door: OpenAI-compatible routes, the native `/generate`, and `/health`.
 
-Handlers parse with `openai_protocol`, run the request through the pipeline, and write either
-one JSON body or a stream of server-sent events. A client that goes away mid-request cancels
-its handler (or fails its next write), and closing the stream aborts the request downstream.
+Handlers parse with `openai_protocol` or `native_protocol`, run the request through the pipeline,
+and write either one JSON body or a stream of server-sent events. A client that goes away
+mid-request cancels its handler (or fails its next write), and closing the stream aborts the
+request downstream.
 """
 
 import time
@@ -11,8 +12,9 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor import native_protocol as native, openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
+from actors.frontdoor.request_fields import ParsedRequest
 from actors.origin.pipeline import RequestPipeline
 from actors.origin.request_stream import RequestGroup
 from actors.frontdoor.tenants import Tenants
@@ -108,7 +110,7 @@ class HttpApi:
 
     async def publish_prefix(self, request: web.Request) -> web.Response:
         """{"text": ...} (encoded as a completions prompt is) or {"input_ids": [...]}."""
-        parsed = protocol.parse_publish_request(await request.read())
+        parsed = native.parse_publish_request(await request.read())
         if isinstance(parsed, Error):
             return error_response(parsed)
         encoded = await self.pipeline.encode(parsed)
@@ -127,7 +129,7 @@ class HttpApi:
         return web.json_response(protocol.models_response(self.model_name, self.created))
 
     async def open_session(self, request: web.Request) -> web.Response:
-        body = protocol.parse_session_body(await request.read())
+        body = native.parse_session_body(await request.read())
         if isinstance(body, Error):
             return error_response(body)
         user = self.tenants.cache_namespace(request["identity"], body.user or "")
@@ -154,9 +156,9 @@ class HttpApi:
         return await self._serve(request, protocol.parse_completion_request(await request.read(), self.model_name))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, protocol.parse_generate_request(await request.read()))
+        return await self._serve(request, native.parse_generate_request(await request.read()))
 
-    async def _serve(self, request: web.Request, parsed: protocol.ParsedRequest | Error) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, parsed: ParsedRequest | Error) -> web.StreamResponse:
         if isinstance(parsed, Error):
             return error_response(parsed)
         if len(self.pipeline.streams) >= self.max_concurrent_requests:
@@ -175,7 +177,7 @@ class HttpApi:
         finally:
             await group.close()
 
-    async def _whole_response(self, parsed: protocol.ParsedRequest, group: RequestGroup) -> web.Response:
+    async def _whole_response(self, parsed: ParsedRequest, group: RequestGroup) -> web.Response:
         texts: list[list[str]] = [[] for _ in group.choices]
         token_ids: list[list[int]] = [[] for _ in group.choices]
         finishes: list[str] = [""] * len(group.choices)
@@ -206,7 +208,7 @@ class HttpApi:
             "cached_tokens": group.cached_tokens,
         }
 
-    async def _stream_events(self, request: web.Request, parsed: protocol.ParsedRequest, group: RequestGroup) -> web.StreamResponse:
+    async def _stream_events(self, request: web.Request, parsed: ParsedRequest, group: RequestGroup) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         kind, rid, model, created = parsed.kind, group.request_id, self.model_name, self.created

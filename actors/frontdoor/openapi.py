@@ -6,7 +6,8 @@ cannot drift from what the server accepts.
 
 import msgspec
 
-from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateBody, PublishBody, SessionBody
+from actors.frontdoor.native_protocol import GenerateBody, PublishBody, SessionBody
+from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
 from schemas.admin import CacheReport, SchedulerStats
 
 REF = "#/components/schemas/{name}"

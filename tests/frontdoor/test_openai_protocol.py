@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor import native_protocol as native, openai_protocol as protocol
+from actors.frontdoor.request_fields import ParsedRequest
 from schemas.errors import Error
 from schemas.generate import ChatMessage, SamplingParams
 
@@ -31,7 +32,7 @@ def completion(**fields):
 
 
 def generate(**fields):
-    return protocol.parse_generate_request(body(**({"text": "hi"} | fields)))
+    return native.parse_generate_request(body(**({"text": "hi"} | fields)))
 
 
 def assert_invalid(result, param: str | None, words: str = "") -> Error:
@@ -47,7 +48,7 @@ def assert_invalid(result, param: str | None, words: str = "") -> Error:
 @pytest.mark.parametrize("parse", [
     lambda b: protocol.parse_chat_request(b, MODEL),
     lambda b: protocol.parse_completion_request(b, MODEL),
-    protocol.parse_generate_request,
+    native.parse_generate_request,
 ])
 @pytest.mark.parametrize(("raw", "words"), [
     (b"{not json", "not valid JSON"),
@@ -82,7 +83,7 @@ def test_wrong_types_name_the_field():
 def test_unknown_openai_fields_are_ignored():
     parsed = chat(user="u1", metadata={"a": "b"}, store=False, parallel_tool_calls=True, stream_options=None,
                   presence_penalty=0, frequency_penalty=0.0, logit_bias={}, tools=[], n=1, logprobs=False)
-    assert isinstance(parsed, protocol.ParsedRequest)
+    assert isinstance(parsed, ParsedRequest)
 
 
 # --- requests: model ----------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def test_chat_features_we_cannot_honour_are_refused(fields, param):
 
 def test_chat_defaults_of_unsupported_features_pass():
     parsed = chat(tool_choice="none", response_format={"type": "text"}, min_tokens=0, top_logprobs=0)
-    assert isinstance(parsed, protocol.ParsedRequest)
+    assert isinstance(parsed, ParsedRequest)
 
 
 def test_n_choices_reach_the_request():
@@ -301,7 +302,7 @@ def test_generate_takes_text_or_ids():
     assert (parsed.kind, parsed.include_usage_in_stream) == ("generate", False)
     assert parsed.request.text == "hi" and parsed.request.stream and parsed.request.model is None
     assert parsed.request.params == SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[3])
-    by_ids = protocol.parse_generate_request(body(input_ids=[5, 6], sampling_params={"max_tokens": 4}))
+    by_ids = native.parse_generate_request(body(input_ids=[5, 6], sampling_params={"max_tokens": 4}))
     assert (by_ids.request.input_ids, by_ids.request.text, by_ids.request.params.max_tokens) == ([5, 6], None, 4)
 
 
@@ -356,9 +357,9 @@ json_bodies = json_values | st.builds(operator.or_, good_bodies, st.dictionaries
 def test_any_json_body_gives_a_request_or_an_error(value):
     raw = msgspec.json.encode(value)
     for result in (protocol.parse_chat_request(raw, MODEL), protocol.parse_completion_request(raw, MODEL),
-                   protocol.parse_generate_request(raw)):
-        assert isinstance(result, protocol.ParsedRequest | Error)
-        if isinstance(result, protocol.ParsedRequest):
+                   native.parse_generate_request(raw)):
+        assert isinstance(result, ParsedRequest | Error)
+        if isinstance(result, ParsedRequest):
             msgspec.msgpack.encode(result.request)  # what reached a request must cross the bus
 
 
@@ -366,8 +367,8 @@ def test_any_json_body_gives_a_request_or_an_error(value):
 @given(st.binary(max_size=64))
 def test_any_bytes_give_a_request_or_an_error(raw):
     for result in (protocol.parse_chat_request(raw, MODEL), protocol.parse_completion_request(raw, MODEL),
-                   protocol.parse_generate_request(raw)):
-        assert isinstance(result, protocol.ParsedRequest | Error)
+                   native.parse_generate_request(raw)):
+        assert isinstance(result, ParsedRequest | Error)
 
 
 # --- responses, checked against the official SDK's types ----------------------------------------
