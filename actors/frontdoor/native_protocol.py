@@ -4,7 +4,7 @@
 import msgspec
 
 from actors.frontdoor.request_fields import (
-    Id, ParsedRequest, SamplingFields, TokenCount, TokenId, decode_body, invalid, sampling_params, session_turn,
+    Body, Id, ParsedRequest, SamplingFields, TokenCount, TokenId, decode_body, invalid, sampling_params, session_turn,
 )
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
@@ -36,22 +36,23 @@ class PublishBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def parse_publish_request(body: bytes) -> GenerateRequest | Error:
     """The prefix as a prompt to encode (text is encoded as a completions prompt is)."""
-    req = decode_body(body, PublishBody)
+    req = _decode_tokens_body(body, PublishBody, "prefix")
     if isinstance(req, Error):
         return req
-    error = _check_text_or_ids(req.text, req.input_ids, "prefix")
-    if error:
-        return error
     return GenerateRequest(text=req.text, input_ids=req.input_ids)
 
 
-def _check_text_or_ids(text: str | None, input_ids: list[int] | None, what: str) -> Error | None:
-    """The native bodies give their tokens as text or as ids: exactly one, and not empty."""
-    if (text is None) == (input_ids is None):
+def _decode_tokens_body(body: bytes, struct_type: type[Body], what: str) -> Body | Error:
+    """Decodes a native body, which gives its tokens (the `what`) as text or as ids: exactly one,
+    and not empty."""
+    req = decode_body(body, struct_type)
+    if isinstance(req, Error):
+        return req
+    if (req.text is None) == (req.input_ids is None):
         return invalid("give exactly one of text and input_ids", "text")
-    if not (text or input_ids):
-        return invalid(f"the {what} is empty", "text" if text is not None else "input_ids")
-    return None
+    if not (req.text or req.input_ids):
+        return invalid(f"the {what} is empty", "text" if req.text is not None else "input_ids")
+    return req
 
 
 class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -67,12 +68,9 @@ def parse_session_body(body: bytes) -> SessionBody | Error:
 
 
 def parse_generate_request(body: bytes) -> ParsedRequest | Error:
-    req = decode_body(body, GenerateBody)
+    req = _decode_tokens_body(body, GenerateBody, "prompt")
     if isinstance(req, Error):
         return req
-    error = _check_text_or_ids(req.text, req.input_ids, "prompt")
-    if error:
-        return error
     sampling = req.sampling_params
     if sampling.max_tokens is not None and sampling.max_new_tokens not in (None, sampling.max_tokens):
         return invalid("give max_new_tokens or max_tokens, not both", "sampling_params.max_new_tokens")
