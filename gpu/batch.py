@@ -60,6 +60,15 @@ class HostBatch:
         return (np.diff(self.kv_indptr) - 1) * self.block_size + self.kv_last_page_len
 
     @classmethod
+    def empty(cls, block_size: int) -> "HostBatch":
+        """No sequence at all: what `padded` and `with_filler` grow the batches of CUDA graph capture from."""
+        none = np.zeros(0, np.int32)
+        return cls(
+            token_data=none, query_start=np.zeros(1, np.int32), kv_indptr=np.zeros(1, np.int32), kv_indices=none,
+            kv_last_page_len=none, logits_index=none, block_size=block_size,
+        )
+
+    @classmethod
     def build(
         cls,
         token_ids: list[list[int]],
@@ -138,7 +147,6 @@ class HostBatch:
             kv_indices=np.concatenate([self.kv_indices, ones * scratch_block]),
             kv_last_page_len=np.concatenate([self.kv_last_page_len, ones]),
         )
-
 
     def with_filler(self, num_tokens: int, scratch_block: int) -> "HostBatch":
         """This batch grown to `num_tokens` tokens by one more sequence, last, of filler tokens (id 0,

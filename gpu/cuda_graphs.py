@@ -101,12 +101,7 @@ class DecodeGraphs:
 
     def _idle_batch(self, size: int) -> HostBatch:
         # Every row on the scratch block: capturing writes no KV that a sequence owns.
-        empty = HostBatch(
-            token_data=np.zeros(0, np.int32), query_start=np.zeros(1, np.int32), kv_indptr=np.zeros(1, np.int32),
-            kv_indices=np.zeros(0, np.int32), kv_last_page_len=np.zeros(0, np.int32),
-            logits_index=np.zeros(0, np.int32), block_size=self.kv.block_size,
-        )
-        return empty.padded(size, self.kv.scratch_block)
+        return HostBatch.empty(self.kv.block_size).padded(size, self.kv.scratch_block)
 
     def _upload(self, host: HostBatch) -> ForwardBatch:
         batch, _ = ForwardBatch.from_host(host, self.staging)

@@ -69,8 +69,9 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         _pack(self, [self.q_proj, self.k_proj, self.v_proj], "qkv")
 
-    def forward(self, x: torch.Tensor, rope: "RopeInputs", backend: AttentionBackend, kv: KVCache) -> torch.Tensor:
-        # x: [T, hidden] -> [T, hidden]
+    def query(self, x: torch.Tensor, rope: "RopeInputs", kv: KVCache) -> torch.Tensor:
+        """Projects x to q/k/v, rotates q and k, and writes the new K/V into the cache; returns the
+        rotated queries. x: [T, hidden] -> [T, heads, head_dim]"""
         tokens = x.shape[0]
         if self.qkv_weight is None:
             raise RuntimeError("call CausalLM.fuse_projections() after loading the weights")
@@ -78,23 +79,26 @@ class Attention(nn.Module):
         if _uses_kernels(x):
             from gpu.kernels import rope_store_kv
 
-            q = rope_store_kv(
+            return rope_store_kv(
                 qkv, rope.positions, rope.inv_freq, kv.layers[self.layer_index], rope.slot_mapping,
                 self.num_heads, self.num_kv_heads, self.head_dim,
                 self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None, self.eps,
             )
-        else:
-            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(tokens, self.num_heads, self.head_dim)
-            k = k.view(tokens, self.num_kv_heads, self.head_dim)
-            v = v.view(tokens, self.num_kv_heads, self.head_dim)
-            if self.qk_norm:  # Qwen3 normalizes each head before the rotation
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
-            kv.write(self.layer_index, k, v, rope.slot_mapping)
-        out = backend.attend(self.layer_index, q, kv)  # [T, heads, head_dim]
-        return linear(out.reshape(tokens, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # Qwen3 normalizes each head before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
+        kv.write(self.layer_index, k, v, rope.slot_mapping)
+        return q
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        # attended: [T, heads, head_dim] -> [T, hidden]
+        tokens = attended.shape[0]
+        return linear(attended.reshape(tokens, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -133,13 +137,16 @@ class RopeInputs:
     """What the layers need for the rotary embedding: positions for the fused kernel, cos/sin for
     the torch path, and the KV slots the new tokens write."""
 
-    def __init__(self, batch: ForwardBatch, inv_freq: torch.Tensor, dtype: torch.dtype, fused: bool) -> None:
-        self.positions = batch.positions  # [T]
-        self.slot_mapping = batch.slot_mapping  # [T]
+    def __init__(
+        self, positions: torch.Tensor, slot_mapping: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+        fused: bool,
+    ) -> None:
+        self.positions = positions  # [T]
+        self.slot_mapping = slot_mapping  # [T]
         self.inv_freq = inv_freq  # [head_dim / 2] float32
         self.cos = self.sin = None
         if not fused:
-            self.cos, self.sin = rope_cos_sin(batch.positions, inv_freq, dtype)  # [T, head_dim] each
+            self.cos, self.sin = rope_cos_sin(positions, inv_freq, dtype)  # [T, head_dim] each
 
 
 class DecoderLayer(nn.Module):
@@ -150,12 +157,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeInputs, backend: AttentionBackend, kv: KVCache
+    # A layer runs as query -> attention -> finish; CUDA graphs capture the two halves and leave the
+    # attention, whose kernels depend on how the step's tokens split into sequences, outside.
+    def query(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeInputs, kv: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: the last sublayer's output [T, hidden] (the embeddings for layer 0, with no residual yet)
+        """x: the last sublayer's output [T, hidden] (the embeddings for layer 0, with no residual
+        yet) -> (queries [T, heads, head_dim], residual [T, hidden]); writes the layer's new K/V."""
         h, residual = add_rms_norm(x, residual, self.input_layernorm)
-        h, residual = add_rms_norm(self.self_attn(h, rope, backend, kv), residual, self.post_attention_layernorm)
+        return self.self_attn.query(h, rope, kv), residual
+
+    def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """attended: the attention's output [T, heads, head_dim] -> (the MLP's output, residual)"""
+        h, residual = add_rms_norm(self.self_attn.output(attended), residual, self.post_attention_layernorm)
         return self.mlp(h), residual
 
 
@@ -203,12 +217,25 @@ class CausalLM(nn.Module):
         """The forward pass once the backend is planned; what a CUDA graph captures. `out`: where
         to write the logits (a graph's static output) instead of a new tensor."""
         x = self.model.embed_tokens(batch.input_ids)  # [T, hidden]
-        rope = RopeInputs(batch, self.rope_inv_freq, x.dtype, fused=_uses_kernels(x))
+        rope = self.rope_inputs(batch.positions, batch.slot_mapping, x)
         residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, rope, self.attention_backend, kv)
-        if batch.logits_index is not None:
-            x, residual = x[batch.logits_index], residual[batch.logits_index]  # [R, hidden]
+        for i, layer in enumerate(self.model.layers):
+            q, residual = layer.query(x, residual, rope, kv)
+            x, residual = layer.finish(self.attention_backend.attend(i, q, kv), residual)
+        return self.logits(x, residual, batch.logits_index, out)
+
+    def rope_inputs(self, positions: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> RopeInputs:
+        """The rotary inputs of tokens at `positions` [T] writing KV `slot_mapping` [T], for hidden
+        states like x [T, hidden]."""
+        return RopeInputs(positions, slot_mapping, self.rope_inv_freq, x.dtype, fused=_uses_kernels(x))
+
+    def logits(
+        self, x: torch.Tensor, residual: torch.Tensor, logits_index: torch.Tensor | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """float32 logits [R, vocab] of the tokens in `logits_index` (all when None), from the last
+        layer's output and residual [T, hidden]; written to `out` when given."""
+        if logits_index is not None:
+            x, residual = x[logits_index], residual[logits_index]  # [R, hidden]
         last, _ = add_rms_norm(x, residual, self.model.norm)
         logits = linear(last, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
         if out is None:

@@ -6,7 +6,8 @@ Block ids are owned by the scheduler; the runner only checks that they are in ra
 
 On CUDA `launch` enqueues a step and returns at once: numpy metadata, one host-to-device copy, the
 input ids that the previous step drew gathered on the device, the attention plan, the model (a
-graph replay for decode batches up to the largest captured size), the sampler, and a non-blocking
+graph replay for decode batches up to the largest captured size; for steps with prompt tokens,
+replays of the layers' pieces around eager attention), the sampler, and a non-blocking
 copy of the drawn tokens into pinned memory. `PendingStep.tokens` waits for that copy, the step's
 one sync; the host builds and launches the next step meanwhile, so the GPU does not wait for it.
 """
@@ -24,6 +25,7 @@ from gpu.config import ModelConfig
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
+from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import SamplingTensors, _as_int64, sample
 from gpu.staging import Staging
 from gpu.weights import load_model, random_model
@@ -98,8 +100,9 @@ _token_ids, _starts, _tables, _samples, _previous_rows = (
 class ModelRunner:
     """`attention_backend`: auto (on CUDA FlashInfer where it is installed and fits, else the
     project's Triton kernels; torch on CPU), torch, flashinfer or triton.
-    `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes`; None means wherever the backend
-    allows (CUDA with FlashInfer or Triton)."""
+    `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes` and steps with prompt tokens
+    at `cuda_graph_token_counts`; None means wherever the backend allows (CUDA with FlashInfer or
+    Triton)."""
 
     def __init__(
         self,
@@ -112,13 +115,14 @@ class ModelRunner:
         attention_backend: str = "auto",
         cuda_graphs: bool | None = None,
         cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
     ) -> None:
         config = ModelConfig.from_pretrained(model_dir)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
         self._setup(
             config, load_model(model_dir, config, device_, dtype_), device_, dtype_, num_kv_blocks, kv_cache_bytes,
-            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes,
+            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes, cuda_graph_token_counts,
         )
 
     @classmethod
@@ -134,6 +138,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         cuda_graphs: bool | None = None,
         cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
     ) -> "ModelRunner":
         """A runner over a model of `config`'s shape with random weights made on the device (benchmarks)."""
         runner = cls.__new__(cls)
@@ -141,14 +146,14 @@ class ModelRunner:
         dtype_ = resolve_dtype(dtype, device_)
         runner._setup(
             config, random_model(config, device_, dtype_, seed), device_, dtype_, num_kv_blocks, kv_cache_bytes,
-            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes,
+            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes, cuda_graph_token_counts,
         )
         return runner
 
     def _setup(
         self, config: ModelConfig, model: CausalLM, device: torch.device, dtype: torch.dtype,
         num_kv_blocks: int | None, kv_cache_bytes: int | None, block_size: int, attention_backend: str,
-        cuda_graphs: bool | None, cuda_graph_batch_sizes: tuple[int, ...],
+        cuda_graphs: bool | None, cuda_graph_batch_sizes: tuple[int, ...], cuda_graph_token_counts: tuple[int, ...],
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -182,11 +187,14 @@ class ModelRunner:
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
         self.graphs: DecodeGraphs | None = None
+        self.prompt_graphs: PromptGraphs | None = None
         if cuda_graphs:
             if self.staging is None:
                 raise ValueError("CUDA graphs need a CUDA device")
             self.graphs = DecodeGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_batch_sizes))
             self.graphs.capture()
+            self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
+            self.prompt_graphs.capture()
 
     def _blocks_that_fit(self, kv_cache_bytes: int | None) -> int:
         cfg = self.config
@@ -237,11 +245,13 @@ class ModelRunner:
         greedy = all(s.temperature <= 0 for s in chosen)
         extra = gather + ([] if greedy else _sampling_arrays(chosen))
         graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
+        prompt_tokens = None
         if graph_size is not None:
             host = host.padded(graph_size, self.kv.scratch_block)
         elif not host.is_decode:  # decode batches take few sizes: at most one per batch size
+            prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens) if self.prompt_graphs else None
             bucket = self.eager_token_bucket
-            host = host.with_filler(-(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
+            host = host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
         batch, views = ForwardBatch.from_host(host, self.staging, extra)
         if gather:
             target, source = views[:2]
@@ -254,7 +264,10 @@ class ModelRunner:
         else:
             self.model.attention_backend.prepare(batch)
             self._release_staging()
-            logits = self.model.compute_logits(batch, self.kv)  # [R, vocab] float32
+            if prompt_tokens is not None:
+                logits = self.prompt_graphs.run(batch)  # [R, vocab] float32
+            else:
+                logits = self.model.compute_logits(batch, self.kv)
         if greedy:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:

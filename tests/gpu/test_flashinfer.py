@@ -55,7 +55,8 @@ def hf_bf16():
 
 def runner_for(model_dir, backend: str, cuda_graphs: bool = False, sizes=(1, 2, 4, 8)) -> ModelRunner:
     return ModelRunner(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                       attention_backend=backend, cuda_graphs=cuda_graphs, cuda_graph_batch_sizes=sizes)
+                       attention_backend=backend, cuda_graphs=cuda_graphs, cuda_graph_batch_sizes=sizes,
+                       cuda_graph_token_counts=(64, 128))
 
 
 def our_logits_at_every_position(runner: ModelRunner, tokens: list[int]) -> torch.Tensor:
@@ -148,6 +149,22 @@ def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model):
     assert [graphed.step(s) for s in steps] == [eager.step(s) for s in steps]
 
 
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
+def test_prompt_steps_replayed_in_pieces_give_the_eager_tokens(hd128_model, backend):
+    """Steps with prompt tokens, alone or beside decodes, padded to 64 or 128 tokens and replayed as
+    graph pieces around eager attention, or above 128 run eagerly: the eager path's tokens."""
+    needs(backend)
+    model_dir = hd128_model("llama")
+    graphed, eager = runner_for(model_dir, backend, cuda_graphs=True), runner_for(model_dir, backend)
+    replayed = []
+    run = graphed.prompt_graphs.run
+    graphed.prompt_graphs.run = lambda batch: replayed.append(batch.host.num_tokens) or run(batch)
+    prompts = [random_prompt(n, seed=n) for n in (70, 9, 100, 33, 150)]
+    arrivals = [0, 0, 2, 3, 5]
+    assert generate(graphed, prompts, 8, arrivals=arrivals) == generate(eager, prompts, 8, arrivals=arrivals)
+    assert set(replayed) == {64, 128}
+
+
 def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
     needs("flashinfer")
     runner = runner_for(hd128_model("llama"), "flashinfer", cuda_graphs=True)
@@ -156,9 +173,11 @@ def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
     runner.step([SequenceInput([8], 3, [3], sample=True)])  # batch 1 of a graph captured at 1
     runner.step([SequenceInput([9], 4, [3], sample=True), SequenceInput([1], 0, [4], sample=True),
                  SequenceInput([2], 0, [5], sample=True)])  # padded 3 -> 4: the pad row writes the scratch block
+    runner.step([SequenceInput(list(range(10, 30)), 0, [6, 7], sample=True),
+                 SequenceInput([4], 5, [3], sample=True)])  # 21 tokens replayed at 64: the filler writes scratch
     for old, new in zip(before, runner.kv.layers):
         changed = (old != new).flatten(1).any(dim=1).nonzero().flatten().tolist()
-        assert set(changed) <= {3, 4, 5, runner.kv.scratch_block}
+        assert set(changed) <= {3, 4, 5, 6, 7, runner.kv.scratch_block}
         assert torch.equal(old[3, :, :3], new[3, :, :3])  # the cached prompt stays as it was
 
 

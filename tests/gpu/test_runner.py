@@ -5,6 +5,7 @@ import torch
 
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.kv_cache import KVCache
+from gpu.prompt_graphs import LayerPieces
 from gpu.runner import ModelRunner, SequenceInput
 
 
@@ -74,6 +75,23 @@ def test_filler_tokens_change_no_drawn_token_and_no_real_block(build_tiny_model)
     # Equal up to float32 rounding (a product of another shape sums in another order)...
     assert torch.allclose(filled_blocks, blocks, rtol=0, atol=1e-4)
     assert filled_blocks[5:].abs().sum() == 0  # ...and the blocks no sequence has stay unwritten
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_layers_run_in_pieces_around_attention_give_the_whole_forward(build_tiny_model, arch):
+    """The pieces prompt steps replay as CUDA graphs, run eagerly on the CPU: they meet only through
+    fixed buffers larger than the step, and must give the whole forward pass's logits and KV."""
+    runner = ModelRunner(build_tiny_model(arch), num_kv_blocks=8, block_size=4)
+    host = HostBatch.build([[20, 21, 22, 23, 24], [40]], [0, 6], [[0, 1], [2, 3]], block_size=4)
+    batch, _ = ForwardBatch.from_host(host.with_filler(8, runner.kv.scratch_block))
+    whole = runner.model(batch, runner.kv)
+    whole_kv = runner.kv.layers[-1].clone()
+    runner.kv.layers[-1].zero_()
+    pieces = LayerPieces(runner.model, runner.kv, max_tokens=16)
+    assert pieces.num_pieces == runner.config.num_hidden_layers + 1
+    runner.model.attention_backend.prepare(batch)
+    assert torch.equal(pieces.forward(batch, pieces.run), whole)
+    assert torch.equal(runner.kv.layers[-1], whole_kv)
 
 
 def test_cache_write_lands_in_the_mapped_slot():

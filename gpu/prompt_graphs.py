@@ -1,0 +1,155 @@
+"""CUDA graphs of steps with prompt tokens, captured in pieces around attention, for each of a fixed
+set of token counts (a step is padded up to the next count with filler tokens).
+
+A prompt step of an 8B model launches about ten kernels a layer; launched one by one from Python
+they cost more host time (11-21 ms for a 1K-token prompt, H100) than the GPU needs to run them
+(13.6 ms), so the first token waits on the host. Everything but attention depends only on the
+number of tokens, so it is captured: piece 0 embeds the tokens and computes layer 0's queries,
+piece i finishes layer i-1 (output projection, norm, MLP) and computes layer i's queries, the last
+piece finishes the last layer. Attention, whose kernels depend on how the tokens split into
+sequences, runs eagerly between the replays, reading the queries from a fixed buffer and writing
+its output into another. The logits of the few tokens that sample are computed eagerly after.
+
+All pieces of all counts share one memory pool: each piece's temporaries die within it, and
+replays never overlap, so a piece can reuse what the previous one used.
+"""
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gpu.batch import ForwardBatch, HostBatch
+from gpu.kv_cache import KVCache
+from gpu.model import CausalLM
+from gpu.staging import Staging
+
+# Prompt chunks of a few hundred tokens and whole prompts up to 2K: finer steps where the padding
+# would cost a larger share of the step.
+DEFAULT_TOKEN_COUNTS = (
+    *range(64, 512, 64), *range(512, 1024, 128), *range(1024, 2049, 256),
+)
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """Where the pieces meet the eager parts of the step: fixed addresses a graph can hold."""
+
+    inputs: torch.Tensor  # [3T] int32: input ids | positions | KV slots
+    queries: torch.Tensor  # [T, heads, head_dim]: the layer's rotated queries, attention's input
+    attended: torch.Tensor  # [T, heads, head_dim]: attention's output
+    residual: torch.Tensor  # [T, hidden]
+    hidden: torch.Tensor  # [T, hidden]: the last layer's output
+
+    @classmethod
+    def allocate(cls, model: CausalLM, max_tokens: int, device: torch.device) -> "_Buffers":
+        config, dtype = model.config, model.lm_head.weight.dtype
+        heads = (max_tokens, config.num_attention_heads, config.head_dim)
+        return cls(
+            inputs=torch.zeros(3 * max_tokens, dtype=torch.int32, device=device),
+            queries=torch.zeros(heads, dtype=dtype, device=device),
+            attended=torch.zeros(heads, dtype=dtype, device=device),
+            residual=torch.zeros(max_tokens, config.hidden_size, dtype=dtype, device=device),
+            hidden=torch.zeros(max_tokens, config.hidden_size, dtype=dtype, device=device),
+        )
+
+    def first(self, num_tokens: int) -> "_Buffers":
+        """The buffers of a step of `num_tokens` tokens: views of the first rows."""
+        return _Buffers(
+            self.inputs[: 3 * num_tokens], self.queries[:num_tokens], self.attended[:num_tokens],
+            self.residual[:num_tokens], self.hidden[:num_tokens],
+        )
+
+
+class LayerPieces:
+    """The forward pass cut at attention: `num_pieces` functions of a token count that read and write
+    only the fixed buffers, run in order with attention between them."""
+
+    def __init__(self, model: CausalLM, kv: KVCache, max_tokens: int) -> None:
+        self.model, self.kv = model, kv
+        self.max_tokens = max_tokens
+        self.num_pieces = model.config.num_hidden_layers + 1
+        self._buffers = _Buffers.allocate(model, max_tokens, kv.layers[0].device)
+
+    def forward(self, batch: ForwardBatch, run_piece: Callable[[int, int], None]) -> torch.Tensor:
+        """float32 logits [R, vocab] of `batch` (planned by the attention backend), each piece run by
+        `run_piece(piece, num_tokens)`: the piece itself or its graph's replay."""
+        num_tokens = batch.host.num_tokens
+        buffers = self._buffers.first(num_tokens)
+        buffers.inputs.copy_(batch.token_data)
+        attend = self.model.attention_backend.attend
+        for layer in range(self.num_pieces - 1):
+            run_piece(layer, num_tokens)
+            buffers.attended.copy_(attend(layer, buffers.queries, self.kv))
+        run_piece(self.num_pieces - 1, num_tokens)
+        return self.model.logits(buffers.hidden, buffers.residual, batch.logits_index)
+
+    def run(self, piece: int, num_tokens: int) -> None:
+        """Piece `piece` of a step of `num_tokens` tokens, whose inputs are in the buffers."""
+        buffers = self._buffers.first(num_tokens)
+        layers = self.model.model.layers
+        if piece == 0:
+            x, residual = self.model.model.embed_tokens(buffers.inputs[:num_tokens]), None
+        else:
+            x, residual = layers[piece - 1].finish(buffers.attended, buffers.residual)
+        if piece < len(layers):
+            positions, slots = buffers.inputs[num_tokens : 2 * num_tokens], buffers.inputs[2 * num_tokens :]
+            rope = self.model.rope_inputs(positions, slots, x)
+            queries, residual = layers[piece].query(x, residual, rope, self.kv)
+            buffers.queries.copy_(queries)
+        else:
+            buffers.hidden.copy_(x)
+        buffers.residual.copy_(residual)  # a no-op where the fused norm updated it in place
+
+
+class PromptGraphs:
+    def __init__(self, model: CausalLM, kv: KVCache, staging: Staging, token_counts: tuple[int, ...]) -> None:
+        if not token_counts or min(token_counts) < 1:
+            raise ValueError(f"CUDA graph token counts must be positive, got {token_counts}")
+        self.counts = sorted(set(token_counts))
+        self.staging = staging
+        self.pieces = LayerPieces(model, kv, self.counts[-1])
+        self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # by token count, one per piece
+
+    def padded_tokens(self, num_tokens: int) -> int | None:
+        """The captured count a step of `num_tokens` tokens runs at; None above the largest."""
+        i = bisect.bisect_left(self.counts, num_tokens)
+        return self.counts[i] if i < len(self.counts) else None
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        model, kv = self.pieces.model, self.pieces.kv
+        device = kv.layers[0].device
+        side = torch.cuda.Stream(device)  # capture needs a stream other than the default
+        pool = None
+        for count in reversed(self.counts):
+            # Every token on the scratch block: capturing writes no KV that a sequence owns.
+            host = HostBatch.empty(kv.block_size).with_filler(count, kv.scratch_block)
+            batch, _ = ForwardBatch.from_host(host, self.staging)
+            model.attention_backend.prepare(batch)
+            self.pieces.forward(batch, self.pieces.run)  # compiles kernels, picks cuBLAS's kernels
+            self.staging.release()
+            side.wait_stream(torch.cuda.current_stream(device))
+            graphs = []
+            with torch.cuda.stream(side):
+                for piece in range(self.pieces.num_pieces):
+                    # capture_begin directly: torch.cuda.graph's garbage collection on entry would
+                    # cost more than the capture, hundreds of times over.
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(pool=pool)
+                    self.pieces.run(piece, count)
+                    graph.capture_end()
+                    pool = graph.pool()
+                    graphs.append(graph)
+            torch.cuda.current_stream(device).wait_stream(side)
+            self._graphs[count] = graphs
+        torch.cuda.synchronize(device)
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [R, vocab] of `batch`, planned by the attention backend and padded to a
+        captured count."""
+        return self.pieces.forward(batch, self._replay)
+
+    def _replay(self, piece: int, num_tokens: int) -> None:
+        self._graphs[num_tokens][piece].replay()
