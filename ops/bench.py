@@ -3,7 +3,7 @@ measured in the same run; prints one table. The workloads run on the in-process 
 scheduler's batcher and the executor's batch, no bus); `--mode http` also runs d and e through the
 whole system (supervisor, bus, every actor a process) over HTTP, and a concurrency sweep.
 
-    python -m ops.bench --model llama-3.1-8b [--workloads a,b,c,d] [--hf-requests 32]
+    python -m ops.bench --model llama-3.1-8b [--workloads a,b,c,d] [--hf-requests 0]
     python -m ops.bench --model llama-3.1-8b --mode http --workloads d,e --hf-requests 0 \\
         --concurrency 1,4,16,64,256 --json out.json [--plot out.png]
 
@@ -12,7 +12,8 @@ a: batch-1 decode at 1K context: inter-token latency vs (weights read + KV bytes
 b: batch-256 decode at 1K context: step time vs the same bound
 c: prefill of 2K-token prompts: achieved TFLOP/s vs a bf16 matrix product's
 d: offline throughput, prompt and output lengths uniform in --lengths [100, 1024], ignore_eos,
-   greedy; and transformers' batched generate on the first --hf-requests of the same requests
+   greedy; and transformers' batched generate on the same requests (the first --hf-requests of
+   them), as many at a time as its KV cache fits in memory
 e: low load: single requests one at a time (--low-load-*: 40 of 500 prompt + 16 output tokens);
    TTFT is from the submit to the end of the step that drew the first token
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
@@ -63,7 +64,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=256, help="requests of workload d")
     parser.add_argument("--lengths", type=token_range, default=(100, 1024),
                         help="LOW,HIGH: prompt and output lengths of d and the sweep")
-    parser.add_argument("--hf-requests", type=int, default=32, help="of those, run through transformers (0: skip)")
+    parser.add_argument("--hf-requests", type=int, default=None,
+                        help="of those, run through transformers (default: all; 0: skip)")
     parser.add_argument("--decode-batch", type=int, default=256, help="batch of workload b")
     parser.add_argument("--context", type=int, default=1024, help="context of workloads a and b")
     parser.add_argument("--low-load-requests", type=int, default=40, help="requests of workload e")
@@ -139,7 +141,7 @@ def main() -> None:
     if "d" in workloads:
         offline = bench.offline_requests(args.requests, args.lengths)
         bench.throughput("d", offline)
-    if "d" in workloads and args.hf_requests > 0:
+    if "d" in workloads and args.hf_requests != 0:
         bench.hf_baseline("d", report.details["d"], offline[:args.hf_requests])
     try:
         if args.mode == "http":

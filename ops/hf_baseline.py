@@ -48,29 +48,59 @@ def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[torch.T
     return ids.to(device), mask.to(device)
 
 
+def without_cudnn_attention():
+    """A context in which torch's SDPA picks any kernel but cuDNN's. On the H100 torch picks cuDNN
+    attention, which builds an execution plan for every new key length: each decode step of
+    `generate` is a new length, so each paid that build (132 ms a step against 27 ms warm, qwen3-0.6b
+    shape, batch 8, 2026-11-24)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def batch_size_that_fits(requests: int, tokens_per_request: int, kv_bytes_per_token: int, free_bytes: int) -> int:
+    """How many requests of `tokens_per_request` (prompt + output) one `generate` batch can hold:
+    their KV cache within half of `free_bytes` (the rest for activations and the cache's regrowth),
+    the batches as even as that allows."""
+    fits = max(1, free_bytes // 2 // (kv_bytes_per_token * tokens_per_request))
+    batches = -(-requests // fits)
+    return -(-requests // batches)
+
+
 def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int]) -> dict:
-    """One left-padded batched greedy `generate` of every prompt to the longest output length.
-    Returns seconds, the output tokens the requests asked for, and the tokens generated."""
+    """Batched greedy `generate` of every prompt, in order, as many at once as fit: each batch
+    left-padded to its longest prompt and run to its longest output. Returns seconds, the batch
+    size, the output tokens the requests asked for, and the tokens generated."""
     device = next(hf.parameters()).device
-    ids, mask = left_padded(prompts, device)
-    width = ids.shape[1]
+    batch = len(prompts)
+    if device.type == "cuda":
+        config = hf.config
+        kv_bytes_per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+                              * hf.dtype.itemsize)
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        batch = batch_size_that_fits(len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token,
+                                     free_bytes)
 
-    def timed(new_tokens: int) -> tuple[float, torch.Tensor]:
+    def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
-        started = time.perf_counter()
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started, out
 
-    first_token_seconds, _ = timed(1)  # the prefill, and a warm-up
-    seconds, out = timed(max(output_lens))
-    generated = (out.shape[1] - width) * len(prompts)
-    return {"seconds": seconds, "useful_tokens": sum(output_lens), "generated_tokens": generated,
-            "first_token_seconds": first_token_seconds}
+    def generate(batch_prompts: list[list[int]], new_tokens: int) -> int:
+        """Runs one batch; returns the tokens it generated."""
+        ids, mask = left_padded(batch_prompts, device)
+        with torch.inference_mode(), without_cudnn_attention():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+        return (out.shape[1] - ids.shape[1]) * len(batch_prompts)
+
+    generate(prompts[:batch], 2)  # a warm-up
+    sync()
+    started = time.perf_counter()
+    generated = sum(
+        generate(prompts[i : i + batch], max(output_lens[i : i + batch])) for i in range(0, len(prompts), batch)
+    )
+    sync()
+    return {"seconds": time.perf_counter() - started, "batch_size": batch, "useful_tokens": sum(output_lens),
+            "generated_tokens": generated}
 
 
 def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_tokens: int = 16) -> list[str]:
@@ -86,15 +116,15 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
     def run_generate(n: int) -> float:
         sync()
         started = time.perf_counter()
-        with torch.inference_mode():
-            hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        with torch.inference_mode(), without_cudnn_attention():
+            hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False)
         sync()
         return time.perf_counter() - started
 
     def run_loop(n: int) -> float:
         sync()
         started = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), without_cudnn_attention():
             step_mask = mask
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             out = hf(input_ids=ids, attention_mask=step_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
