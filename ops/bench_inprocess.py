@@ -286,7 +286,7 @@ class InProcessBench:
 
     def release_runner(self) -> None:
         """Frees the KV pool and graphs (transformers needs the memory); the weights stay."""
-        self.runner.kv = self.runner.graphs = None
+        self.runner.kv = self.runner.graphs = self.runner.prompt_graphs = None
         self._empty_cache()
 
     def free(self) -> None:
