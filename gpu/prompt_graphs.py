@@ -27,9 +27,7 @@ from gpu.staging import Staging
 
 # Prompt chunks of a few hundred tokens and whole prompts up to 2K: finer steps where the padding
 # would cost a larger share of the step.
-DEFAULT_TOKEN_COUNTS = (
-    *range(64, 512, 64), *range(512, 1024, 128), *range(1024, 2049, 256),
-)
+DEFAULT_TOKEN_COUNTS = (*range(64, 512, 64), *range(512, 1024, 128), *range(1024, 2049, 256))
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,6 @@ class LayerPieces:
 
     def __init__(self, model: CausalLM, kv: KVCache, max_tokens: int) -> None:
         self.model, self.kv = model, kv
-        self.max_tokens = max_tokens
         self.num_pieces = model.config.num_hidden_layers + 1
         self._buffers = _Buffers.allocate(model, max_tokens, kv.layers[0].device)
 
