@@ -12,7 +12,6 @@ copy of the drawn tokens into pinned memory. `PendingStep.tokens` waits for that
 one sync; the host builds and launches the next step meanwhile, so the GPU does not wait for it.
 """
 
-from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import SamplingTensors, _as_int64, sample
 from gpu.staging import Staging
+from gpu.step_io import PendingStep, SequenceInput
 from gpu.weights import load_model, random_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,49 +37,6 @@ CUDA_KV_CACHE_FRACTION = 0.85  # of the memory free once the weights are in; the
 # for a shape it has seen (H100, llama-3.1-8b's products, 2026-11-23). A step run eagerly (prompt
 # chunks, with or without decodes) is grown to a multiple of this many tokens so its shapes repeat.
 EAGER_TOKEN_BUCKET = 64
-
-
-@dataclass(frozen=True)
-class SequenceInput:
-    token_ids: list[int]  # the new tokens to feed this step (a prompt chunk, or the one last sampled token)
-    start_position: int  # how many tokens of this sequence are already in the KV cache
-    block_table: list[int]  # KV block ids of this sequence, in order; must cover start_position + len(token_ids)
-    sample: bool  # draw a token from the last position's logits (False for a non-final prompt chunk)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int = 0
-    output_index: int = 0  # the index of the output token being drawn (0 for the first), keys the randomness
-    # >= 0: this decode's one token is the one drawn for sequence `previous_row` of the previous
-    # launch, still on the device; token_ids is then [FROM_PREVIOUS_STEP].
-    previous_row: int = -1
-
-
-class PendingStep:
-    """A launched step: its drawn tokens are on their way to pinned host memory."""
-
-    def __init__(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, done: torch.cuda.Event | None) -> None:
-        self._num_seqs = num_seqs
-        self._rows = rows  # [R] the sequences that sample, in order
-        self._drawn = drawn  # [R] int64 on the host (pinned on CUDA), written once `done` has passed
-        self._done = done
-        self._tokens: list[int | None] | None = None
-
-    def tokens(self) -> list[int | None]:
-        """Waits for the step and returns one drawn token per sequence with `sample=True`, None for
-        the others."""
-        if self._tokens is None:
-            if self._done is not None:
-                self._done.synchronize()  # the step's one host sync; releases the GIL while it waits
-            drawn = self._drawn.tolist()
-            if len(drawn) == self._num_seqs:
-                self._tokens = drawn
-            else:
-                self._tokens = [None] * self._num_seqs
-                for row, token in zip(self._rows.tolist(), drawn):
-                    self._tokens[row] = token
-        return self._tokens
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

@@ -11,7 +11,8 @@ import asyncio
 import uuid
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
-from gpu.runner import ModelRunner, PendingStep, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.scheduler.batching import ContinuousBatcher
-from gpu.runner import ModelRunner, PendingStep
+from gpu.runner import ModelRunner
+from gpu.step_io import PendingStep
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import StepOutput

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpu.batch import FROM_PREVIOUS_STEP
-from gpu.runner import SequenceInput
+from gpu.step_io import SequenceInput
 from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
 

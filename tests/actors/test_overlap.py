@@ -12,7 +12,8 @@ from actors.executor.inprocess import InProcessEngine
 from actors.executor.running_batch import RunningBatch
 from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.model_builder import build_model_dir
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 from schemas.generate import SamplingParams
 from schemas.step import PrefillChunk, StartSequence
 

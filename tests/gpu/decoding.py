@@ -2,7 +2,7 @@
 
 import random
 
-from gpu.runner import SequenceInput
+from gpu.step_io import SequenceInput
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 64

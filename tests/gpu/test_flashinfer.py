@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.staging import Staging
 from gpu.model_builder import build_model_dir
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 from tests.gpu.decoding import generate, random_prompt, shuffled_tables
 
 pytestmark = [

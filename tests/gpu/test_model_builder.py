@@ -12,7 +12,8 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from gpu.model_builder import build_model_dir, is_complete
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 from gpu.tokenizer_builder import train_tokenizer
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",

@@ -6,7 +6,8 @@ import torch
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.kv_cache import KVCache
 from gpu.prompt_graphs import LayerPieces
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from gpu.batch import ForwardBatch, HostBatch
 from gpu.staging import Staging
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -4,7 +4,8 @@ model's very tensors, run in batches that fit."""
 import torch
 
 from gpu.config import ModelConfig
-from gpu.runner import ModelRunner, SequenceInput
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
 from ops.hf_baseline import batch_size_that_fits, hf_generate, hf_model_sharing_weights
 from ops.shapes import SHAPES
 

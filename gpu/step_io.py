@@ -1,0 +1,50 @@
+"""What one model step takes and gives back: a sequence's input, and the launched step whose
+drawn tokens are on their way to the host."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceInput:
+    token_ids: list[int]  # the new tokens to feed this step (a prompt chunk, or the one last sampled token)
+    start_position: int  # how many tokens of this sequence are already in the KV cache
+    block_table: list[int]  # KV block ids of this sequence, in order; must cover start_position + len(token_ids)
+    sample: bool  # draw a token from the last position's logits (False for a non-final prompt chunk)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int = 0
+    output_index: int = 0  # the index of the output token being drawn (0 for the first), keys the randomness
+    # >= 0: this decode's one token is the one drawn for sequence `previous_row` of the previous
+    # launch, still on the device; token_ids is then [FROM_PREVIOUS_STEP].
+    previous_row: int = -1
+
+
+class PendingStep:
+    """A launched step: its drawn tokens are on their way to pinned host memory."""
+
+    def __init__(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, done: torch.cuda.Event | None) -> None:
+        self._num_seqs = num_seqs
+        self._rows = rows  # [R] the sequences that sample, in order
+        self._drawn = drawn  # [R] int64 on the host (pinned on CUDA), written once `done` has passed
+        self._done = done
+        self._tokens: list[int | None] | None = None
+
+    def tokens(self) -> list[int | None]:
+        """Waits for the step and returns one drawn token per sequence with `sample=True`, None for
+        the others."""
+        if self._tokens is None:
+            if self._done is not None:
+                self._done.synchronize()  # the step's one host sync; releases the GIL while it waits
+            drawn = self._drawn.tolist()
+            if len(drawn) == self._num_seqs:
+                self._tokens = drawn
+            else:
+                self._tokens = [None] * self._num_seqs
+                for row, token in zip(self._rows.tolist(), drawn):
+                    self._tokens[row] = token
+        return self._tokens
