@@ -25,8 +25,9 @@ from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.staging import Staging
 
-# Prompt chunks of a few hundred tokens and whole prompts up to 2K: finer steps where the padding
-# would cost a larger share of the step.
+# Every count captures one graph per layer, so the counts are few: steps of 64 tokens up to 512,
+# then 128, then 256 up to 2048. Padding costs at most 64 tokens below 512 and at most a quarter
+# of the step above (513 tokens run as 640, 1025 as 1280).
 DEFAULT_TOKEN_COUNTS = (*range(64, 512, 64), *range(512, 1024, 128), *range(1024, 2049, 256))
 
 
@@ -52,7 +53,7 @@ class _Buffers:
             hidden=torch.zeros(max_tokens, config.hidden_size, dtype=dtype, device=device),
         )
 
-    def first(self, num_tokens: int) -> "_Buffers":
+    def rows(self, num_tokens: int) -> "_Buffers":
         """The buffers of a step of `num_tokens` tokens: views of the first rows."""
         return _Buffers(
             self.inputs[: 3 * num_tokens], self.queries[:num_tokens], self.attended[:num_tokens],
@@ -73,7 +74,7 @@ class LayerPieces:
         """float32 logits [R, vocab] of `batch` (planned by the attention backend), each piece run by
         `run_piece(piece, num_tokens)`: the piece itself or its graph's replay."""
         num_tokens = batch.host.num_tokens
-        buffers = self._buffers.first(num_tokens)
+        buffers = self._buffers.rows(num_tokens)
         buffers.inputs.copy_(batch.token_data)
         attend = self.model.attention_backend.attend
         for layer in range(self.num_pieces - 1):
@@ -82,9 +83,9 @@ class LayerPieces:
         run_piece(self.num_pieces - 1, num_tokens)
         return self.model.logits(buffers.hidden, buffers.residual, batch.logits_index)
 
-    def run(self, piece: int, num_tokens: int) -> None:
+    def run_piece(self, piece: int, num_tokens: int) -> None:
         """Piece `piece` of a step of `num_tokens` tokens, whose inputs are in the buffers."""
-        buffers = self._buffers.first(num_tokens)
+        buffers = self._buffers.rows(num_tokens)
         layers = self.model.model.layers
         if piece == 0:
             x, residual = self.model.model.embed_tokens(buffers.inputs[:num_tokens]), None
@@ -97,7 +98,9 @@ class LayerPieces:
             buffers.queries.copy_(queries)
         else:
             buffers.hidden.copy_(x)
-        buffers.residual.copy_(residual)  # a no-op where the fused norm updated it in place
+        # The fused norm updated the buffer in place (torch skips a copy onto the same tensor); the
+        # torch path made a new residual, and piece 0's is the embedding output, in the graph's pool.
+        buffers.residual.copy_(residual)
 
 
 class PromptGraphs:
@@ -125,21 +128,25 @@ class PromptGraphs:
             host = HostBatch.empty(kv.block_size).with_filler(count, kv.scratch_block)
             batch, _ = ForwardBatch.from_host(host, self.staging)
             model.attention_backend.prepare(batch)
-            self.pieces.forward(batch, self.pieces.run)  # compiles kernels, picks cuBLAS's kernels
-            self.staging.release()
             side.wait_stream(torch.cuda.current_stream(device))
             graphs = []
             with torch.cuda.stream(side):
+                # Warmed up on the capture stream, so what a stream sets up on first use (cuBLAS's
+                # workspace) is made here, not inside the first graph.
+                self.pieces.forward(batch, self.pieces.run_piece)
                 for piece in range(self.pieces.num_pieces):
                     # capture_begin directly: torch.cuda.graph's garbage collection on entry would
                     # cost more than the capture, hundreds of times over.
                     graph = torch.cuda.CUDAGraph()
                     graph.capture_begin(pool=pool)
-                    self.pieces.run(piece, count)
-                    graph.capture_end()
+                    try:
+                        self.pieces.run_piece(piece, count)
+                    finally:  # a failed piece must not leave the stream capturing
+                        graph.capture_end()
                     pool = graph.pool()
                     graphs.append(graph)
             torch.cuda.current_stream(device).wait_stream(side)
+            self.staging.release()
             self._graphs[count] = graphs
         torch.cuda.synchronize(device)
 

@@ -58,8 +58,8 @@ class ModelRunner:
     """`attention_backend`: auto (on CUDA FlashInfer where it is installed and fits, else the
     project's Triton kernels; torch on CPU), torch, flashinfer or triton.
     `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes` and steps with prompt tokens
-    at `cuda_graph_token_counts`; None means wherever the backend allows (CUDA with FlashInfer or
-    Triton)."""
+    at `cuda_graph_token_counts` (empty: those run eagerly); None means wherever the backend allows
+    (CUDA with FlashInfer or Triton)."""
 
     def __init__(
         self,
@@ -150,8 +150,9 @@ class ModelRunner:
                 raise ValueError("CUDA graphs need a CUDA device")
             self.graphs = DecodeGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_batch_sizes))
             self.graphs.capture()
-            self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
-            self.prompt_graphs.capture()
+            if cuda_graph_token_counts:
+                self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
+                self.prompt_graphs.capture()
 
     def _blocks_that_fit(self, kv_cache_bytes: int | None) -> int:
         cfg = self.config

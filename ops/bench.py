@@ -92,6 +92,8 @@ def parse_args() -> argparse.Namespace:
     unknown = args.workloads - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}; choose from {','.join(WORKLOADS)}")
+    if args.hf_requests is not None and args.hf_requests < 0:
+        parser.error("--hf-requests must be 0 (skip) or more")
     if args.mode == "http":
         args.workloads |= {"d", "e"}  # the in-process twins of the HTTP figures
     if args.plot and args.mode != "http":

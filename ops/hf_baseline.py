@@ -75,8 +75,8 @@ def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], outp
     batch = len(prompts)
     if device.type == "cuda":
         config = hf.config
-        kv_bytes_per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-                              * hf.dtype.itemsize)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * hf.dtype.itemsize
         free_bytes, _ = torch.cuda.mem_get_info(device)
         batch = batch_size_that_fits(len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token,
                                      free_bytes)

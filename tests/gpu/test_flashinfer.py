@@ -160,6 +160,8 @@ def test_prompt_steps_replayed_in_pieces_give_the_eager_tokens(hd128_model, back
     replayed = []
     run = graphed.prompt_graphs.run
     graphed.prompt_graphs.run = lambda batch: replayed.append(batch.host.num_tokens) or run(batch)
+    assert ModelRunner(model_dir, device="cuda", num_kv_blocks=NUM_BLOCKS, attention_backend=backend,
+                       cuda_graph_batch_sizes=(1,), cuda_graph_token_counts=()).prompt_graphs is None  # none asked
     prompts = [random_prompt(n, seed=n) for n in (70, 9, 100, 33, 150)]
     arrivals = [0, 0, 2, 3, 5]
     assert generate(graphed, prompts, 8, arrivals=arrivals) == generate(eager, prompts, 8, arrivals=arrivals)

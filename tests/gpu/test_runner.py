@@ -91,7 +91,7 @@ def test_layers_run_in_pieces_around_attention_give_the_whole_forward(build_tiny
     pieces = LayerPieces(runner.model, runner.kv, max_tokens=16)
     assert pieces.num_pieces == runner.config.num_hidden_layers + 1
     runner.model.attention_backend.prepare(batch)
-    assert torch.equal(pieces.forward(batch, pieces.run), whole)
+    assert torch.equal(pieces.forward(batch, pieces.run_piece), whole)
     assert torch.equal(runner.kv.layers[-1], whole_kv)
 
 
