@@ -135,8 +135,7 @@ class HostBatch:
             raise ValueError("only a decode batch can be padded, and only to a larger size")
         if extra == 0:
             return self
-        n = self.num_tokens
-        ids, positions, slots = self.token_data[:n], self.token_data[n : 2 * n], self.token_data[2 * n :]
+        ids, positions, slots = token_thirds(self.token_data)
         zeros, ones = np.zeros(extra, np.int32), np.ones(extra, np.int32)
         last_indptr = self.kv_indptr[-1]
         return replace(
@@ -157,11 +156,12 @@ class HostBatch:
             raise ValueError(f"a batch of {self.num_tokens} tokens cannot be grown to {num_tokens}")
         if extra == 0:
             return self
-        n, bs = self.num_tokens, self.block_size
-        positions = np.arange(extra, dtype=np.int32)
+        bs = self.block_size
+        ids, positions, slots = token_thirds(self.token_data)
+        filler_positions = np.arange(extra, dtype=np.int32)
         pages = -(-extra // bs)
-        token_data = [self.token_data[:n], np.zeros(extra, np.int32), self.token_data[n : 2 * n], positions,
-                      self.token_data[2 * n :], scratch_block * bs + positions % bs]
+        token_data = [ids, np.zeros(extra, np.int32), positions, filler_positions,
+                      slots, scratch_block * bs + filler_positions % bs]
         return replace(
             self,
             token_data=np.concatenate(token_data),
@@ -170,6 +170,13 @@ class HostBatch:
             kv_indices=np.concatenate([self.kv_indices, np.full(pages, scratch_block, np.int32)]),
             kv_last_page_len=np.append(self.kv_last_page_len, extra - (pages - 1) * bs).astype(np.int32),
         )
+
+
+def token_thirds(token_data):
+    """The input ids, positions and KV slots in [3T] token data (a numpy array or a tensor): views of
+    its three thirds."""
+    n = len(token_data) // 3
+    return token_data[:n], token_data[n : 2 * n], token_data[2 * n :]
 
 
 def offsets(lengths: np.ndarray) -> np.ndarray:
@@ -245,12 +252,12 @@ class ForwardBatch:
         else:
             device_views, host_views = staging.upload(arrays, host_views_of=(1, 2, 4))
         tokens, query_start, kv_indptr, kv_indices, last_page_len, logits_index = device_views[:6]
-        n = host.num_tokens
+        input_ids, positions, slot_mapping = token_thirds(tokens)
         batch = cls(
             token_data=tokens,
-            input_ids=tokens[:n],
-            positions=tokens[n : 2 * n],
-            slot_mapping=tokens[2 * n :],
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
             query_start=query_start,
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,

@@ -13,11 +13,10 @@ position 0 and write and read only the KV pool's scratch block.
 import bisect
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from gpu.attention.base import PLAIN_GRAPH
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import ForwardBatch, HostBatch, token_thirds
 from gpu.staging import Staging
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
@@ -92,11 +91,10 @@ class DecodeGraphs:
         return self._logits[:size]
 
     def _static(self, batch: ForwardBatch) -> ForwardBatch:
-        size = batch.num_seqs
-        inputs = self._inputs[: 3 * size]
+        inputs = self._inputs[: 3 * batch.num_seqs]
+        ids, positions, slots = token_thirds(inputs)
         return replace(
-            batch, token_data=inputs, input_ids=inputs[:size], positions=inputs[size : 2 * size],
-            slot_mapping=inputs[2 * size :], logits_index=None,
+            batch, token_data=inputs, input_ids=ids, positions=positions, slot_mapping=slots, logits_index=None,
         )
 
     def _idle_batch(self, size: int) -> HostBatch:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import ForwardBatch, HostBatch, token_thirds
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.staging import Staging
@@ -86,13 +86,13 @@ class LayerPieces:
     def run_piece(self, piece: int, num_tokens: int) -> None:
         """Piece `piece` of a step of `num_tokens` tokens, whose inputs are in the buffers."""
         buffers = self._buffers.rows(num_tokens)
+        ids, positions, slots = token_thirds(buffers.inputs)
         layers = self.model.model.layers
         if piece == 0:
-            x, residual = self.model.model.embed_tokens(buffers.inputs[:num_tokens]), None
+            x, residual = self.model.model.embed_tokens(ids), None
         else:
             x, residual = layers[piece - 1].finish(buffers.attended, buffers.residual)
         if piece < len(layers):
-            positions, slots = buffers.inputs[num_tokens : 2 * num_tokens], buffers.inputs[2 * num_tokens :]
             rope = self.model.rope_inputs(positions, slots, x)
             queries, residual = layers[piece].query(x, residual, rope, self.kv)
             buffers.queries.copy_(queries)

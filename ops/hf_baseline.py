@@ -51,11 +51,16 @@ def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[torch.T
 def without_cudnn_attention():
     """A context in which torch's SDPA picks any kernel but cuDNN's. On the H100 torch picks cuDNN
     attention, which builds an execution plan for every new key length: each decode step of
-    `generate` is a new length, so each paid that build (132 ms a step against 27 ms warm, qwen3-0.6b
-    shape, batch 8, 2026-11-24)."""
+    `generate` is a new length, so each paid that build (143 ms a step on cold shapes against 45 ms
+    without cuDNN, qwen3-0.6b shape, batch 8, H100, 2026-11-24)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def batch_size_that_fits(requests: int, tokens_per_request: int, kv_bytes_per_token: int, free_bytes: int) -> int:
@@ -81,10 +86,6 @@ def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], outp
         batch = batch_size_that_fits(len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token,
                                      free_bytes)
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     def generate(batch_prompts: list[list[int]], new_tokens: int) -> int:
         """Runs one batch; returns the tokens it generated."""
         ids, mask = left_padded(batch_prompts, device)
@@ -93,12 +94,12 @@ def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], outp
         return (out.shape[1] - ids.shape[1]) * len(batch_prompts)
 
     generate(prompts[:batch], 2)  # a warm-up
-    sync()
+    _sync(device)
     started = time.perf_counter()
     generated = sum(
         generate(prompts[i : i + batch], max(output_lens[i : i + batch])) for i in range(0, len(prompts), batch)
     )
-    sync()
+    _sync(device)
     return {"seconds": time.perf_counter() - started, "batch_size": batch, "useful_tokens": sum(output_lens),
             "generated_tokens": generated}
 
@@ -109,20 +110,16 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
     device = next(hf.parameters()).device
     ids, mask = left_padded(prompts, device)
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     def run_generate(n: int) -> float:
-        sync()
+        _sync(device)
         started = time.perf_counter()
         with torch.inference_mode(), without_cudnn_attention():
             hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False)
-        sync()
+        _sync(device)
         return time.perf_counter() - started
 
     def run_loop(n: int) -> float:
-        sync()
+        _sync(device)
         started = time.perf_counter()
         with torch.inference_mode(), without_cudnn_attention():
             step_mask = mask
@@ -135,7 +132,7 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
                 out = hf(input_ids=token, attention_mask=step_mask, position_ids=positions, past_key_values=cache,
                          use_cache=True)
                 cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
+        _sync(device)
         return time.perf_counter() - started
 
     run_generate(2)
