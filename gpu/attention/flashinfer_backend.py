@@ -1,5 +1,5 @@
 """Attention through FlashInfer's paged kernels: batch prefill (FA3 on Hopper) for steps with prompt
-chunks, batch decode (on tensor cores for grouped-query heads) for decode-only steps, and one
+chunks, batch decode (on tensor cores where a KV head serves 4+ query heads) for decode-only steps, and one
 CUDA-graph decode wrapper per captured batch size.
 Where many decoding sequences share leading blocks, their step reads those blocks once (see
 shared_prefix.py), eagerly and in graphs of a second kind captured for that.
@@ -27,10 +27,12 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 WORKSPACE_BYTES = 256 << 20  # split-KV partial results; shared by every wrapper, which run one at a time
 SHARED_PREFIX_GRAPH = "shared_prefix"  # the graph kind whose decode reads a shared prefix once
 # Where a KV head serves this many query heads or more, decode runs FlashInfer's tensor-core kernel
-# (its prefill kernel over one query row per sequence) rather than its CUDA-core decode kernel. On
-# the H100 with llama-3.1-8b's heads and random KV, a batch-256 decode step at 1072 ctx took
-# 20.5 ms against 21.4 ms, and a batch-1 step 5.69 against 5.72 ms. Its module is not in the GPU
-# kit's prebuilt set: a fresh machine builds it in about 30 s at the first capture.
+# (its prefill kernel over one query row per sequence) rather than its CUDA-core decode kernel. The
+# kernel stacks a KV head's query heads as the rows of its matrix products, so with fewer of them
+# most rows are padding; groups of 2 (qwen3-0.6b) were not measured and stay on CUDA cores. On the
+# H100 with llama-3.1-8b's heads and random KV, a batch-256 decode step at 1072 ctx took 20.5 ms
+# against 21.4 ms, and a batch-1 step 5.69 against 5.72 ms. Its module is not in the GPU kit's
+# prebuilt set: a fresh machine builds it in about 30 s at the first decode plan.
 TENSOR_CORE_DECODE_MIN_GROUP = 4
 
 
@@ -221,15 +223,20 @@ class FlashInferAttention(AttentionBackend):
             wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
         )
         if self.decode_tensor_cores:  # the prefill planner, one query row per sequence (qo_indptr 0, 1, ..)
+            # It takes the KV lengths too, though FlashInfer 0.7.2's fa2 planner schedules by pages.
             kv_lens = torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * page + batch.host_kv_last_page_len
             wrapper._plan_info = wrapper._cached_module.plan(
-                *workspaces, self._row_indptr[: size + 1], indptr, kv_lens, size, size, num_heads, num_kv_heads,
-                page, True, head_dim, head_dim, False, -1, -1, False, 0, 0,
+                *workspaces, self._row_indptr[: size + 1], indptr, kv_lens,
+                size, size, num_heads, num_kv_heads, page,  # query rows, sequences, heads, page size
+                True, head_dim, head_dim,  # CUDA-graph mode, head dims of q/k and v
+                False, -1,  # causal, window
+                -1, False, 0, 0,  # fixed split size, split-KV off, colocated CTAs, uniform query length
             )
             return
         empty = self._empty
         wrapper._plan_info = wrapper._cached_module.plan(
-            *workspaces, indptr, size, num_heads, num_kv_heads, page, True, -1, 0.0, head_dim, head_dim, empty, empty,
+            *workspaces, indptr, size, num_heads, num_kv_heads, page,
+            True, -1, 0.0, head_dim, head_dim, empty, empty,  # CUDA-graph mode, window, soft cap, head dims, dtypes
         )
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:

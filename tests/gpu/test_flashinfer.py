@@ -35,14 +35,15 @@ def needs(backend: str) -> None:
 
 
 @pytest.fixture(params=["cuda_cores", "tensor_cores"])
-def decode_kernel(request, monkeypatch):
+def tensor_core_decode(request, monkeypatch):
     """FlashInfer's decode kernel for the backends a test builds, whatever their query-head group
     (4 in the hd128 models, which picks tensor cores): the tensor-core one or the CUDA-core one."""
     pytest.importorskip("flashinfer")
     from gpu.attention import flashinfer_backend
 
-    monkeypatch.setattr(flashinfer_backend, "TENSOR_CORE_DECODE_MIN_GROUP", 1 if request.param == "tensor_cores" else 1 << 30)
-    return request.param == "tensor_cores"
+    tensor_cores = request.param == "tensor_cores"
+    monkeypatch.setattr(flashinfer_backend, "TENSOR_CORE_DECODE_MIN_GROUP", 1 if tensor_cores else 1 << 30)
+    return tensor_cores
 
 
 @pytest.fixture(scope="session")
@@ -122,10 +123,10 @@ def test_bf16_decoding_tracks_transformers(arch, backend, hd128_model, hf_bf16):
             assert margin < 0.05 * row.std().item(), (diverged, our_tokens, theirs)
 
 
-def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model, decode_kernel):
+def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model, tensor_core_decode):
     model_dir = hd128_model("llama")
     runners = {b: runner_for(model_dir, b) for b in BACKENDS}
-    assert runners["flashinfer"].model.attention_backend.decode_tensor_cores == decode_kernel
+    assert runners["flashinfer"].model.attention_backend.decode_tensor_cores == tensor_core_decode
     prompts = [random_prompt(n, seed=n) for n in (3, 16, 33)]
     tables = shuffled_tables([50, 50, 50], seed=2)
     logits = {}
@@ -144,16 +145,16 @@ def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model, decode_
     error = (logits["flashinfer"] - logits["torch"]).norm() / logits["torch"].norm()
     # Tensor-core kernels round attention weights to bf16 before they multiply V (as every prefill
     # kernel does); the CUDA-core decode kernel keeps them in float32.
-    assert error.item() < (1.5e-2 if decode_kernel else 1e-2)
+    assert error.item() < (1.5e-2 if tensor_core_decode else 1e-2)
 
 
-def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model, decode_kernel):
+def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model, tensor_core_decode):
     """Batches of 1..9 sequences (padded to 1, 2, 4, 8, or above the largest graph, eager), greedy
     and seeded sampling: the graph path draws exactly the eager path's tokens."""
     model_dir = hd128_model("llama")
     graphed, eager = runner_for(model_dir, "flashinfer", cuda_graphs=True), runner_for(model_dir, "flashinfer")
     assert graphed.graphs is not None and eager.graphs is None
-    assert graphed.model.attention_backend.decode_tensor_cores == decode_kernel
+    assert graphed.model.attention_backend.decode_tensor_cores == tensor_core_decode
     prompts = [random_prompt(n, seed=n) for n in (3, 9, 12, 20, 5, 7, 30, 2, 14)]
     arrivals = [0, 2, 3, 3, 5, 6, 6, 6, 8]  # the batch grows one or more at a time
     assert generate(graphed, prompts, 10, arrivals=arrivals) == generate(eager, prompts, 10, arrivals=arrivals)
@@ -197,7 +198,7 @@ def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
         assert torch.equal(old[3, :, :3], new[3, :, :3])  # the cached prompt stays as it was
 
 
-def test_a_shared_prefix_read_once_gives_plain_attention(decode_kernel):
+def test_a_shared_prefix_read_once_gives_plain_attention(tensor_core_decode):
     """Decode rows that share leading blocks (and one that does not, and a prompt chunk after them):
     FlashInfer's two-pass attention matches the torch reference."""
     from gpu.attention.flashinfer_backend import FlashInferAttention
@@ -218,7 +219,7 @@ def test_a_shared_prefix_read_once_gives_plain_attention(decode_kernel):
         step = batch if not decode_only else ForwardBatch.build(token_ids[:4], starts[:4], tables[:4], BLOCK_SIZE, "cuda")
         queries = q[: step.host.num_tokens]
         backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
-        assert backend.decode_tensor_cores == decode_kernel
+        assert backend.decode_tensor_cores == tensor_core_decode
         backend.min_spared_token_reads = 0
         backend.prepare(step)
         assert backend._slots.tolist()[:4] == [0, 1, -1, 2], decode_only
@@ -229,12 +230,11 @@ def test_a_shared_prefix_read_once_gives_plain_attention(decode_kernel):
         assert error.item() < 1e-2, (decode_only, error.item())
 
 
-def test_graphs_that_read_shared_prefixes_once_give_the_eager_tokens(hd128_model, decode_kernel):
+def test_graphs_that_read_shared_prefixes_once_give_the_eager_tokens(hd128_model, tensor_core_decode):
     """Four continuations of each of two 48-token prompts, interleaved, decode in a batch of 8 whose
     prompt blocks are their prompt's blocks; each is fed the plain kernels' tokens. The graph of
     the shared-prefix kind draws exactly the eager tokens, and those are the plain kernels' but for
     rare near-ties."""
-    needs("flashinfer")
     model_dir = hd128_model("llama")
     runners = {"plain": runner_for(model_dir, "flashinfer"), "eager": runner_for(model_dir, "flashinfer"),
                "graphs": runner_for(model_dir, "flashinfer", cuda_graphs=True)}
