@@ -13,6 +13,7 @@ import torch
 
 from actors.executor.inprocess import InProcessEngine
 from gpu.config import ModelConfig
+from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
 from ops.bench_report import Report, Row
 from ops.bench_requests import BenchRequest, RequestTiming, summarize
@@ -66,7 +67,9 @@ class InProcessBench:
             0 if self.config.tie_word_embeddings else embedding.numel() * embedding.element_size()
         )
         cfg = self.config
-        self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+        self.kv_bytes_per_token = KVCache.bytes_per_block(
+            cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_dim, self.runner.dtype
+        )
         self.runner_seconds: list[float] = []
         self.profiler = None  # a cProfile.Profile while a workload is profiled (--profile)
         # The engine overlaps steps: it launches step N+1 before it reads step N's tokens, so what

@@ -7,6 +7,7 @@ import time
 import torch
 import transformers
 
+from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 
 
@@ -81,7 +82,9 @@ def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], outp
     if device.type == "cuda":
         config = hf.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * hf.dtype.itemsize
+        kv_bytes_per_token = KVCache.bytes_per_block(
+            config.num_hidden_layers, 1, config.num_key_value_heads, head_dim, hf.dtype
+        )
         free_bytes, _ = torch.cuda.mem_get_info(device)
         batch = batch_size_that_fits(len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token,
                                      free_bytes)
