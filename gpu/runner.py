@@ -167,6 +167,11 @@ class ModelRunner:
                 kv_cache_bytes = CPU_KV_CACHE_BYTES
         return kv_cache_bytes // per_block
 
+    @property
+    def launches_asynchronously(self) -> bool:
+        """Whether `launch` returns once the step is enqueued (CUDA), not once it is computed (CPU)."""
+        return self.device.type == "cuda"
+
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """(source, target) block pairs, copied in the KV pool before the next step reads them."""

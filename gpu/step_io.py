@@ -34,6 +34,10 @@ class PendingStep:
         self._done = done
         self._tokens: list[int | None] | None = None
 
+    def done(self) -> bool:
+        """Whether the step has finished, so `tokens()` returns without waiting."""
+        return self._done is None or self._done.query()
+
     def tokens(self) -> list[int | None]:
         """Waits for the step and returns one drawn token per sequence with `sample=True`, None for
         the others."""
