@@ -164,6 +164,31 @@ def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model, tensor_core_decod
     assert [graphed.step(s) for s in steps] == [eager.step(s) for s in steps]
 
 
+def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_decode):
+    """A captured decode graph is re-planned through FlashInfer's compiled planner directly
+    (`_replan_graph`); its public plan() must leave the same plan and the same schedule in the
+    workspace, for batches whose sequences differ in length, as steps do."""
+    runner = runner_for(hd128_model("llama"), "flashinfer", cuda_graphs=True, sizes=(4,))
+    backend = runner.model.attention_backend
+    wrapper = backend._graph_decode[4]
+    for lengths in ([3, 40, 17, 100], [200, 1, 64, 65]):
+        host = HostBatch.build([[7]] * 4, [n - 1 for n in lengths], shuffled_tables(lengths, seed=3), BLOCK_SIZE)
+        plans = {}
+        for direct in (True, False):
+            backend.direct_graph_replan = direct
+            with torch.inference_mode():  # as steps run; the wrappers' buffers are inference tensors
+                wrapper._int_workspace_buffer.zero_()
+                batch, _ = ForwardBatch.from_host(host, runner.staging)
+                backend.prepare_graph(batch)
+            torch.cuda.synchronize()
+            plans[direct] = ([int(x) for x in wrapper._plan_info], wrapper._int_workspace_buffer.clone(),
+                             wrapper._paged_kv_indptr_buf.clone(), wrapper._paged_kv_indices_buf.clone(),
+                             wrapper._paged_kv_last_page_len_buf.clone())
+        assert plans[True][0] == plans[False][0]
+        for direct_buffer, public_buffer in zip(plans[True][1:], plans[False][1:]):
+            assert torch.equal(direct_buffer, public_buffer)
+
+
 @pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 def test_prompt_steps_replayed_in_pieces_give_the_eager_tokens(hd128_model, backend):
     """Steps with prompt tokens, alone or beside decodes, padded to 64 or 128 tokens and replayed as
