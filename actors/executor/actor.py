@@ -137,17 +137,18 @@ class ExecutorActor(Actor):
         """Enqueues the next step behind the one in flight, then waits for that one's tokens, so
         the GPU has work queued while the host books and publishes.
 
-        On a GPU a launch only enqueues work, so both happen on the event loop, which polls for
-        the step's end between bus messages: handing them to a worker thread cost two thread
-        wake-ups a step, 0.6 ms of each first token on the H100 host. On the CPU a launch computes
-        the whole step, so it runs in a worker thread, and the bus and the heartbeats are served
-        meanwhile."""
+        On a GPU a launch returns once the step is enqueued, after a few ms of host work at most,
+        so both happen on the event loop, which polls for the step's end between bus messages:
+        handing them to a worker thread cost two thread wake-ups a step, 0.65 ms of each first
+        token on the H100 host. The loop serves nothing while a launch runs, so a launch must stay
+        well under the heartbeats' 3 s. On the CPU a launch computes the whole step, so it runs
+        in a worker thread, and the bus and the heartbeats are served meanwhile."""
         if not self.runner.launches_asynchronously:
             return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous)
         launched = self._launch(copies, inputs)
         if previous is None:
             return launched, None
-        while not previous.done():  # busy-waits, as cudaEventSynchronize spins by default
+        while not previous.done():  # busy-waits, as cudaEventSynchronize usually does
             await asyncio.sleep(0)
         return launched, previous.tokens()
 

@@ -1,0 +1,110 @@
+"""The executor actor's way of stepping on a GPU, run on the CPU: a runner that says its launches
+return once enqueued is launched on the actor's event loop, and the actor polls each step for its
+end there. Steps that report themselves unfinished a few times must still give, over the bus, the
+tokens of the in-process engine.
+"""
+
+import argparse
+import asyncio
+import threading
+from collections import Counter, defaultdict
+
+import pytest
+
+from actors.executor.actor import ExecutorActor
+from actors.executor.inprocess import InProcessEngine
+from actors.scheduler.batching import ContinuousBatcher
+from gpu.runner import ModelRunner
+from gpu.step_io import PendingStep
+from kernel.bus import Bus
+from kernel.config import KernelConfig
+from kernel.nats_server import EmbeddedNats
+from kernel.subjects import Subjects
+from schemas.generate import SamplingParams
+from schemas.step import Commands, StepOutput
+
+BLOCKS, BLOCK_SIZE, MAX_PREFILL_TOKENS = 64, 4, 32
+UNFINISHED_POLLS = 3  # each step says it is still running this many times before it may say it is done
+PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], list(range(30, 70)), [71, 72]]  # the third takes two chunks
+MAX_TOKENS = [6, 9, 4, 7]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def launched_on_loop(monkeypatch):
+    """Makes CPU runners take the GPU way; returns the threads that launched and the polls of each step."""
+    launch_threads, polls = set(), Counter()
+    monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
+    launch = ModelRunner.launch
+
+    def recorded_launch(self, seqs):
+        launch_threads.add(threading.get_ident())
+        return launch(self, seqs)
+
+    done = PendingStep.done
+
+    def slow_done(self):
+        polls[id(self)] += 1
+        return polls[id(self)] > UNFINISHED_POLLS and done(self)
+
+    monkeypatch.setattr(ModelRunner, "launch", recorded_launch)
+    monkeypatch.setattr(PendingStep, "done", slow_done)
+    return launch_threads, polls
+
+
+async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
+    tmp_path, build_tiny_model, launched_on_loop
+):
+    model_dir = build_tiny_model("llama")
+    nats_server = EmbeddedNats(tmp_path / "nats")
+    await nats_server.start()
+    executor_bus = await Bus.connect(nats_server.url, "executor")
+    scheduler_bus = await Bus.connect(nats_server.url, "test-scheduler")
+    config = KernelConfig(model=str(model_dir), device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE,
+                          max_prefill_tokens=MAX_PREFILL_TOKENS)
+    executor = ExecutorActor(config, executor_bus, argparse.Namespace())
+    subjects = Subjects(config.namespace)
+    try:
+        await executor.start()
+        runner = executor.runner
+        batcher = ContinuousBatcher(BLOCKS, BLOCK_SIZE, executor.max_model_len, runner.vocab_size, 8,
+                                    MAX_PREFILL_TOKENS, prefix_caching=False)
+        for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+            assert batcher.submit(f"r{i}", prompt, greedy(n), origin="test") is None
+        outputs, finished = defaultdict(list), asyncio.Event()
+
+        async def on_step(output: StepOutput, _reply_to) -> None:  # what the scheduler actor does with one
+            for update in output.updates:
+                outputs[update.request_id] += update.token_ids
+            batcher.on_step(output)
+            commands = batcher.schedule()
+            if commands:
+                await scheduler_bus.publish(subjects.executor_commands, Commands("test-scheduler", commands))
+            if not batcher.sequences:
+                finished.set()
+
+        await scheduler_bus.subscribe(subjects.step_outputs, StepOutput, on_step)
+        await scheduler_bus.publish(subjects.executor_commands, Commands("test-scheduler", batcher.schedule()))
+        await asyncio.wait_for(finished.wait(), 60)
+    finally:
+        for task in list(executor._tasks):
+            task.cancel()
+        await asyncio.gather(*executor._tasks, return_exceptions=True)
+        await scheduler_bus.close()
+        await executor_bus.close()
+        await nats_server.stop()
+
+    launch_threads, polls = launched_on_loop
+    assert launch_threads == {threading.get_ident()}  # every launch ran on the event loop's thread
+    assert polls and min(polls.values()) > UNFINISHED_POLLS  # each step was polled until it said done
+
+    engine = InProcessEngine(ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),
+                             max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=False)
+    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+        engine.submit(f"r{i}", prompt, greedy(n))
+    engine.run()
+    assert dict(outputs) == engine.outputs
+    assert [len(outputs[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_TOKENS
