@@ -20,10 +20,7 @@ from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
 from kernel.randomness import choice_seed
 from schemas.generate import SamplingParams
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+from tests.sampling import greedy
 
 
 def seeded(max_tokens: int, seed: int) -> SamplingParams:

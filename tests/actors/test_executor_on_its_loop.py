@@ -20,17 +20,13 @@ from kernel.bus import Bus
 from kernel.config import KernelConfig
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects
-from schemas.generate import SamplingParams
 from schemas.step import Commands, StepOutput
+from tests.sampling import greedy
 
 BLOCKS, BLOCK_SIZE, MAX_PREFILL_TOKENS = 64, 4, 32
 UNFINISHED_POLLS = 3  # each step says it is still running this many times before it may say it is done
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], list(range(30, 70)), [71, 72]]  # the third takes two chunks
 MAX_TOKENS = [6, 9, 4, 7]
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture

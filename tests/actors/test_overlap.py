@@ -16,10 +16,7 @@ from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from schemas.generate import SamplingParams
 from schemas.step import PrefillChunk, StartSequence
-
-
-def greedy(max_tokens: int, **more) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **more)
+from tests.sampling import greedy
 
 
 def seeded(max_tokens: int, seed: int, **more) -> SamplingParams:
@@ -241,8 +238,6 @@ def test_on_cuda_tokens_read_on_the_device_are_the_tokens_drawn(tmp_path, backen
     assert runner.graphs is not None
     for n in (3, 100, 300):
         assert decode_chain(runner, n, 12, overlap=True) == decode_chain(runner, n, 12, overlap=False)
-
-
 
 
 def test_decodes_come_before_prompt_chunks_in_a_step():

@@ -6,14 +6,10 @@ import pytest
 
 from actors.executor.inprocess import InProcessEngine
 from gpu.runner import ModelRunner
-from schemas.generate import SamplingParams
+from tests.sampling import greedy
 
 BLOCK_SIZE = 4
 SYSTEM = list(range(100, 140))  # ten blocks
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")

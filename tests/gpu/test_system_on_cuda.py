@@ -5,13 +5,12 @@ one request alone, and requests that join and leave a running batch.
 """
 
 import asyncio
-import random
 
-import aiohttp
 import pytest
 import torch
 
 from ops.local_server import start_server
+from tests.over_http import generate_over_http, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,18 +34,8 @@ def cuda_server(tmp_path_factory, model_dir):
 
 
 def prompts(count: int, seed: int) -> list[list[int]]:
-    """Random prompts within the tiny model's vocabulary of 1024 ids."""
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 1000) for _ in range(rng.randrange(3, 120))] for _ in range(count)]
-
-
-async def generate_over_http(base_url: str, prompt_ids: list[int], max_tokens: int, delay_s: float = 0) -> list[int]:
-    await asyncio.sleep(delay_s)
-    body = {"input_ids": prompt_ids, "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
-        async with http.post(f"{base_url}/generate", json=body) as response:
-            assert response.status == 200, await response.text()
-            return (await response.json())["token_ids"]
+    """Within the tiny model's vocabulary of 1024 ids."""
+    return random_prompts(count, seed, high=1000)
 
 
 async def test_one_request_matches_transformers(cuda_server, model_dir, hf_greedy):
