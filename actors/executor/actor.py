@@ -8,6 +8,7 @@ new tokens.
 """
 
 import asyncio
+import time
 import uuid
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
@@ -15,6 +16,10 @@ from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
+
+# A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
+# three times this (three missed heartbeats) the supervisor takes the executor for stuck.
+SLOW_LAUNCH_S = 1.0
 
 
 def pick_device(requested: str) -> str:
@@ -142,11 +147,17 @@ class ExecutorActor(Actor):
         both happen on the event loop, which polls for the step's end between bus messages:
         handing them to a worker thread cost two thread wake-ups a step, 0.65 ms of each first
         token on the H100 host. The loop serves nothing while a launch runs, so a launch must stay
-        well under the heartbeats' 3 s. On the CPU a launch computes the whole step, so it runs
-        in a worker thread, and the bus and the heartbeats are served meanwhile."""
+        well under the heartbeats' 3 s; one over SLOW_LAUNCH_S is logged. Start-up captures the
+        graphs, which compiles and loads the kernels: with a fresh Triton cache, the slowest launch
+        after it was a first sampled step, 0.18 s. On the CPU a launch computes the whole step, so
+        it runs in a worker thread, and the bus and the heartbeats are served meanwhile."""
         if not self.runner.launches_asynchronously:
             return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous)
+        started = time.perf_counter()
         launched = self._launch(copies, inputs)
+        if (blocked_s := time.perf_counter() - started) > SLOW_LAUNCH_S:
+            self.log.warning("slow_launch", seconds=round(blocked_s, 3), sequences=len(inputs),
+                             tokens=sum(len(s.token_ids) for s in inputs))
         if previous is None:
             return launched, None
         while not previous.done():  # busy-waits, as cudaEventSynchronize usually does

@@ -1,7 +1,7 @@
 """The executor actor's way of stepping on a GPU, run on the CPU: a runner that says its launches
 return once enqueued is launched on the actor's event loop, and the actor polls each step for its
 end there. Steps that report themselves unfinished a few times must still give, over the bus, the
-tokens of the in-process engine.
+tokens of the in-process engine; a launch that holds the loop too long is logged.
 """
 
 import argparse
@@ -10,7 +10,9 @@ import threading
 from collections import Counter, defaultdict
 
 import pytest
+import structlog
 
+from actors.executor import actor as executor_actor
 from actors.executor.actor import ExecutorActor
 from actors.executor.inprocess import InProcessEngine
 from actors.scheduler.batching import ContinuousBatcher
@@ -31,13 +33,13 @@ MAX_TOKENS = [6, 9, 4, 7]
 
 @pytest.fixture
 def launched_on_loop(monkeypatch):
-    """Makes CPU runners take the GPU way; returns the threads that launched and the polls of each step."""
-    launch_threads, polls = set(), Counter()
+    """Makes CPU runners take the GPU way; returns the thread of each launch and the polls of each step."""
+    launch_threads, polls = [], Counter()
     monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
     launch = ModelRunner.launch
 
     def recorded_launch(self, seqs):
-        launch_threads.add(threading.get_ident())
+        launch_threads.append(threading.get_ident())
         return launch(self, seqs)
 
     done = PendingStep.done
@@ -51,9 +53,17 @@ def launched_on_loop(monkeypatch):
     return launch_threads, polls
 
 
+@pytest.fixture
+def captured_logs():
+    """The structlog events of the test; entered before the actor binds its logger."""
+    with structlog.testing.capture_logs() as logs:
+        yield logs
+
+
 async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
-    tmp_path, build_tiny_model, launched_on_loop
+    tmp_path, build_tiny_model, launched_on_loop, captured_logs, monkeypatch
 ):
+    monkeypatch.setattr(executor_actor, "SLOW_LAUNCH_S", 0.0)  # every launch counts as slow: each is logged
     model_dir = build_tiny_model("llama")
     nats_server = EmbeddedNats(tmp_path / "nats")
     await nats_server.start()
@@ -94,7 +104,9 @@ async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
         await nats_server.stop()
 
     launch_threads, polls = launched_on_loop
-    assert launch_threads == {threading.get_ident()}  # every launch ran on the event loop's thread
+    assert set(launch_threads) == {threading.get_ident()}  # every launch ran on the event loop's thread
+    slow = [e for e in captured_logs if e["event"] == "slow_launch" and e["sequences"]]  # the last launch steps nothing
+    assert len(slow) == len(launch_threads)
     assert polls and min(polls.values()) > UNFINISHED_POLLS  # each step was polled until it said done
 
     engine = InProcessEngine(ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),

@@ -167,19 +167,29 @@ def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model, tensor_core_decod
 def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_decode):
     """A captured decode graph is re-planned through FlashInfer's compiled planner directly
     (`_replan_graph`); its public plan() must leave the same plan and the same schedule in the
-    workspace, for batches whose sequences differ in length, as steps do."""
+    workspace, for batches whose sequences differ in length, as steps do, and for a step of the
+    shared-prefix kind, whose decode pass reads only what each row does not share."""
+    from gpu.attention.flashinfer_backend import PLAIN_GRAPH, SHARED_PREFIX_GRAPH
+
     runner = runner_for(hd128_model("llama"), "flashinfer", cuda_graphs=True, sizes=(4,))
     backend = runner.model.attention_backend
+    backend.min_spared_token_reads = 1  # two shared blocks among four rows are worth a pass here
     wrapper = backend._graph_decode[4]
-    for lengths in ([3, 40, 17, 100], [200, 1, 64, 65]):
-        host = HostBatch.build([[7]] * 4, [n - 1 for n in lengths], shuffled_tables(lengths, seed=3), BLOCK_SIZE)
+    shared = [50, 51]  # the first two blocks of every row of the third batch
+    batches = [  # (lengths, tables, the graph kind a replay picks)
+        ([3, 40, 17, 100], shuffled_tables([3, 40, 17, 100], seed=3), PLAIN_GRAPH),
+        ([200, 1, 64, 65], shuffled_tables([200, 1, 64, 65], seed=3), PLAIN_GRAPH),
+        ([40, 70, 33, 48], [shared + [1], shared + [2, 3, 4], shared + [6], shared + [7]], SHARED_PREFIX_GRAPH),
+    ]
+    for lengths, tables, kind in batches:
+        host = HostBatch.build([[7]] * 4, [n - 1 for n in lengths], tables, BLOCK_SIZE)
         plans = {}
         for direct in (True, False):
             backend.direct_graph_replan = direct
             with torch.inference_mode():  # as steps run; the wrappers' buffers are inference tensors
                 wrapper._int_workspace_buffer.zero_()
                 batch, _ = ForwardBatch.from_host(host, runner.staging)
-                backend.prepare_graph(batch)
+                assert backend.prepare_graph(batch) == kind
             torch.cuda.synchronize()
             plans[direct] = ([int(x) for x in wrapper._plan_info], wrapper._int_workspace_buffer.clone(),
                              wrapper._paged_kv_indptr_buf.clone(), wrapper._paged_kv_indices_buf.clone(),
