@@ -1,4 +1,4 @@
-"""Loads a safetensors checkpoint straight into a `CausalLM` on its target device.
+"""Loads a safetensors checkpoint straight into a `CausalLM` on its target device, at the disk's speed.
 
 The model is built on the meta device (no memory, no random init) and each parameter is replaced
 by the tensor read from the checkpoint, so peak memory is one copy of the weights (plus one layer's
@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
 from gpu.config import ModelConfig
 from gpu.model import CausalLM
+from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
 
 # Tensors some checkpoints carry that are recomputed, never loaded.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -36,36 +36,50 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Reads the checkpoint's headers, checks them against `config`'s architecture, then streams each
+    file onto `device` (gpu.safetensors_stream) with a progress bar in bytes."""
     with torch.device("meta"):
         model = CausalLM(config)
     params = dict(model.named_parameters())  # a tied lm_head.weight is listed once, as the embedding
-    loaded: set[str] = set()
+    contents = {file: read_header(file) for file in checkpoint_files(model_dir)}
+    _check_contents(model_dir, config, params, contents)
+    wanted = {file: [t for t in stored if t.name in params] for file, stored in contents.items()}
+    total = sum(ts[-1].end - ts[0].begin for ts in wanted.values() if ts)
+    with tqdm(total=total, desc="Loading weights", unit="B", unit_scale=True, disable=None) as progress:
+        for file, tensors in wanted.items():
+            for stored, tensor in stream_tensors(file, tensors, device, progress.update):
+                _set_parameter(model, stored.name, tensor.to(dtype))
+    model.tie_weights()
+    model = model.to(device).eval()
+    model.fuse_projections()
+    return model
+
+
+def _check_contents(
+    model_dir: str | Path, config: ModelConfig, params: dict[str, nn.Parameter], contents: dict[Path, list[StoredTensor]]
+) -> None:
+    """ValueError, before any weight is read, when the checkpoint's tensors are not the model's."""
+    found: set[str] = set()
     unexpected: list[str] = []
-    for file in tqdm(checkpoint_files(model_dir), desc="Loading weights", unit="file", disable=None):
-        with safe_open(file, framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                if name not in params:
-                    redundant_head = config.tie_word_embeddings and name == "lm_head.weight"
-                    if not redundant_head and not name.endswith(_IGNORED_SUFFIXES):
-                        unexpected.append(name)
-                    continue
-                tensor = f.get_tensor(name)
-                if tensor.shape != params[name].shape:
-                    raise ValueError(
-                        f"{name} in {file.name} has shape {list(tensor.shape)}, the config implies {list(params[name].shape)}"
-                    )
-                _set_parameter(model, name, tensor.to(dtype))
-                loaded.add(name)
-    missing = sorted(params.keys() - loaded)
+    for file, stored in contents.items():
+        for tensor in stored:
+            if tensor.name not in params:
+                redundant_head = config.tie_word_embeddings and tensor.name == "lm_head.weight"
+                if not redundant_head and not tensor.name.endswith(_IGNORED_SUFFIXES):
+                    unexpected.append(tensor.name)
+                continue
+            expected = tuple(params[tensor.name].shape)
+            if tensor.shape != expected:
+                raise ValueError(
+                    f"{tensor.name} in {file.name} has shape {list(tensor.shape)}, the config implies {list(expected)}"
+                )
+            found.add(tensor.name)
+    missing = sorted(params.keys() - found)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint in {model_dir} does not match {config.architecture}: "
             f"missing {_few(missing)}, unexpected {_few(sorted(unexpected))}"
         )
-    model.tie_weights()
-    model = model.to(device).eval()
-    model.fuse_projections()
-    return model
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, std: float = 0.02) -> CausalLM:
