@@ -70,7 +70,8 @@ def host_to_device_rate(device: torch.device, nbytes: int = 1 << 30) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
-    parser.add_argument("--dir", type=Path, default=Path(".bench/load"), help="where the checkpoint is written and kept")
+    parser.add_argument("--dir", type=Path, required=True,
+                        help="where the checkpoint is written and kept (16 GB for llama-3.1-8b), on the disk to measure")
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
