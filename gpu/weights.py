@@ -44,7 +44,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device,
     contents = {file: read_header(file) for file in checkpoint_files(model_dir)}
     _check_contents(model_dir, config, params, contents)
     wanted = {file: [t for t in stored if t.name in params] for file, stored in contents.items()}
-    total = sum(ts[-1].end - ts[0].begin for ts in wanted.values() if ts)
+    total = sum(t.end - t.begin for tensors in wanted.values() for t in tensors)  # the bytes to read
     with tqdm(total=total, desc="Loading weights", unit="B", unit_scale=True, disable=None) as progress:
         for file, tensors in wanted.items():
             for stored, tensor in stream_tensors(file, tensors, device, progress.update):
@@ -68,6 +68,8 @@ def _check_contents(
                 if not redundant_head and not tensor.name.endswith(_IGNORED_SUFFIXES):
                     unexpected.append(tensor.name)
                 continue
+            if tensor.name in found:
+                raise ValueError(f"{tensor.name} is stored twice in the checkpoint in {model_dir}, once in {file.name}")
             expected = tuple(params[tensor.name].shape)
             if tensor.shape != expected:
                 raise ValueError(

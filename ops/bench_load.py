@@ -2,7 +2,8 @@
 (once; it stays in --dir), then, each pass:
 - drops the files from the page cache and reads them start to end (the disk's sequential read
   rate: the reference);
-- drops them again and times `gpu.weights.load_model` onto the GPU, the executor's start-up path;
+- drops them again and times `gpu.weights.load_model` onto the GPU, the executor's start-up path
+  (reading, copying, and packing q/k/v and gate/up into one product each);
 - times the same load with the files in the page cache, against the host-to-device copy rate.
 
     python -m ops.bench_load --model llama-3.1-8b --dir /tmp/bench-load

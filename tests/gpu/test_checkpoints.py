@@ -112,3 +112,14 @@ def test_mismatched_checkpoint_fails_by_name(build_tiny_model, tmp_path, edit, m
     model_dir = damaged_copy(build_tiny_model("llama"), tmp_path / "damaged", edit)
     with pytest.raises(ValueError, match=message):
         ModelRunner(model_dir, num_kv_blocks=4)
+
+
+def test_a_tensor_stored_twice_fails_by_name(build_tiny_model, tmp_path):
+    model_dir = shutil.copytree(build_tiny_model("llama"), tmp_path / "twice")
+    tensors = load_file(model_dir / "model.safetensors")
+    (model_dir / "model.safetensors").rename(model_dir / "model-1.safetensors")
+    save_file({"model.norm.weight": tensors["model.norm.weight"]}, model_dir / "model-2.safetensors")
+    weight_map = dict.fromkeys(tensors, "model-1.safetensors") | {"model.norm.weight": "model-2.safetensors"}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match="model.norm.weight is stored twice"):
+        ModelRunner(model_dir, num_kv_blocks=4)
