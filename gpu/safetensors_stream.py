@@ -105,13 +105,7 @@ def stream_tensors(
     nonempty = [t for t in tensors if t.begin < t.end]
     if not nonempty:
         return
-    spans: list[list[int]] = []  # the byte ranges the tensors cover, neighbours merged
-    for stored in nonempty:
-        if spans and spans[-1][1] == stored.begin:
-            spans[-1][1] = stored.end
-        else:
-            spans.append([stored.begin, stored.end])
-    chunks = [(offset, min(CHUNK_BYTES, end - offset)) for begin, end in spans for offset in range(begin, end, CHUNK_BYTES)]
+    chunks = _chunks_to_read(nonempty)
     on_gpu = device.type == "cuda"
     largest = max(size for _, size in chunks)
     buffers = [torch.empty(largest, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(min(READERS, len(chunks)))]
@@ -144,6 +138,18 @@ def stream_tensors(
                 torch.cuda.current_stream(device).synchronize()  # the buffer's bytes are on the device: refill it
             if k + len(buffers) < len(chunks):
                 reads.append(read(k + len(buffers)))
+
+
+def _chunks_to_read(tensors: list[StoredTensor]) -> list[tuple[int, int]]:
+    """(offset, size) of each read: the byte ranges the tensors cover, neighbours merged, cut into
+    reads of at most CHUNK_BYTES."""
+    spans: list[list[int]] = []
+    for stored in tensors:
+        if spans and spans[-1][1] == stored.begin:
+            spans[-1][1] = stored.end
+        else:
+            spans.append([stored.begin, stored.end])
+    return [(offset, min(CHUNK_BYTES, end - offset)) for begin, end in spans for offset in range(begin, end, CHUNK_BYTES)]
 
 
 def _read_at(fd: int, view, offset: int, path: Path) -> None:

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from gpu.config import ModelConfig
+from gpu.safetensors_stream import CHUNK_BYTES
 from gpu.weights import checkpoint_files, load_model, random_model
 from ops.bench_checkpoint import write_checkpoint
 from ops.bench_report import Report, Row
 from ops.ceilings import median_seconds
 from ops.shapes import SHAPES
 
-READ_CHUNK_BYTES = 64 << 20
 GB = 1e9
 
 
@@ -40,8 +40,8 @@ def drop_from_page_cache(files: list[Path]) -> None:
 
 
 def read_seconds(files: list[Path]) -> float:
-    """One sequential pass over the files in large reads, as `cat` would do it."""
-    chunk = memoryview(bytearray(READ_CHUNK_BYTES))
+    """One sequential pass over the files in reads of the loader's size, as `cat` would do it."""
+    chunk = memoryview(bytearray(CHUNK_BYTES))
     started = time.perf_counter()
     for file in files:
         with open(file, "rb", buffering=0) as f:

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from gpu import safetensors_stream
 from gpu.safetensors_stream import read_header, stream_tensors
 
-needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])]
 
 
 def written(tmp_path):
@@ -85,7 +85,7 @@ def test_an_empty_tensor_where_another_starts(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 def test_a_buffer_is_refilled_only_once_its_copies_ran(tmp_path, monkeypatch):
     """One buffer and a GPU held busy: were the next chunk read into the buffer before the copies
     out of it ran, the tensors would get the next chunk's bytes."""
