@@ -11,11 +11,12 @@ a: batch-1 decode at 1K context: inter-token latency vs (weights read + KV bytes
    where the weights read exclude the (untied) embedding table, of which a step gathers one row
 b: batch-256 decode at 1K context: step time vs the same bound
 c: prefill of 2K-token prompts: achieved TFLOP/s vs a bf16 matrix product's
-d: offline throughput, prompt and output lengths uniform in --lengths [100, 1024], ignore_eos,
-   greedy; and transformers' batched generate on the same requests (the first --hf-requests of
-   them), as many at a time as its KV cache fits in memory
+d: offline throughput, prompt and output lengths uniform in --lengths [100, 1024], ignore_eos;
+   and transformers' batched generate on the same requests (the first --hf-requests of them), as
+   many at a time as its KV cache fits in memory
 e: low load: single requests one at a time (--low-load-*: 40 of 500 prompt + 16 output tokens);
    TTFT is from the submit to the end of the step that drew the first token
+Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p) say otherwise.
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
    as a checkpoint and served by `python -m kernel.supervisor` with the engine's settings; d's
    requests from as many streaming clients at once (target: >= 0.95 of the in-process tokens/s), e's
@@ -33,7 +34,7 @@ import numpy as np
 
 from ops.bench_inprocess import InProcessBench
 from ops.bench_report import Report
-from ops.bench_requests import BenchRequest, random_requests
+from ops.bench_requests import BenchRequest, Sampling, random_requests
 from ops.shapes import SHAPES
 
 WORKLOADS = ("a", "b", "c", "d", "e")
@@ -81,6 +82,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "flashinfer", "triton", "torch"),
                         help="of the in-process runner and (--mode http) of the server's executor")
     parser.add_argument("--seed", type=int, default=0)
+    drawing = parser.add_argument_group("how every request draws its tokens (default: greedy)")
+    drawing.add_argument("--temperature", type=float, default=0.0)
+    drawing.add_argument("--top-p", type=float, default=1.0)
+    drawing.add_argument("--top-k", type=int, default=0, help="0: off")
+    drawing.add_argument("--min-p", type=float, default=0.0, help="0: off")
     parser.add_argument("--json", default=None, help="also write the details here")
     parser.add_argument("--plot", default=None, help="a PNG of the HTTP sweep (needs matplotlib)")
     parser.add_argument("--profile", action="store_true", help="cProfile ModelRunner.step in workloads a and b")
@@ -89,6 +95,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compare-plan", action="store_true", help="run a also with FlashInfer's public plan()")
     args = parser.parse_args()
     args.workloads = set(args.workloads.split(","))
+    args.sampling = Sampling(args.temperature, args.top_p, args.top_k, args.min_p)
     unknown = args.workloads - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}; choose from {','.join(WORKLOADS)}")

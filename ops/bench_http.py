@@ -9,17 +9,19 @@ import time
 
 import aiohttp
 
-from ops.bench_requests import BenchRequest, RequestTiming, summarize
+from ops.bench_requests import BenchRequest, RequestTiming, Sampling, summarize
 
 
 class BenchRequestFailed(RuntimeError):
     """The server answered a benchmark request with an error, or with fewer tokens than asked for."""
 
 
-async def stream_one(session: aiohttp.ClientSession, base_url: str, request: BenchRequest) -> RequestTiming:
+async def stream_one(
+    session: aiohttp.ClientSession, base_url: str, request: BenchRequest, sampling: Sampling
+) -> RequestTiming:
     body = {
         "input_ids": request.prompt_ids,
-        "sampling_params": {"max_new_tokens": request.output_tokens, "temperature": 0.0, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": request.output_tokens, "ignore_eos": True, **sampling.fields()},
         "stream": True,
     }
     chunks: list[tuple[float, int]] = []
@@ -44,7 +46,7 @@ async def stream_one(session: aiohttp.ClientSession, base_url: str, request: Ben
     return timing
 
 
-async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: int) -> dict:
+async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: int, sampling: Sampling) -> dict:
     """Sends `requests` in order from `concurrency` clients, each sending its next request when its
     last one ends (a closed loop); returns the figures of the run (see bench_requests.summarize)."""
     pending = iter(requests)
@@ -52,7 +54,7 @@ async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: 
 
     async def client(session: aiohttp.ClientSession) -> None:
         for request in pending:  # one iterator shared by the clients: each request is sent once
-            timings.append(await stream_one(session, base_url, request))
+            timings.append(await stream_one(session, base_url, request, sampling))
 
     connector = aiohttp.TCPConnector(limit=concurrency)  # aiohttp's default of 100 would cap the load
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:

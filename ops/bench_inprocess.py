@@ -19,14 +19,9 @@ from ops.bench_report import Report, Row
 from ops.bench_requests import BenchRequest, RequestTiming, summarize
 from ops.ceilings import copy_bandwidth, gemm_flops
 from ops.shapes import SHAPES
-from schemas.generate import SamplingParams
 
 MAX_PREFILL_TOKENS = 8192
 MAX_NUM_SEQS = 256
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 class InProcessBench:
@@ -110,7 +105,7 @@ class InProcessBench:
             f"model: {self.args.model} shape, random bf16 weights ({self.weight_bytes / 1e9:.2f} GB), "
             f"attention {self.runner.attention_backend_name}, CUDA graphs {'on' if self.graphs_on else 'off'}, "
             f"block size {self.runner.block_size}, {self.runner.num_kv_blocks} KV blocks, "
-            f"prefill budget {MAX_PREFILL_TOKENS} tokens/step, greedy",
+            f"prefill budget {MAX_PREFILL_TOKENS} tokens/step, {self.args.sampling.describe()}",
             f"setup (weights, KV pool, graph capture): {self.setup_seconds:.1f} s",
         ]
 
@@ -125,7 +120,7 @@ class InProcessBench:
         fall on no measured workload; the HTTP side gets the same requests first."""
         engine = self.engine()
         for i, request in enumerate(requests):
-            engine.submit(f"warm-{i}", request.prompt_ids, greedy(request.output_tokens))
+            engine.submit(f"warm-{i}", request.prompt_ids, self.args.sampling.params(request.output_tokens))
         engine.run()
 
     # -- workloads --------------------------------------------------------------------------
@@ -159,7 +154,7 @@ class InProcessBench:
             self.profiler = cProfile.Profile()
         lens = {}
         for i in range(batch):
-            engine.submit(f"{name}-{i}", self.prompt(context), greedy(new_tokens))
+            engine.submit(f"{name}-{i}", self.prompt(context), self.args.sampling.params(new_tokens))
             lens[f"{name}-{i}"] = context
         steps = [s for s in self.run_steps(engine, lens) if s["decodes"] == batch and s["prefill"] == 0]
         steps = steps[2:]  # the first decode steps after a prefill warm the allocator
@@ -191,7 +186,7 @@ class InProcessBench:
                                      "weight_bytes_read": self.decode_weight_bytes}
 
     def prefill(self, name: str, prompt_len: int, count: int) -> None:
-        params = greedy(1)
+        params = self.args.sampling.params(1)
         warm = self.engine()
         for i in range(2):
             warm.submit(f"warm-{i}", self.prompt(prompt_len), params)
@@ -227,7 +222,7 @@ class InProcessBench:
         """All of `requests` submitted at once and run to the end; returns the details."""
         engine = self.engine()
         for i, request in enumerate(requests):
-            engine.submit(f"{name}-{i}", request.prompt_ids, greedy(request.output_tokens))
+            engine.submit(f"{name}-{i}", request.prompt_ids, self.args.sampling.params(request.output_tokens))
         started = time.perf_counter()
         engine.run()
         seconds = time.perf_counter() - started
@@ -246,7 +241,7 @@ class InProcessBench:
         for i, request in enumerate(requests):
             request_id = f"{name}-{i}"
             started = time.perf_counter()
-            engine.submit(request_id, request.prompt_ids, greedy(request.output_tokens))
+            engine.submit(request_id, request.prompt_ids, self.args.sampling.params(request.output_tokens))
             chunks, seen = [], 0
             while engine.busy:
                 engine.step()
@@ -270,7 +265,8 @@ class InProcessBench:
 
         self.release_runner()
         hf = hf_model_sharing_weights(self.runner.model, self.raw)
-        result = hf_generate(hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests])
+        result = hf_generate(hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests],
+                             self.args.sampling)
         theirs = result["useful_tokens"] / result["seconds"]
         self.report.add(Row(
             f"{name}: transformers generate, {len(requests)} requests, batches of {result['batch_size']}",

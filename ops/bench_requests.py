@@ -2,15 +2,41 @@
 driver and the HTTP clients, so both are judged by one definition of TTFT and inter-token latency.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from schemas.generate import SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How every request of a run draws its tokens; the default is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+
+    def params(self, max_tokens: int) -> SamplingParams:
+        """Exactly `max_tokens` tokens (EOS does not stop a request), drawn this way."""
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **asdict(self))
+
+    def fields(self) -> dict:
+        """The sampling fields of an HTTP request body."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.temperature <= 0:
+            return "greedy"
+        return f"sampled: temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k or 'off'}, " \
+               f"min-p {self.min_p or 'off'}"
 
 
 @dataclass(frozen=True)
 class BenchRequest:
     prompt_ids: list[int]
-    output_tokens: int  # generated exactly (ignore_eos, greedy)
+    output_tokens: int  # generated exactly (ignore_eos)
 
 
 def random_requests(

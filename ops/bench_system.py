@@ -64,16 +64,17 @@ class SystemBench:
         offline: list[BenchRequest], offline_ref: dict, levels: list[int], sweep_requests: int | None,
     ) -> None:
         base_url = self.server.base_url
-        await run_clients(base_url, warm, len(warm))  # the in-process engine ran the same first
-        self.low_load(await run_clients(base_url, low_load, 1), low_load_ref)
-        self.offline(await run_clients(base_url, offline, len(offline)), offline_ref)
+        sampling = self.bench.args.sampling
+        await run_clients(base_url, warm, len(warm), sampling)  # the in-process engine ran the same first
+        self.low_load(await run_clients(base_url, low_load, 1, sampling), low_load_ref)
+        self.offline(await run_clients(base_url, offline, len(offline), sampling), offline_ref)
         sweep = self.report.details["sweep"] = []
         lengths = np.random.default_rng(self.bench.args.seed + 2)
         for level in levels:
             count = sweep_requests or max(MIN_SWEEP_REQUESTS, 2 * level)
             requests = random_requests(self.bench.rng, lengths, self.bench.config.vocab_size, count,
                                        self.bench.args.lengths, self.bench.args.lengths)
-            run = await run_clients(base_url, requests, level)
+            run = await run_clients(base_url, requests, level, sampling)
             sweep.append(run)
             ttft, itl = run["ttft_ms"], run["itl_ms"]
             latency = f"TTFT p50 {ttft['p50']:.1f}, p99 {ttft['p99']:.1f} ms; ITL p50 {itl['p50']:.2f} ms"

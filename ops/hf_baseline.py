@@ -9,6 +9,7 @@ import transformers
 
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
+from ops.bench_requests import Sampling
 
 
 def hf_model_sharing_weights(model: CausalLM, raw_config: dict) -> transformers.PreTrainedModel:
@@ -73,8 +74,18 @@ def batch_size_that_fits(requests: int, tokens_per_request: int, kv_bytes_per_to
     return -(-requests // batches)
 
 
-def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int]) -> dict:
-    """Batched greedy `generate` of every prompt, in order, as many at once as fit: each batch
+def generate_kwargs(sampling: Sampling) -> dict:
+    """The arguments of transformers' `generate` that make it draw tokens as `sampling` says."""
+    if sampling.temperature <= 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "min_p": sampling.min_p or None}
+
+
+def hf_generate(
+    hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int], sampling: Sampling = Sampling()
+) -> dict:
+    """Batched `generate` of every prompt, in order, as many at once as fit: each batch
     left-padded to its longest prompt and run to its longest output. Returns seconds, the batch
     size, the output tokens the requests asked for, and the tokens generated."""
     device = next(hf.parameters()).device
@@ -93,7 +104,7 @@ def hf_generate(hf: transformers.PreTrainedModel, prompts: list[list[int]], outp
         """Runs one batch; returns the tokens it generated."""
         ids, mask = left_padded(batch_prompts, device)
         with torch.inference_mode(), without_cudnn_attention():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, **generate_kwargs(sampling))
         return (out.shape[1] - ids.shape[1]) * len(batch_prompts)
 
     generate(prompts[:batch], 2)  # a warm-up

@@ -15,6 +15,7 @@ BENCH_ARGS = [
     "--requests", "6", "--lengths", "8,32", "--hf-requests", "0",
     "--low-load-requests", "3", "--low-load-prompt", "40", "--low-load-output", "4",
     "--concurrency", "1,2", "--sweep-requests", "4",
+    "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20",  # every request samples, in-process and over HTTP
 ]
 
 
@@ -65,6 +66,7 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
         assert_ordered(run["ttft_ms"])
         assert_ordered(run["itl_ms"])
     assert details["system"]["model"] == "toy-llama"
+    assert any("sampled: temperature 0.8, top-p 0.9, top-k 20, min-p off" in line for line in results["conditions"])
 
 
 def test_plot_is_made_from_the_json(bench_run, tmp_path):

@@ -6,7 +6,8 @@ import torch
 from gpu.config import ModelConfig
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
-from ops.hf_baseline import batch_size_that_fits, hf_generate, hf_model_sharing_weights
+from ops.bench_requests import Sampling
+from ops.hf_baseline import batch_size_that_fits, generate_kwargs, hf_generate, hf_model_sharing_weights
 from ops.shapes import SHAPES
 
 
@@ -34,3 +35,21 @@ def test_transformers_draws_our_greedy_tokens_from_our_weights():
     assert result["batch_size"] == 3  # on the CPU, one batch
     assert result["useful_tokens"] == 12 and result["generated_tokens"] == 3 * 6
     assert result["seconds"] > 0
+
+
+def test_transformers_samples_as_the_benchmark_asks():
+    """With the benchmark's sampling, transformers draws from the same head: with top-k 1 that is
+    our greedy token, whatever the temperature."""
+    raw = SHAPES["toy-llama"]
+    runner = ModelRunner.with_random_weights(ModelConfig.from_dict(raw), device="cpu", num_kv_blocks=16,
+                                             block_size=16)
+    hf = hf_model_sharing_weights(runner.model, raw)
+    prompt = [5, 9, 200, 17, 44, 3, 90]
+    torch.manual_seed(0)  # transformers draws from torch's global generator
+    with torch.inference_mode():
+        greedy = hf.generate(torch.tensor([prompt]), max_new_tokens=6, **generate_kwargs(Sampling()))
+        top_1 = hf.generate(torch.tensor([prompt]), max_new_tokens=6, **generate_kwargs(Sampling(1.5, 0.9, 1)))
+        spread = [hf.generate(torch.tensor([prompt]), max_new_tokens=6, **generate_kwargs(Sampling(2.0)))
+                  for _ in range(4)]
+    assert torch.equal(top_1, greedy)
+    assert any(not torch.equal(drawn, greedy) for drawn in spread)  # it does sample
