@@ -26,6 +26,7 @@ from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import SamplingTensors, _as_int64, sample
+from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
 from gpu.weights import load_model, random_model
@@ -137,6 +138,10 @@ class ModelRunner:
         # Looked up once: torch.cuda.current_stream() costs tens of microseconds of host time.
         self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.eager_token_bucket = EAGER_TOKEN_BUCKET if device.type == "cuda" else 1
+        # The same draws either way; the torch sampler's [S, V] passes are what the kernel avoids.
+        self._sample = sample_on_gpu if device.type == "cuda" else sample
+        if device.type == "cuda":
+            compile_sampler(config.vocab_size, device)
         # The latest launch's drawn tokens, [R] int64 on the device, and the index into them of each
         # of its sequences ([S], -1 where it sampled none): where `previous_row` inputs come from.
         self._previous_drawn: torch.Tensor | None = None
@@ -235,10 +240,11 @@ class ModelRunner:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
             sampled = [s for s in chosen if s.temperature > 0]
-            drawn = sample(logits, SamplingTensors(
+            drawn = self._sample(logits, SamplingTensors(
                 *views[len(gather):], all_greedy=False,
                 any_filtering=any(s.top_k > 0 or s.top_p < 1 for s in sampled),
                 any_min_p=any(s.min_p > 0 for s in sampled),
+                largest_joint_top_k=max((s.top_k for s in sampled if s.top_k > 0 and s.top_p < 1), default=0),
             ))
         self._previous_drawn = drawn
         self._previous_index = np.full(n, -1, np.int64)

@@ -58,6 +58,9 @@ class SamplingTensors:
     all_greedy: bool
     any_filtering: bool
     any_min_p: bool
+    # The largest top_k of the sampled rows that also have a top_p (0: none): gpu/sampler_kernel.py
+    # sizes those rows' heads from that many best logits.
+    largest_joint_top_k: int = 0
 
     @classmethod
     def from_lists(
@@ -81,6 +84,7 @@ class SamplingTensors:
             all_greedy=not any(sampled),
             any_filtering=any(s and (k > 0 or p < 1) for s, k, p in zip(sampled, top_k, top_p)),
             any_min_p=any(s and p > 0 for s, p in zip(sampled, min_p)),
+            largest_joint_top_k=max((k for s, k, p in zip(sampled, top_k, top_p) if s and k > 0 and p < 1), default=0),
         )
 
 

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 from gpu.batch import ForwardBatch
 from gpu.runner import ModelRunner
 from gpu.sampler import SamplingTensors, sample, uniform_noise
+from gpu.sampler_kernel import sample_on_gpu
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
 
 pytestmark = [
@@ -69,3 +70,5 @@ def test_sampling_on_cuda_draws_what_the_cpu_draws():
     on_cpu = sample(logits, SamplingTensors.from_lists(*args, device="cpu"))
     on_cuda = sample(logits.cuda(), SamplingTensors.from_lists(*args, device="cuda"))
     assert torch.equal(on_cuda.cpu(), on_cpu)
+    on_the_kernel = sample_on_gpu(logits.cuda(), SamplingTensors.from_lists(*args, device="cuda"))
+    assert torch.equal(on_the_kernel.cpu(), on_cpu)

@@ -1,22 +1,54 @@
-"""The sampler draws from the right distribution, and each draw depends only on (seed, position)."""
+"""The sampler draws from the right distribution, and each draw depends only on (seed, position).
+Each draw test runs the torch path and the GPU's kernel (gpu/sampler_kernel.py; in Triton's
+interpreter on a machine without CUDA), which must draw the same tokens."""
 
 import math
+import os
+import random
 
 import pytest
 import torch
 
 from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
+from gpu.sampler_kernel import sample_on_gpu
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 
 
-def params(rows: list[dict]) -> SamplingTensors:
+def params(rows: list[dict], device: str = "cpu") -> SamplingTensors:
     """SamplingTensors from per-row dicts; unspecified fields take neutral values."""
     def column(name, default):
         return [row.get(name, default) for row in rows]
 
     return SamplingTensors.from_lists(
         column("temperature", 1.0), column("top_p", 1.0), column("top_k", 0), column("min_p", 0.0), column("seed", 0),
-        column("position", 0), "cpu",
+        column("position", 0), device,
     )
+
+
+def draw_on_the_kernel(logits: torch.Tensor, rows: list[dict]) -> torch.Tensor:
+    return sample_on_gpu(logits.to(KERNEL_DEVICE), params(rows, KERNEL_DEVICE)).cpu()
+
+
+def draw_on_the_torch_path(logits: torch.Tensor, rows: list[dict]) -> torch.Tensor:
+    return sample(logits, params(rows))
+
+
+@pytest.fixture(params=[draw_on_the_torch_path, draw_on_the_kernel], ids=["torch", "kernel"])
+def draw(request):
+    """draw(logits, rows): one token per row of `logits`, sampled as the row's dict says."""
+    return request.param
+
+
+# Thousands of rows take minutes in Triton's interpreter: there the equality test at the end covers
+# the kernel, and the draw counts run on the torch path alone.
+@pytest.fixture(params=[
+    draw_on_the_torch_path,
+    pytest.param(draw_on_the_kernel, marks=pytest.mark.skipif(INTERPRETED, reason="slow in Triton's interpreter")),
+], ids=["torch", "kernel"])
+def draw_many(request):
+    return request.param
 
 
 def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -42,13 +74,13 @@ def test_noise_is_strictly_inside_the_unit_interval():
      dict(temperature=0.7, top_k=1, top_p=0.5, min_p=0.3)],
     ids=["temperature-0", "top-k-1", "tiny-top-p", "min-p-1", "combined"],
 )
-def test_degenerate_settings_are_argmax(row):
+def test_degenerate_settings_are_argmax(row, draw):
     logits = random_logits(16, 300)
     rows = [dict(row, seed=s, position=s * 3) for s in range(16)]
-    assert torch.equal(sample(logits, params(rows)), logits.argmax(-1))
+    assert torch.equal(draw(logits, rows), logits.argmax(-1))
 
 
-def test_a_draw_depends_only_on_its_own_seed_and_position():
+def test_a_draw_depends_only_on_its_own_seed_and_position(draw):
     logits = random_logits(8, 500)
     rows = [
         dict(temperature=1.0, seed=1, position=0),
@@ -60,21 +92,21 @@ def test_a_draw_depends_only_on_its_own_seed_and_position():
         dict(temperature=1.5, min_p=0.1, seed=5, position=4),
         dict(temperature=0.9, top_p=0.9, min_p=0.05, seed=6, position=0),
     ]
-    together = sample(logits, params(rows)).tolist()
-    alone = [sample(logits[i : i + 1], params([row])).item() for i, row in enumerate(rows)]
+    together = draw(logits, rows).tolist()
+    alone = [draw(logits[i : i + 1], [row]).item() for i, row in enumerate(rows)]
     order = [4, 7, 2, 0, 6, 5, 1, 3]
-    reordered = sample(logits[order], params([rows[i] for i in order])).tolist()
+    reordered = draw(logits[order], [rows[i] for i in order]).tolist()
     assert together == alone
     assert reordered == [together[i] for i in order]
 
 
-def test_seeds_and_positions_change_the_draw():
+def test_seeds_and_positions_change_the_draw(draw):
     flat = torch.zeros(40, 1000)
-    by_seed = sample(flat, params([dict(seed=s, position=0) for s in range(40)]))
-    by_position = sample(flat, params([dict(seed=7, position=p) for p in range(40)]))
+    by_seed = draw(flat, [dict(seed=s, position=0) for s in range(40)])
+    by_position = draw(flat, [dict(seed=7, position=p) for p in range(40)])
     assert len(set(by_seed.tolist())) > 30
     assert len(set(by_position.tolist())) > 30
-    again = sample(flat, params([dict(seed=s, position=0) for s in range(40)]))
+    again = draw(flat, [dict(seed=s, position=0) for s in range(40)])
     assert torch.equal(by_seed, again)
 
 
@@ -84,20 +116,20 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_draws_follow_the_softmax(temperature):
+def test_draws_follow_the_softmax(temperature, draw_many):
     draws = 6000
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0])
-    tokens = sample(logits.expand(draws, -1), params([dict(temperature=temperature, seed=42, position=p) for p in range(draws)]))
+    tokens = draw_many(logits.expand(draws, -1), [dict(temperature=temperature, seed=42, position=p) for p in range(draws)])
     counts = torch.bincount(tokens, minlength=6).float()
     # 5 degrees of freedom: 20.5 is the 0.999 quantile; the hash is deterministic, so this cannot flake.
     assert chi_square(counts, (logits / temperature).softmax(-1)) < 20.5
 
 
-def test_top_k_and_top_p_draw_from_the_renormalised_head():
+def test_top_k_and_top_p_draw_from_the_renormalised_head(draw_many):
     draws = 6000
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -2.0])
     rows = [dict(top_k=4, top_p=0.8, seed=9, position=p) for p in range(draws)]
-    counts = torch.bincount(sample(logits.expand(draws, -1), params(rows)), minlength=6).float()
+    counts = torch.bincount(draw_many(logits.expand(draws, -1), rows), minlength=6).float()
     probs = logits.softmax(-1)  # [0.44, 0.27, 0.16, ...]: the first three reach 0.8
     assert counts[3:].sum() == 0
     kept = probs[:3] / probs[:3].sum()
@@ -125,15 +157,33 @@ def test_min_p_keeps_tokens_at_least_that_share_of_the_best():
     assert torch.equal(kept[0], logits[0])
 
 
-def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone():
+def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone(draw_many):
     draws = 6000
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -2.0])
     probs = logits.softmax(-1)  # [0.44, 0.27, 0.16, 0.06, ...]: min_p 0.3 keeps the first three
     rows = [dict(min_p=0.3 if p % 2 else 0.0, seed=11, position=p) for p in range(2 * draws)]
-    drawn = sample(logits.expand(2 * draws, -1), params(rows))
+    drawn = draw_many(logits.expand(2 * draws, -1), rows)
     counts = torch.bincount(drawn[1::2], minlength=6).float()
     assert counts[3:].sum() == 0
     assert chi_square(counts[:3], probs[:3] / probs[:3].sum()) < 13.8  # 2 degrees of freedom, 0.999 quantile
     # A row with min_p 0 draws what it draws in a batch without min_p.
     unfiltered = [dict(row, min_p=0.0) for row in rows[::2]]
-    assert torch.equal(drawn[::2], sample(logits.expand(draws, -1), params(unfiltered)))
+    assert torch.equal(drawn[::2], draw_many(logits.expand(draws, -1), unfiltered))
+
+
+def test_the_kernel_draws_what_the_torch_path_draws():
+    """Mixed rows (greedy, temperature, top-k, top-p, both, min-p, degenerate settings) over logits
+    with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn."""
+    rng = random.Random(1)
+    logits = random_logits(24, 777)
+    logits[3, :50] = 20.0  # the best 50 tokens tie: top-k keeps the first k of them
+    logits[5, 100:] = float("-inf")
+    for trial in range(4):
+        rows = [
+            dict(temperature=rng.choice([0.0, 0.5, 1.0, 1.7]), top_k=rng.choice([0, 0, 1, 5, 40, 2000]),
+                 top_p=rng.choice([1.0, 1.0, 0.9, 0.5, 1e-6]), min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0]),
+                 seed=rng.randrange(-2**63, 2**63), position=rng.randrange(5000))
+            for _ in range(24)
+        ]
+        rows[3].update(temperature=1.0, top_k=(1, 5, 40, 0)[trial], top_p=1.0, min_p=0.0)
+        assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows))), f"trial {trial}"
