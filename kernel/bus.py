@@ -156,6 +156,9 @@ class Bus:
 
     async def subscribe(self, subject: str, message_type: Any, handler: Handler, queue: str = "") -> Subscription:
         """Calls `handler` for each message, in order. Undecodable messages get an `Error` reply.
+        When it returns, the server has the subscription: what any client publishes after that
+        reaches `handler` (without the round trip, a message sent on another connection could
+        overtake it and be dropped).
 
         A handler that raises gets an `internal` Error sent back and the exception logged; the
         subscription keeps serving, since one bad message must not stop the others.
@@ -178,7 +181,9 @@ class Bus:
             if result is not None:
                 await self._reply(reply_to, result)
 
-        return Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
+        subscription = Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
+        await self._nc.flush()
+        return subscription
 
     async def reply(self, reply_to: str, message: msgspec.Struct) -> None:
         await self._nc.publish(reply_to, encode(message))
