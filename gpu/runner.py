@@ -138,7 +138,8 @@ class ModelRunner:
         # Looked up once: torch.cuda.current_stream() costs tens of microseconds of host time.
         self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.eager_token_bucket = EAGER_TOKEN_BUCKET if device.type == "cuda" else 1
-        # The same draws either way; the torch sampler's [S, V] passes are what the kernel avoids.
+        # The same draws either way (but where rounding moves a token across a top-p or min-p
+        # boundary); the torch sampler's [S, V] passes and sorts are what the kernel avoids.
         self._sample = sample_on_gpu if device.type == "cuda" else sample
         if device.type == "cuda":
             compile_sampler(config.vocab_size, device)

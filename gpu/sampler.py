@@ -41,8 +41,10 @@ def uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -
     row_key = _mix64(_mix64(seed + _GOLDEN) + position * _GOLDEN)  # [S]
     index = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=seed.device)  # [V]
     bits = _mix64(row_key[:, None] + index[None, :] * _GOLDEN)  # [S, V]
-    # The top 24 bits are exact in float32; the half-step offset keeps 0 and 1 out.
-    return (_shift_right(bits, 40).float() + 0.5) * (1.0 / (1 << 24))
+    # The top 23 bits k give u = (2k + 1) / 2^24: odd numbers below 2^24 are exact in float32, so u
+    # lies in [2^-24, 1 - 2^-24] and the Gumbel noise -log(-log(u)) is finite (k + 0.5 was not
+    # exact for the largest k, which rounded u up to 1 and the noise to +inf).
+    return (_shift_right(bits, 41) * 2 + 1).float() * (1.0 / (1 << 24))
 
 
 @dataclass(frozen=True)

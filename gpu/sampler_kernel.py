@@ -44,7 +44,7 @@ def _mix64(z):
 def _gumbel(row_key, offs):
     """The Gumbel noise of tokens `offs` of the row keyed `row_key`: gpu.sampler's, from the same hash."""
     bits = _mix64(row_key + (offs + 1).to(tl.uint64) * _GOLDEN)
-    u = ((bits >> 40).to(tl.float32) + 0.5) * (1.0 / (1 << 24))
+    u = ((bits >> 41) * 2 + 1).to(tl.float32) * (1.0 / (1 << 24))  # as gpu.sampler.uniform_noise
     return -tl.log(-tl.log(u))
 
 
@@ -126,7 +126,8 @@ def _sample_kernel(
 
 def head_sizes(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, largest_k: int) -> torch.Tensor:
     """[S] how many tokens top-k, then top-p over the top-k head's renormalized probabilities, keep
-    of each row, from the rows' `largest_k` best scaled logits (no sort of the whole row)."""
+    of each row, from the rows' `largest_k` best scaled logits (no sort of the whole row). Right for
+    the rows with 0 < top_k <= largest_k; the caller uses it for those alone."""
     values = scaled.topk(largest_k, dim=-1).values  # [S, K], descending
     ranks = torch.arange(largest_k, device=scaled.device)
     in_head = ranks[None, :] < top_k[:, None]

@@ -85,7 +85,7 @@ def parse_args() -> argparse.Namespace:
     drawing = parser.add_argument_group("how every request draws its tokens (default: greedy)")
     drawing.add_argument("--temperature", type=float, default=0.0)
     drawing.add_argument("--top-p", type=float, default=1.0)
-    drawing.add_argument("--top-k", type=int, default=0, help="0: off")
+    drawing.add_argument("--top-k", type=int, default=0, help="0 or -1: off")
     drawing.add_argument("--min-p", type=float, default=0.0, help="0: off")
     parser.add_argument("--json", default=None, help="also write the details here")
     parser.add_argument("--plot", default=None, help="a PNG of the HTTP sweep (needs matplotlib)")
@@ -95,6 +95,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compare-plan", action="store_true", help="run a also with FlashInfer's public plan()")
     args = parser.parse_args()
     args.workloads = set(args.workloads.split(","))
+    if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
+        parser.error("sampling as the server accepts it: --temperature in [0, 2], --top-p in (0, 1], "
+                     "--top-k -1 or more, --min-p in [0, 1]")
     args.sampling = Sampling(args.temperature, args.top_p, args.top_k, args.min_p)
     unknown = args.workloads - set(WORKLOADS)
     if unknown:

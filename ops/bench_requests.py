@@ -15,7 +15,7 @@ class Sampling:
 
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0  # 0: off
+    top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0  # 0: off
 
     def params(self, max_tokens: int) -> SamplingParams:
@@ -29,7 +29,7 @@ class Sampling:
     def describe(self) -> str:
         if self.temperature <= 0:
             return "greedy"
-        return f"sampled: temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k or 'off'}, " \
+        return f"sampled: temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k if self.top_k > 0 else 'off'}, " \
                f"min-p {self.min_p or 'off'}"
 
 

@@ -79,7 +79,7 @@ def generate_kwargs(sampling: Sampling) -> dict:
     if sampling.temperature <= 0:
         return {"do_sample": False}
     return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k, "min_p": sampling.min_p or None}
+            "top_k": max(sampling.top_k, 0), "min_p": sampling.min_p or None}  # our -1 is off, their 0
 
 
 def hf_generate(

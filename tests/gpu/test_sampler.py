@@ -62,8 +62,8 @@ def test_hash_is_splitmix64():
 
 
 def test_noise_is_strictly_inside_the_unit_interval():
-    u = uniform_noise(torch.tensor([0, 1, -5, 2**62]), torch.tensor([0, 7, 3, 2**40]), 5000)
-    assert u.shape == (4, 5000)
+    u = uniform_noise(torch.tensor([0, 1, -5, 2**62, 44774]), torch.tensor([0, 7, 3, 2**40, 0]), 5000)
+    assert u.shape == (5, 5000)
     assert (u > 0).all() and (u < 1).all()
     assert abs(u.mean().item() - 0.5) < 0.01
 
@@ -78,6 +78,16 @@ def test_degenerate_settings_are_argmax(row, draw):
     logits = random_logits(16, 300)
     rows = [dict(row, seed=s, position=s * 3) for s in range(16)]
     assert torch.equal(draw(logits, rows), logits.argmax(-1))
+
+
+def test_the_largest_noise_is_finite(draw):
+    """Seed 44774 at position 0 hashes token 39 to the top of the noise's range, which once rounded
+    to u = 1: infinite noise, so that token won every draw, banned or filtered out."""
+    logits = torch.arange(64, 0, -1).float().expand(4, -1).clone()  # token 0 is the best
+    logits[3, 39] = float("-inf")  # banned
+    rows = [dict(top_k=1, seed=44774), dict(top_p=1e-6, seed=44774), dict(min_p=1.0, seed=44774), dict(seed=44774)]
+    drawn = draw(logits, rows).tolist()
+    assert drawn[:3] == [0, 0, 0] and drawn[3] != 39
 
 
 def test_a_draw_depends_only_on_its_own_seed_and_position(draw):
