@@ -25,7 +25,7 @@ from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
-from gpu.sampler import SamplingTensors, _as_int64, sample
+from gpu.sampler import SamplingTensors, _as_int64, host_summaries, sample
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
@@ -212,7 +212,8 @@ class ModelRunner:
             gather = [host.query_start[deferred].astype(np.int64), self._drawn_index(deferred, previous_rows)]
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature <= 0 for s in chosen)
-        extra = gather + ([] if greedy else _sampling_arrays(chosen))
+        settings = [] if greedy else _sampling_arrays(chosen)
+        extra = gather + settings
         graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
         prompt_tokens = None
         if graph_size is not None:
@@ -240,13 +241,7 @@ class ModelRunner:
         if greedy:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
-            sampled = [s for s in chosen if s.temperature > 0]
-            drawn = self._sample(logits, SamplingTensors(
-                *views[len(gather):], all_greedy=False,
-                any_filtering=any(s.top_k > 0 or s.top_p < 1 for s in sampled),
-                any_min_p=any(s.min_p > 0 for s in sampled),
-                largest_joint_top_k=max((s.top_k for s in sampled if s.top_k > 0 and s.top_p < 1), default=0),
-            ))
+            drawn = self._sample(logits, SamplingTensors(*views[len(gather):], **host_summaries(*settings[:4])))
         self._previous_drawn = drawn
         self._previous_index = np.full(n, -1, np.int64)
         self._previous_index[rows] = np.arange(len(rows))

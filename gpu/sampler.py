@@ -8,6 +8,7 @@ recomputed draws them again. No per-row Python and no host sync: the caller read
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _INT64_RANGE = 1 << 64
@@ -75,7 +76,6 @@ class SamplingTensors:
         position: list[int],
         device: torch.device | str,
     ) -> "SamplingTensors":
-        sampled = [t > 0 for t in temperature]
         return cls(
             temperature=torch.tensor(temperature, dtype=torch.float32).to(device, non_blocking=True),
             top_p=torch.tensor(top_p, dtype=torch.float32).to(device, non_blocking=True),
@@ -83,11 +83,21 @@ class SamplingTensors:
             min_p=torch.tensor(min_p, dtype=torch.float32).to(device, non_blocking=True),
             seed=torch.tensor([_as_int64(s) for s in seed], dtype=torch.int64).to(device, non_blocking=True),
             position=torch.tensor(position, dtype=torch.int64).to(device, non_blocking=True),
-            all_greedy=not any(sampled),
-            any_filtering=any(s and (k > 0 or p < 1) for s, k, p in zip(sampled, top_k, top_p)),
-            any_min_p=any(s and p > 0 for s, p in zip(sampled, min_p)),
-            largest_joint_top_k=max((k for s, k, p in zip(sampled, top_k, top_p) if s and k > 0 and p < 1), default=0),
+            **host_summaries(temperature, top_p, top_k, min_p),
         )
+
+
+def host_summaries(temperature, top_p, top_k, min_p) -> dict[str, bool | int]:
+    """SamplingTensors' host-side fields, from the rows' settings (sequences or numpy arrays of [S])."""
+    temperature, top_p, top_k, min_p = map(np.asarray, (temperature, top_p, top_k, min_p))
+    sampled = temperature > 0
+    joint = sampled & (top_k > 0) & (top_p < 1)
+    return {
+        "all_greedy": not sampled.any(),
+        "any_filtering": bool((sampled & ((top_k > 0) | (top_p < 1))).any()),
+        "any_min_p": bool((sampled & (min_p > 0)).any()),
+        "largest_joint_top_k": int(top_k[joint].max(initial=0)),
+    }
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
