@@ -63,13 +63,13 @@ def grants(s: Subjects) -> dict[str, Grant]:
             # A stream is many replies, sent again to a new inbox on resume and after a bus outage
             # (which forgets one-reply grants): the gateway may publish to every client inbox.
             publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.heartbeat("gateway"), CLIENT_INBOXES],
-            subscribe=[s.generate, s.origin("*"), s.all_heartbeats],
+            subscribe=[s.generate, s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
             answers_requests=True,
         ),
         "frontdoor": Grant(
             publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
                      s.heartbeat("frontdoor")],
-            subscribe=[s.origin("*"), s.all_heartbeats],
+            subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
         ),
         "supervisor": Grant(publish=[], subscribe=[s.all_heartbeats]),
         "client": Grant(publish=[s.generate, s.sessions, f"{s.namespace}.admin.>"], subscribe=[CLIENT_INBOXES]),

@@ -20,7 +20,8 @@ Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
    as a checkpoint and served by `python -m kernel.supervisor` with the engine's settings; d's
    requests from as many streaming clients at once (target: >= 0.95 of the in-process tokens/s), e's
-   one at a time (target: TTFT p50 at most 3 ms above in-process), then for each --concurrency
+   one at a time (target: TTFT p50 at most 3 ms above in-process), twice: with text, then token ids
+   alone (`detokenize` false: no tokenizer on the way back), then for each --concurrency
    level max(8, 2 x level) new requests of d's lengths from that many clients in a closed loop.
    --plot draws the sweep (needs matplotlib; else `python -m ops.bench_plot out.json --out out.png`).
 """

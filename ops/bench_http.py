@@ -1,6 +1,7 @@
 """The benchmark's HTTP clients: streaming requests to the native `/generate` with token-id prompts
 (the prompts are random ids, and its stream carries the token ids of every step, so each token is
 counted and timed even when it decodes to no text), `concurrency` of them in flight at a time.
+With `detokenize` off they ask for token ids alone, as the in-process engine produces them.
 """
 
 import asyncio
@@ -17,13 +18,11 @@ class BenchRequestFailed(RuntimeError):
 
 
 async def stream_one(
-    session: aiohttp.ClientSession, base_url: str, request: BenchRequest, sampling: Sampling
+    session: aiohttp.ClientSession, base_url: str, request: BenchRequest, sampling: Sampling, detokenize: bool
 ) -> RequestTiming:
-    body = {
-        "input_ids": request.prompt_ids,
-        "sampling_params": {"max_new_tokens": request.output_tokens, "ignore_eos": True, **sampling.fields()},
-        "stream": True,
-    }
+    sampling_params = {"max_new_tokens": request.output_tokens, "ignore_eos": True, "detokenize": detokenize,
+                       **sampling.fields()}
+    body = {"input_ids": request.prompt_ids, "sampling_params": sampling_params, "stream": True}
     chunks: list[tuple[float, int]] = []
     started = time.perf_counter()
     async with session.post(f"{base_url}/generate", json=body) as response:
@@ -46,7 +45,9 @@ async def stream_one(
     return timing
 
 
-async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: int, sampling: Sampling) -> dict:
+async def run_clients(
+    base_url: str, requests: list[BenchRequest], concurrency: int, sampling: Sampling, detokenize: bool = True
+) -> dict:
     """Sends `requests` in order from `concurrency` clients, each sending its next request when its
     last one ends (a closed loop); returns the figures of the run (see bench_requests.summarize)."""
     pending = iter(requests)
@@ -54,7 +55,7 @@ async def run_clients(base_url: str, requests: list[BenchRequest], concurrency: 
 
     async def client(session: aiohttp.ClientSession) -> None:
         for request in pending:  # one iterator shared by the clients: each request is sent once
-            timings.append(await stream_one(session, base_url, request, sampling))
+            timings.append(await stream_one(session, base_url, request, sampling, detokenize))
 
     connector = aiohttp.TCPConnector(limit=concurrency)  # aiohttp's default of 100 would cap the load
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:

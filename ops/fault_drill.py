@@ -1,5 +1,5 @@
-"""Fault drill: streams a mixed workload (half HTTP through the openai SDK, half over the bus;
-half greedy, half seeded), kills one actor with SIGKILL mid-stream, and reports what the clients
+"""Fault drill: streams a mixed workload (half HTTP through the openai SDK, half over the bus, of
+which half want token ids and no text; half greedy, half seeded), kills one actor with SIGKILL mid-stream, and reports what the clients
 saw against an uninterrupted run of the same workload.
 
     python -m ops.fault_drill --kill tokenizer --tokenizers 2 --requests 32 --max-tokens 24
@@ -32,9 +32,10 @@ class ClientLog:
 
 
 def workload(count: int) -> list[dict]:
+    """Odd items go over HTTP, even ones over the bus; each door gets greedy and seeded requests."""
     return [
         {"prompt": f"Request {i}: " + "tell me more " * (i % 5), "seed": 1000 + i,
-         "temperature": 0.0 if i % 2 == 0 else 0.8}
+         "temperature": 0.0 if i // 2 % 2 == 0 else 0.8, "detokenize": i // 4 % 2 == 0}
         for i in range(count)
     ]
 
@@ -57,7 +58,8 @@ async def over_http(base_url: str, item: dict, max_tokens: int, progress: asynci
 
 async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event) -> ClientLog:
     """Through the reference bus client, which resumes a stream after a bus outage."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True,
+                            detokenize=item["detokenize"])
     log, chunks = ClientLog(token_ids=[]), []
     async for reply in stream_generate(nc, GenerateRequest(text=item["prompt"], params=params)):
         if isinstance(reply, GenerateResult):

@@ -24,6 +24,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # False: the outputs carry token ids and no text. The origin takes them from the executor's step
+    # outputs itself, a bus hop shorter than through a tokenizer; stop strings need text, so none.
+    detokenize: bool = True
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

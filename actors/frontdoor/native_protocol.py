@@ -13,6 +13,7 @@ from schemas.session import IdleTimeout, TokenCount as SessionTokens
 
 class NativeSampling(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     max_new_tokens: TokenCount | None = None  # SGLang's name for max_tokens
+    detokenize: bool = True  # false: token ids out and no text, as vLLM's parameter (schemas/generate.py)
 
 
 class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,8 +80,8 @@ def parse_generate_request(body: bytes) -> ParsedRequest | Error:
     session = session_turn(req.session_id, req.session_parent, req.session_replace)
     if isinstance(session, Error):
         return session
+    params = msgspec.structs.replace(sampling_params(sampling, max_tokens), detokenize=sampling.detokenize)
     request = GenerateRequest(
-        text=req.text, input_ids=req.input_ids, params=sampling_params(sampling, max_tokens), stream=req.stream,
-        session=session,
+        text=req.text, input_ids=req.input_ids, params=params, stream=req.stream, session=session,
     )
     return ParsedRequest("generate", request, include_usage_in_stream=False)

@@ -3,7 +3,9 @@
 An origin (the HTTP frontdoor, or the gateway for bus clients) keeps the record of every request it
 takes: it encodes the prompt with a tokenizer, asks one to track the output while it submits to the
 scheduler (both at once: a round trip less before the first token), and receives the text on its
-own subject. Leaving a stream before its end aborts the request, which frees its KV blocks.
+own subject. A request that wants no text skips the tokenizer: the origin takes its tokens from
+the executor's step outputs. Leaving a stream before its end aborts the request, which frees its KV
+blocks.
 When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
 it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
 A turn of a session is a request whose prompt starts with the tokens of an earlier turn, which the
@@ -31,6 +33,7 @@ from schemas.generate import GenerateRequest, SamplingParams
 from schemas.health import Heartbeat
 from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit
 from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
+from schemas.step import StepOutput
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
 log = structlog.get_logger()
@@ -54,6 +57,8 @@ def check_params(params: SamplingParams) -> Error | None:
         return Error("invalid_request", "top_k must be -1, 0 (off) or a positive number", param="top_k")
     if any(t < 0 for t in params.stop_token_ids):
         return Error("invalid_request", "stop_token_ids must not be negative", param="stop_token_ids")
+    if params.stop and not params.detokenize:
+        return Error("invalid_request", "stop strings match text: they need detokenize", param="stop")
     return None
 
 
@@ -93,6 +98,8 @@ class RequestPipeline:
         self.liveness = Liveness()
         self._migrations: set[asyncio.Task] = set()
         self._watch_stalls_until = 0.0  # monotonic time
+        self._steps_subscription = asyncio.Lock()
+        self._receiving_steps = False
 
     async def start(self) -> None:
         await self.bus.subscribe(self.origin, OutputBatch, self._on_outputs)
@@ -104,6 +111,20 @@ class RequestPipeline:
             stream = self.streams.get(output.request_id)
             if stream is not None:
                 stream.deliver(output)
+
+    async def _receive_steps(self) -> None:
+        """Subscribes to the step outputs, once: from the first request that wants no text on, as
+        an origin that has none would only decode every step to drop it."""
+        async with self._steps_subscription:
+            if not self._receiving_steps:
+                await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_steps)
+                self._receiving_steps = True
+
+    async def _on_steps(self, step: StepOutput, _reply_to: str | None) -> None:
+        for update in step.updates:
+            stream = self.streams.get(update.request_id)
+            if stream is not None and not stream.record.params.detokenize:
+                stream.deliver_step(update)
 
     # -- one request ----------------------------------------------------------------------
 
@@ -179,8 +200,13 @@ class RequestPipeline:
         """Tracks and submits a new request at once. The Track leaves first (gather starts its tasks in
         order, and each publishes before it waits), and the step outputs follow from the Submit, so
         the tokenizer nearly always has the Track before them; when it had not, it says so, and the
-        request is submitted again, with the tokenizer now tracking it."""
+        request is submitted again, with the tokenizer now tracking it. A request that wants no text
+        is not tracked: the origin already receives the step outputs when it is submitted."""
         record = stream.record
+        if not record.params.detokenize:
+            await self._receive_steps()
+            return await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted,
+                                          CONTROL_TIMEOUT_S)
         tracked, accepted = await asyncio.gather(
             self._track(record),
             self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S),
@@ -211,7 +237,8 @@ class RequestPipeline:
             stream.finished = True
             log.info("request_aborted", request_id=stream.request_id)
             await self.bus.publish(self.subjects.scheduler, Abort(stream.request_id))
-            await self.bus.publish(self.subjects.tokenizer_untrack, Untrack(stream.request_id))
+            if stream.record.params.detokenize:
+                await self.bus.publish(self.subjects.tokenizer_untrack, Untrack(stream.request_id))
 
     # -- migration ------------------------------------------------------------------------
 
@@ -268,7 +295,7 @@ class RequestPipeline:
             stream.fail(Error("unavailable", f"the request was migrated {self.max_migrations} times; retry it", retriable=True))
             return
         log.info("request_migrating", request_id=record.request_id, reason=reason, delivered=len(record.delivered_ids))
-        if retrack:
+        if retrack and record.params.detokenize:
             reply = await self._retry(lambda: self._track(record))
             if isinstance(reply, Error):
                 stream.fail(reply)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import RequestOutput
+from schemas.step import SequenceUpdate
 
 
 @dataclass
@@ -63,6 +64,19 @@ class RequestStream:
         if output.cached_tokens is not None:
             record.cached_tokens = output.cached_tokens
         self._queue.put_nowait(output)
+
+    def deliver_step(self, update: SequenceUpdate) -> None:
+        """Takes the tokens of a step as the executor published them, for a request that wants no
+        text (a tokenizer turns the others' steps into outputs, as below)."""
+        if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
+            self.record.cached_tokens = update.cached_tokens
+        start = len(self.record.delivered_ids)
+        # After a restart upstream a run may repeat tokens the client has: only the continuation counts.
+        if not update.output_index <= start < update.output_index + len(update.token_ids):
+            return
+        token_ids = update.token_ids[start - update.output_index:]
+        self.deliver(RequestOutput(self.request_id, token_ids, "", update.finish_reason, start + len(token_ids),
+                                   output_index=start))
 
     def fail(self, error: Error) -> None:
         self._queue.put_nowait(RequestOutput(self.request_id, [], "", "error", error=error))

@@ -43,9 +43,10 @@ def test_table_shows_http_figures_beside_in_process_ones(bench_run):
     measured, detail, ratio, target = rows["d over HTTP: 6 requests, all at once"]
     assert measured.endswith("out tok/s") and float(measured.split()[0].replace(",", "")) > 0
     assert detail.startswith("in-process ") and float(ratio) > 0 and target == ">= 0.95"
-    measured, detail, added, target = rows["e over HTTP: TTFT p50"]
-    assert measured.endswith(" ms") and detail.startswith("in-process ")
-    assert added.endswith(" ms") and added[0] in "+-" and target == "<= +3 ms"
+    for name in ("e", "e, ids only"):  # with text, and token ids alone
+        measured, detail, added, target = rows[f"{name} over HTTP: TTFT p50"]
+        assert measured.endswith(" ms") and detail.startswith("in-process ")
+        assert added.endswith(" ms") and added[0] in "+-" and target == "<= +3 ms"
     assert "d: offline, 6 requests, ours" in rows  # the in-process twins ran, e although not asked for
     assert any(name.startswith("e: low load, 3 single 40+4-token requests") for name in rows)
     for level in (1, 2):
@@ -59,9 +60,10 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
     assert offline["output_tok_s"] > 0 and offline["ratio_to_in_process"] > 0
     assert offline["output_tokens"] == details["d"]["output_tokens"]  # the same requests, every token back
     assert offline["requests"] == offline["concurrency"] == 6
-    assert "added_ttft_p50_ms" in details["e-http"] and details["e-http"]["requests"] == 3
+    for name in ("e-http", "e-ids-http"):
+        assert "added_ttft_p50_ms" in details[name] and details[name]["requests"] == 3
     assert [run["concurrency"] for run in details["sweep"]] == [1, 2]
-    for run in [offline, details["e-http"], details["e"], *details["sweep"]]:
+    for run in [offline, details["e-http"], details["e-ids-http"], details["e"], *details["sweep"]]:
         assert run["output_tok_s"] > 0
         assert_ordered(run["ttft_ms"])
         assert_ordered(run["itl_ms"])

@@ -1,0 +1,26 @@
+"""The origin's record takes a request's tokens straight from step outputs (`detokenize` false):
+each token once, in order, however runs upstream repeat or overtake it."""
+
+from actors.origin.request_stream import RequestRecord, RequestStream
+from schemas.generate import SamplingParams
+from schemas.step import SequenceUpdate
+
+
+async def no_close(_stream) -> None:
+    pass
+
+
+async def test_steps_become_outputs_that_continue_where_the_client_stands():
+    stream = RequestStream(RequestRecord("r", [1, 2], SamplingParams(detokenize=False)), 60.0, no_close)
+    stream.deliver_step(SequenceUpdate("r", [], cached_tokens=2))  # a run starts: no token yet
+    stream.deliver_step(SequenceUpdate("r", [10, 11], output_index=0))
+    # A run restarted upstream repeats a token the client has; one that skipped ahead is not next.
+    stream.deliver_step(SequenceUpdate("r", [11, 12, 13], output_index=1, cached_tokens=3))
+    stream.deliver_step(SequenceUpdate("r", [20], output_index=6))
+    stream.deliver_step(SequenceUpdate("r", [14], output_index=4, finish_reason="length"))
+    got = [output async for output in stream]  # up to the finish
+    assert [(o.token_ids, o.output_index, o.completion_tokens, o.finish_reason) for o in got] == [
+        ([10, 11], 0, 2, None), ([12, 13], 2, 4, None), ([14], 4, 5, "length")]
+    assert all(o.text == "" for o in got)
+    assert stream.record.delivered_ids == [10, 11, 12, 13, 14]
+    assert stream.cached_tokens == 3  # as the latest run found the cache
