@@ -65,3 +65,12 @@ async def run_clients(
                 clients.create_task(client(session))
         seconds = time.perf_counter() - started
     return summarize(timings, seconds, concurrency)
+
+
+
+async def admin(base_url: str, method: str, route: str) -> dict:
+    """The answer of an admin route (`/admin/stats`, `/admin/flush_cache`: the server has no admin key)."""
+    async with aiohttp.ClientSession() as session, session.request(method, f"{base_url}{route}") as response:
+        if response.status != 200:
+            raise BenchRequestFailed(f"{method} {route}: HTTP {response.status}: {await response.text()}")
+        return await response.json()

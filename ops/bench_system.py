@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ops.bench_checkpoint import write_checkpoint
-from ops.bench_http import run_clients
+from ops.bench_http import admin, run_clients
 from ops.bench_inprocess import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, InProcessBench
 from ops.bench_report import Report, Row, p50_p90_p99
 from ops.bench_requests import BenchRequest, random_requests
@@ -66,9 +66,8 @@ class SystemBench:
         base_url = self.server.base_url
         sampling = self.bench.args.sampling
         await run_clients(base_url, warm, len(warm), sampling)  # the in-process engine ran the same first
-        self.low_load(await run_clients(base_url, low_load, 1, sampling), low_load_ref, "e", "e-http")
-        self.low_load(await run_clients(base_url, low_load, 1, sampling, detokenize=False), low_load_ref,
-                      "e, ids only", "e-ids-http")
+        await self.low_load(low_load, low_load_ref, "e", "e-http", detokenize=True)
+        await self.low_load(low_load, low_load_ref, "e, ids only", "e-ids-http", detokenize=False)
         self.offline(await run_clients(base_url, offline, len(offline), sampling), offline_ref)
         sweep = self.report.details["sweep"] = []
         lengths = np.random.default_rng(self.bench.args.seed + 2)
@@ -83,9 +82,17 @@ class SystemBench:
             self.report.add(Row(f"sweep over HTTP: concurrency {level}, {count} requests",
                                 f"{run['output_tok_s']:,.0f} out tok/s", latency, ""))
 
-    def low_load(self, run: dict, reference: dict, name: str, key: str) -> None:
-        """`name`: "e" with text, as chat clients ask; "e, ids only" without (`detokenize` false), as
-        the in-process engine gives its tokens. `key`: the run's entry in the JSON details."""
+    async def low_load(
+        self, requests: list[BenchRequest], reference: dict, name: str, key: str, detokenize: bool
+    ) -> None:
+        """Runs e's requests one at a time, from an empty prefix cache as in-process: "e" with text, as
+        chat clients ask; "e, ids only" without (`detokenize` false), as the in-process engine gives its
+        tokens. `key`: the run's entry in the JSON details."""
+        base_url = self.server.base_url
+        await admin(base_url, "POST", "/admin/flush_cache")
+        hits_before = (await admin(base_url, "GET", "/admin/stats"))["cache_hit_tokens"]
+        run = await run_clients(base_url, requests, 1, self.bench.args.sampling, detokenize)
+        run["cache_hit_tokens"] = (await admin(base_url, "GET", "/admin/stats"))["cache_hit_tokens"] - hits_before
         ttft, ref = run["ttft_ms"], reference["ttft_ms"]
         added = ttft["p50"] - ref["p50"]
         self.report.add(Row(f"{name} over HTTP: TTFT p50", f"{ttft['p50']:.2f} ms", f"in-process {ref['p50']:.2f} ms",

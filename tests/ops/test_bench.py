@@ -60,8 +60,9 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
     assert offline["output_tok_s"] > 0 and offline["ratio_to_in_process"] > 0
     assert offline["output_tokens"] == details["d"]["output_tokens"]  # the same requests, every token back
     assert offline["requests"] == offline["concurrency"] == 6
-    for name in ("e-http", "e-ids-http"):
+    for name in ("e-http", "e-ids-http"):  # the same requests twice, each time computed whole
         assert "added_ttft_p50_ms" in details[name] and details[name]["requests"] == 3
+        assert details[name]["cache_hit_tokens"] == 0
     assert [run["concurrency"] for run in details["sweep"]] == [1, 2]
     for run in [offline, details["e-http"], details["e-ids-http"], details["e"], *details["sweep"]]:
         assert run["output_tok_s"] > 0
