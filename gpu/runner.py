@@ -25,7 +25,7 @@ from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
-from gpu.sampler import SamplingTensors, _as_int64, host_summaries, sample
+from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingTensors, _as_int64, host_summaries, sample
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
@@ -211,8 +211,8 @@ class ModelRunner:
         if len(deferred):
             gather = [host.query_start[deferred].astype(np.int64), self._drawn_index(deferred, previous_rows)]
         chosen = [seqs[i] for i in rows]
-        greedy = all(s.temperature <= 0 for s in chosen)
-        settings = [] if greedy else _sampling_arrays(chosen)
+        greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
+        settings = [] if greedy else _sampling_arrays(chosen, self.vocab_size)
         extra = gather + settings
         graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
         prompt_tokens = None
@@ -274,7 +274,7 @@ class ModelRunner:
         return PendingStep(num_seqs, rows, pinned, done)
 
 
-def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:
+def _sampling_arrays(chosen: list[SequenceInput], vocab_size: int) -> list[np.ndarray]:
     """temperature, top_p (float32), top_k (int64), min_p (float32), seed, output index (int64) of the
     sampled sequences: the fields of SamplingTensors, in order."""
     n = len(chosen)
@@ -283,10 +283,14 @@ def _sampling_arrays(chosen: list[SequenceInput]) -> list[np.ndarray]:
         seed = np.array(seeds, dtype=np.int64)
     except OverflowError:  # seeds are taken mod 2**64, as the sampler's hash does
         seed = np.array([_as_int64(s) for s in seeds], dtype=np.int64)
+    temperature = np.fromiter((s.temperature for s in chosen), np.float32, n)
+    temperature[temperature < GREEDY_BELOW_TEMPERATURE] = 0.0
+    top_k = np.fromiter((s.top_k for s in chosen), np.int64, n)
+    top_k[top_k >= vocab_size] = 0  # keeps every token: off, or a row with a top-p sizes its head over the whole row
     return [
-        np.fromiter((s.temperature for s in chosen), np.float32, n),
+        temperature,
         np.fromiter((s.top_p for s in chosen), np.float32, n),
-        np.fromiter((s.top_k for s in chosen), np.int64, n),
+        top_k,
         np.fromiter((s.min_p for s in chosen), np.float32, n),
         seed,
         np.fromiter((s.output_index for s in chosen), np.int64, n),

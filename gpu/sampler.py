@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 _INT64_RANGE = 1 << 64
+# A lower temperature draws greedily, as in vLLM: dividing the logits by it can overflow them to inf.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 def _as_int64(value: int) -> int:
@@ -63,7 +65,7 @@ class SamplingTensors:
     any_min_p: bool
     # The largest top_k of the sampled rows that also have a top_p (0: none): gpu/sampler_kernel.py
     # sizes those rows' heads from that many best logits.
-    largest_joint_top_k: int = 0
+    largest_joint_top_k: int
 
     @classmethod
     def from_lists(

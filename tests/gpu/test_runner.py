@@ -151,6 +151,33 @@ def test_min_p_one_draws_the_greedy_token_at_any_temperature(runner):
     assert step(sample=True, temperature=2.0, min_p=1.0) == greedy
 
 
+def test_a_temperature_near_zero_draws_greedily(runner):
+    """1e-40 would scale the logits to +-inf, where the draw would take the first positive one."""
+    prompts = [[20 + i, 21, 22, 30 + i] for i in range(8)]
+
+    def step(**sampling):
+        return runner.step([SequenceInput(p, 0, [i], seed=i, sample=True, **sampling) for i, p in enumerate(prompts)])
+
+    greedy = step()
+    assert step(temperature=1e-40) == greedy
+    assert step(temperature=1e-40, top_p=0.5, top_k=3) == greedy
+
+
+def test_a_top_k_over_the_whole_vocabulary_is_off(runner, monkeypatch):
+    """Off, it costs nothing; on, a row with a top-p too would size its head over the whole row."""
+    seen = []
+    sample = runner._sample
+    monkeypatch.setattr(runner, "_sample", lambda logits, params: seen.append(params) or sample(logits, params))
+    prompt = [20, 21, 22, 23]
+
+    def step(top_k):
+        settings = dict(sample=True, temperature=1.0, top_p=0.9, top_k=top_k, seed=5)
+        return runner.step([SequenceInput(prompt, 0, [0], **settings)])
+
+    assert step(runner.vocab_size + 1) == step(0)
+    assert [params.largest_joint_top_k for params in seen] == [0, 0]
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
