@@ -6,7 +6,6 @@ a stop, nothing of a dropped sequence after its drop, and the very tokens of the
 import random
 
 import pytest
-import torch
 
 from actors.executor.inprocess import InProcessEngine
 from actors.executor.running_batch import RunningBatch
@@ -16,6 +15,7 @@ from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from schemas.generate import SamplingParams
 from schemas.step import PrefillChunk, StartSequence
+from tests.devices import needs_cuda
 from tests.sampling import greedy
 
 
@@ -226,7 +226,7 @@ def decode_chain(runner: ModelRunner, n: int, steps: int, overlap: bool) -> list
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 def test_on_cuda_tokens_read_on_the_device_are_the_tokens_drawn(tmp_path, backend):
     """Through CUDA graphs (3 sequences padded to 4, 100 to 128) and eagerly (300, above the

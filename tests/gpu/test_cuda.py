@@ -8,11 +8,12 @@ from gpu.batch import ForwardBatch
 from gpu.runner import ModelRunner
 from gpu.sampler import SamplingTensors, sample, uniform_noise
 from gpu.sampler_kernel import sample_on_gpu
+from tests.devices import needs_cuda
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    needs_cuda,
 ]
 
 

@@ -17,11 +17,12 @@ from gpu.staging import Staging
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
+from tests.devices import needs_cuda
 from tests.gpu.decoding import generate, random_prompt, shuffled_tables
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    needs_cuda,
 ]
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 BACKENDS = ("torch", "flashinfer", "triton")

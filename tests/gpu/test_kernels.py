@@ -4,7 +4,6 @@ They run on a CUDA GPU, or on the CPU under Triton's interpreter:
     TRITON_INTERPRET=1 python -m pytest tests/gpu/test_kernels.py
 """
 
-import os
 
 import pytest
 import torch
@@ -13,12 +12,11 @@ import torch.nn.functional as F
 from gpu.config import RopeConfig
 from gpu.kv_cache import KVCache
 from gpu.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from tests.devices import DEVICE, INTERPRETED, needs_triton
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="needs a CUDA GPU or TRITON_INTERPRET=1"),
+    needs_triton,
 ]
 DTYPE = torch.bfloat16
 # The interpreter rounds float32 to bf16 toward zero (the GPU rounds to nearest), so results that

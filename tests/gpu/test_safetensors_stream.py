@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from gpu import safetensors_stream
 from gpu.safetensors_stream import read_header, stream_tensors
+from tests.devices import needs_cuda
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])]
 
 

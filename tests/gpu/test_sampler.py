@@ -3,7 +3,6 @@ Each draw test runs the torch path and the GPU's kernel (gpu/sampler_kernel.py; 
 interpreter on a machine without CUDA), which must draw the same tokens."""
 
 import math
-import os
 import random
 
 import pytest
@@ -11,9 +10,7 @@ import torch
 
 from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
 from gpu.sampler_kernel import sample_on_gpu
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+from tests.devices import DEVICE, INTERPRETED
 
 
 def params(rows: list[dict], device: str = "cpu") -> SamplingTensors:
@@ -28,7 +25,7 @@ def params(rows: list[dict], device: str = "cpu") -> SamplingTensors:
 
 
 def draw_on_the_kernel(logits: torch.Tensor, rows: list[dict]) -> torch.Tensor:
-    return sample_on_gpu(logits.to(KERNEL_DEVICE), params(rows, KERNEL_DEVICE)).cpu()
+    return sample_on_gpu(logits.to(DEVICE), params(rows, DEVICE)).cpu()
 
 
 def draw_on_the_torch_path(logits: torch.Tensor, rows: list[dict]) -> torch.Tensor:

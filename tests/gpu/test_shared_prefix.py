@@ -3,7 +3,6 @@
 The planner is numpy; the merge kernel runs on a CUDA GPU or under Triton's interpreter on the CPU.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from gpu.attention.shared_prefix import find_shared_prefixes, merge_attention_states
 from gpu.batch import HostBatch
+from tests.devices import DEVICE, needs_triton
 
 BLOCK = 4
 
@@ -90,12 +90,8 @@ def test_a_prefix_too_short_to_pay_is_not_shared():
     assert find_shared_prefixes(host, rows=2, min_spared=9) is None
 
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+@needs_triton
 def test_merging_two_halves_gives_attention_over_all_keys():
     """Attention over 12 keys equals the merge of attention over the first 5 and over the other 7,
     each with its base-2 log-sum-exp, wherever the second pass put a row; a row of slot -1 keeps its

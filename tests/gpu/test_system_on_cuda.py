@@ -7,14 +7,14 @@ one request alone, and requests that join and leave a running batch.
 import asyncio
 
 import pytest
-import torch
 
 from ops.local_server import start_server
+from tests.devices import needs_cuda
 from tests.over_http import generate_over_http, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    needs_cuda,
 ]
 
 

@@ -5,7 +5,6 @@ no bfloat16: the interpreter multiplies bfloat16 matrices as raw 16-bit integers
     TRITON_INTERPRET=1 python -m pytest tests/gpu/test_triton_attention.py
 """
 
-import os
 
 import pytest
 import torch
@@ -17,13 +16,12 @@ from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
+from tests.devices import DEVICE, INTERPRETED, needs_triton
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="needs a CUDA GPU or TRITON_INTERPRET=1"),
+    needs_triton,
 ]
 DTYPES = (torch.float32, torch.float16) if INTERPRETED else (torch.float32, torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # per token, against float32
