@@ -15,6 +15,10 @@ goes, and finds the same token without sorting:
   equal tokens takes many (top-k 50 of 128K flat logits: 2.3 ms at batch 256, ops/bench_sampler.py).
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, the head's size is worked out from torch.topk first, and the kernel checks the rank.
+- A few rows would leave most of the GPU idle, one program walking each row. Batches of up to
+  SPLIT_ROWS rows split the first pass and the next SPLIT_ROUNDS rejection passes over about 32
+  programs a row, then one program per row combines their results; the one-program loop finishes
+  what rows are still looking after that.
 """
 
 import torch
@@ -25,6 +29,13 @@ from gpu.sampler import SamplingTensors
 
 BLOCK = 4096  # tokens a program reads at a time
 NUM_WARPS = 16
+# Batches of at most SPLIT_ROWS rows split each row's first pass, and SPLIT_ROUNDS rejection passes,
+# over about SPLIT_CHUNKS programs of MIN_CHUNK to BLOCK tokens each.
+SPLIT_ROWS = 16
+SPLIT_ROUNDS = 2
+SPLIT_CHUNKS = 32
+MIN_CHUNK = 256
+CHUNK_WARPS = 8
 
 # splitmix64's constants, as gpu/sampler.py's hash uses them.
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
@@ -55,20 +66,19 @@ def _scaled(base, offs, mask, temperature):
 
 
 @triton.jit
-def _sample_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, out_ptr, HAS_HEADS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    base = logits_ptr + row.to(tl.int64) * stride
+def _row_draw(row, temperature_ptr, seed_ptr, position_ptr):
+    """The row's temperature (1 for a greedy row), whether it is greedy, and its noise's key."""
     temperature = tl.load(temperature_ptr + row)
     greedy = temperature <= 0
-    temperature = tl.where(greedy, 1.0, temperature)
     seed = tl.load(seed_ptr + row).to(tl.uint64, bitcast=True)
     position = tl.load(position_ptr + row).to(tl.uint64, bitcast=True)
-    row_key = _mix64(_mix64(seed + _GOLDEN) + position * _GOLDEN)
-    # The kept head: its size by rank (top-k; with HAS_HEADS, top-k then top-p where a row has both),
-    # the share of the probability mass above its last token (top-p), and the min-p floor.
+    return tl.where(greedy, 1.0, temperature), greedy, _mix64(_mix64(seed + _GOLDEN) + position * _GOLDEN)
+
+
+@triton.jit
+def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS: tl.constexpr):
+    """The kept head: its size by rank (top-k; with HAS_HEADS, top-k then top-p where a row has
+    both), the share of the probability mass above its last token (top-p), and the min-p floor."""
     top_k = tl.load(top_k_ptr + row)
     keep = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
     top_p = tl.load(top_p_ptr + row)
@@ -76,29 +86,47 @@ def _sample_kernel(
         head = tl.load(head_ptr + row)
         keep = tl.where(head > 0, head, keep)
         top_p = tl.where(head > 0, 1.0, top_p)
-    log_min_p = tl.log(tl.load(min_p_ptr + row))
+    return keep, top_p, tl.log(tl.load(min_p_ptr + row))
 
-    # Pass 1: the row's largest scaled logit and softmax denominator, and the argmax over all tokens.
-    top = float("-inf")
-    denominator = 0.0
-    best = float("-inf")
-    candidate = 0
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < vocab
-        x = _scaled(base, offs, mask, temperature)
-        new_top = tl.maximum(top, tl.max(x, axis=0))
-        shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far adds nothing
-        denominator = denominator * tl.exp(top - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        top = new_top
-        y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
-        block_best = tl.max(y, axis=0)
-        candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
-        best = tl.maximum(best, block_best)
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
+    head_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
+    HAS_HEADS: tl.constexpr, FROM_STATE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = logits_ptr + row.to(tl.int64) * stride
+    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
+    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS)
+
+    if FROM_STATE:  # the split passes below went first: go on from where they left the row
+        top = tl.load(state_f_ptr + row)
+        denominator = tl.load(state_f_ptr + rows + row)
+        candidate = tl.load(state_i_ptr + row).to(tl.int32)
+        looking = tl.load(state_i_ptr + rows + row) != 0
+    else:
+        # Pass 1: the row's largest scaled logit and softmax denominator, and the argmax over all tokens.
+        top = float("-inf")
+        denominator = 0.0
+        best = float("-inf")
+        candidate = 0
+        for start in range(0, vocab, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab
+            x = _scaled(base, offs, mask, temperature)
+            new_top = tl.maximum(top, tl.max(x, axis=0))
+            shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far adds nothing
+            denominator = denominator * tl.exp(top - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            top = new_top
+            y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
+            block_best = tl.max(y, axis=0)
+            candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
+            best = tl.maximum(best, block_best)
+        unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
+        looking = ~(greedy | unfiltered)
 
     # Then one pass per candidate while it is outside the kept head (the best token always stays).
-    unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
-    looking = ~(greedy | unfiltered)
     while looking:
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
         above = 0
@@ -124,6 +152,90 @@ def _sample_kernel(
     tl.store(out_ptr + row, candidate.to(tl.int64))
 
 
+# A few rows leave most of the GPU idle while one program per row walks the vocabulary: there each
+# pass is split over programs of a chunk each (_chunk_kernel), whose partial results one program per
+# row combines (_combine_kernel) into the row's state: its top logit, softmax denominator, candidate
+# and whether it is still looking. Part arrays are [field, row, chunk], state arrays [field, row].
+
+
+@triton.jit
+def _chunk_kernel(
+    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, state_f_ptr, state_i_ptr,
+    part_f_ptr, part_i_ptr, rows, FIRST: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+):
+    """One chunk of a pass: with FIRST, its top, its softmax sum relative to that top and its best
+    draw; else the tokens in it that rank above the row's candidate, their mass and best draw."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    base = logits_ptr + row.to(tl.int64) * stride
+    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < vocab
+    slot = row * CHUNKS + chunk
+    part = rows * CHUNKS  # the distance between two fields of a part array
+    if FIRST:
+        x = _scaled(base, offs, mask, temperature)
+        top = tl.max(x, axis=0)
+        shift = tl.where(top == float("-inf"), 0.0, top)
+        y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
+        tl.store(part_f_ptr + slot, top)
+        tl.store(part_f_ptr + part + slot, tl.sum(tl.exp(x - shift), axis=0))
+        tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
+        tl.store(part_i_ptr + slot, chunk * CHUNK + tl.argmax(y, axis=0))
+    elif tl.load(state_i_ptr + rows + row) != 0:  # the row is still looking
+        candidate = tl.load(state_i_ptr + row).to(tl.int32)
+        candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
+        top = tl.load(state_f_ptr + row)
+        x = _scaled(base, offs, mask, temperature)
+        ranks_above = mask & ((x > candidate_x) | ((x == candidate_x) & (offs < candidate)))
+        y = tl.where(ranks_above, x + _gumbel(row_key, offs), float("-inf"))
+        tl.store(part_f_ptr + part + slot, tl.sum(tl.where(ranks_above, tl.exp(x - top), 0.0), axis=0))
+        tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
+        tl.store(part_i_ptr + slot, chunk * CHUNK + tl.argmax(y, axis=0))
+        tl.store(part_i_ptr + part + slot, tl.sum(ranks_above.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _combine_kernel(
+    logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
+    head_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
+    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
+):
+    """A pass's chunks combined into the row's state, as the one-program pass would leave it."""
+    row = tl.program_id(0)
+    chunks = tl.arange(0, CHUNKS)
+    valid = chunks < num_chunks
+    slots = row * CHUNKS + chunks
+    part = rows * CHUNKS
+    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
+    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS)
+    # The best draw of the pass; on a tie the first chunk's, as the one-program pass keeps the first.
+    best_chunk = tl.argmax(tl.load(part_f_ptr + 2 * part + slots, mask=valid, other=float("-inf")), axis=0)
+    next_candidate = tl.load(part_i_ptr + row * CHUNKS + best_chunk)
+    if FIRST:
+        tops = tl.load(part_f_ptr + slots, mask=valid, other=float("-inf"))
+        top = tl.max(tops, axis=0)
+        shift = tl.where(top == float("-inf"), 0.0, top)
+        sums = tl.load(part_f_ptr + part + slots, mask=valid, other=0.0)
+        denominator = tl.sum(tl.where(tops == float("-inf"), 0.0, sums * tl.exp(tops - shift)), axis=0)
+        unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
+        tl.store(state_f_ptr + row, top)
+        tl.store(state_f_ptr + rows + row, denominator)
+        tl.store(state_i_ptr + row, next_candidate.to(tl.int64))
+        tl.store(state_i_ptr + rows + row, (~(greedy | unfiltered)).to(tl.int64))
+    elif tl.load(state_i_ptr + rows + row) != 0:
+        candidate = tl.load(state_i_ptr + row).to(tl.int32)
+        candidate_x = tl.math.div_rn(tl.load(logits_ptr + row.to(tl.int64) * stride + candidate), temperature)
+        top = tl.load(state_f_ptr + row)
+        denominator = tl.load(state_f_ptr + rows + row)
+        above = tl.sum(tl.load(part_i_ptr + part + slots, mask=valid, other=0), axis=0)
+        mass_above = tl.sum(tl.load(part_f_ptr + part + slots, mask=valid, other=0.0), axis=0)
+        kept = (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
+        looking = ~(kept | (above == 0))
+        tl.store(state_i_ptr + row, tl.where(looking, next_candidate, candidate).to(tl.int64))
+        tl.store(state_i_ptr + rows + row, looking.to(tl.int64))
+
+
 def head_sizes(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, largest_k: int) -> torch.Tensor:
     """[S] how many tokens top-k, then top-p over the top-k head's renormalized probabilities, keep
     of each row, from the rows' `largest_k` best scaled logits (no sort of the whole row). Right for
@@ -142,6 +254,9 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     """One token per row, the token gpu.sampler.sample's torch path draws (but where rounding moves
     a token across a top-p or min-p boundary). logits: [S, V] float32 -> [S] int64"""
     rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if not rows:
+        return out
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     heads = None
@@ -151,19 +266,51 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         scaled = logits / torch.where(sampled, params.temperature, 1.0)[:, None]
         sizes = head_sizes(scaled, params.top_k, params.top_p, min(params.largest_joint_top_k, vocab))
         heads = torch.where(joint, sizes, 0)  # 0: the kernel applies the row's own top-k and top-p
-    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    if rows:
-        _sample_kernel[(rows,)](
-            logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
-            params.seed, params.position, heads if heads is not None else out, out,
-            HAS_HEADS=heads is not None, BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=NUM_WARPS,
-        )
+    row_args = (logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
+                params.seed, params.position, heads if heads is not None else out)
+    state_f = state_i = out  # unread unless split
+    split = rows <= SPLIT_ROWS
+    if split:
+        state_f, state_i = _split_passes(row_args, heads is not None, params.any_filtering or params.any_min_p)
+    _sample_kernel[(rows,)](
+        *row_args, state_f, state_i, rows, out, HAS_HEADS=heads is not None, FROM_STATE=split,
+        BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=NUM_WARPS,
+    )
     return out
 
 
+def _split_passes(row_args: tuple, has_heads: bool, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first pass, then SPLIT_ROUNDS rejection passes where a row has filters, each split over
+    programs of a chunk; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
+    candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
+    logits, stride, vocab, temperature, _, _, _, seed, position, _ = row_args
+    rows = logits.shape[0]
+    chunk = min(BLOCK, max(MIN_CHUNK, triton.next_power_of_2(triton.cdiv(vocab, SPLIT_CHUNKS))))
+    num_chunks = triton.cdiv(vocab, chunk)
+    chunks = triton.next_power_of_2(num_chunks)
+    device = logits.device
+    state_f = torch.empty(2, rows, dtype=torch.float32, device=device)
+    state_i = torch.empty(2, rows, dtype=torch.int64, device=device)
+    part_f = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
+    part_i = torch.empty(2, rows, chunks, dtype=torch.int32, device=device)
+    for first in [True] + [False] * (SPLIT_ROUNDS if filtered else 0):
+        _chunk_kernel[(rows, num_chunks)](
+            logits, stride, vocab, temperature, seed, position, state_f, state_i, part_f, part_i, rows,
+            FIRST=first, CHUNK=chunk, CHUNKS=chunks, num_warps=CHUNK_WARPS,
+        )
+        _combine_kernel[(rows,)](
+            *row_args, state_f, state_i, part_f, part_i, rows, num_chunks,
+            HAS_HEADS=has_heads, FIRST=first, CHUNKS=chunks, num_warps=1,
+        )
+    return state_f, state_i
+
+
 def compile_sampler(vocab_size: int, device: torch.device) -> None:
-    """Compiles the kernel for this vocabulary now, with and without rows that have both top-k and
-    top-p: compiled on a first sampled step instead, it would hold up that step by seconds."""
-    logits = torch.zeros(1, vocab_size, device=device)
-    for top_k in (0, 2):
-        sample_on_gpu(logits, SamplingTensors.from_lists([1.0], [0.5], [top_k], [0.0], [0], [0], device))
+    """Compiles the kernels for this vocabulary now, for a few rows and for many, with and without
+    rows that have both top-k and top-p: compiled on a first sampled step instead, they would hold
+    up that step by seconds."""
+    for rows in (1, SPLIT_ROWS + 1):
+        logits = torch.zeros(rows, vocab_size, device=device)
+        for top_k in (0, 2):
+            sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, [top_k] * rows, [0.0] * rows,
+                                                              [0] * rows, [0] * rows, device))

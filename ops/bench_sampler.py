@@ -3,8 +3,8 @@ and against reading the logits once at the copy rate measured in the same run.
 
     python -m ops.bench_sampler --model llama-3.1-8b
 
-Each setting runs at batch sizes 1, 64 and 256 over float32 logits of the model's vocabulary, of two
-kinds: flat (N(0, 0.5^2) per token, as a random-weight model gives: top-k keeps few of many nearly
+Each setting runs at batch sizes 1, 4, 16, 64 and 256 over float32 logits of the model's vocabulary,
+of two kinds: flat (N(0, 0.5^2) per token, as a random-weight model gives: top-k keeps few of many nearly
 equal tokens, the kernel's hardest case) and peaked (N(0, 10^2): a few tokens hold most of the mass,
 as in a trained model). GPU time is measured behind a GPU sleep, so that the host's launches are
 queued ahead and only the device's work counts, as in a decode step whose sampling is launched
@@ -32,7 +32,7 @@ SETTINGS = {  # name: (temperature, top_p, top_k, min_p)
     "min-p 0.05": (1.0, 1.0, 0, 0.05),
 }
 LOGITS = {"flat": 0.5, "peaked": 10.0}  # the standard deviation of each token's logit
-BATCHES = (1, 64, 256)
+BATCHES = (1, 4, 16, 64, 256)
 SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU clock: longer than any launch here takes on the host
 
 

@@ -180,7 +180,8 @@ def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone(draw
 
 def test_the_kernel_draws_what_the_torch_path_draws():
     """Mixed rows (greedy, temperature, top-k, top-p, both, min-p, degenerate settings) over logits
-    with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn."""
+    with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn: 24 rows
+    at once (a program per row), and 4 at a time (each pass split over programs of 256 tokens)."""
     rng = random.Random(1)
     logits = random_logits(24, 777)
     logits[3, :50] = 20.0  # the best 50 tokens tie: top-k keeps the first k of them
@@ -193,4 +194,7 @@ def test_the_kernel_draws_what_the_torch_path_draws():
             for _ in range(24)
         ]
         rows[3].update(temperature=1.0, top_k=(1, 5, 40, 0)[trial], top_p=1.0, min_p=0.0)
-        assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows))), f"trial {trial}"
+        expected = sample(logits, params(rows))
+        assert torch.equal(draw_on_the_kernel(logits, rows), expected), f"trial {trial}"
+        in_fours = [draw_on_the_kernel(logits[i : i + 4], rows[i : i + 4]) for i in range(0, 24, 4)]
+        assert torch.equal(torch.cat(in_fours), expected), f"trial {trial}, 4 rows at a time"
