@@ -2,7 +2,8 @@
 
 Actors hand it msgspec Structs and get Structs back. Anything that goes wrong on the wire (a
 message that does not decode, no responder, a timeout) comes back as a typed `Error`, never as
-a nats exception, so callers handle one kind of failure.
+a nats exception, so callers handle one kind of failure; a subscription the server cannot confirm
+raises `BusUnavailable`.
 """
 
 import asyncio
@@ -36,6 +37,10 @@ def decode(data: bytes, message_type: Any) -> Any:
     if decoder is None:
         decoder = _decoders[message_type] = msgspec.msgpack.Decoder(message_type)
     return decoder.decode(data)
+
+
+class BusUnavailable(Exception):
+    """The bus is disconnected or closed, so a subscription cannot be made now."""
 
 
 class Subscription:
@@ -181,8 +186,15 @@ class Bus:
             if result is not None:
                 await self._reply(reply_to, result)
 
-        subscription = Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
-        await self._nc.flush()
+        try:
+            subscription = Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
+        except nats.errors.Error as exc:
+            raise BusUnavailable(f"cannot subscribe to {subject}: {exc}") from exc
+        try:
+            await self._nc.flush()
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            await subscription.close()  # else the client would restore it on reconnecting, unknown to the caller
+            raise BusUnavailable(f"the server did not confirm the subscription to {subject}: {exc}") from exc
         return subscription
 
     async def reply(self, reply_to: str, message: msgspec.Struct) -> None:

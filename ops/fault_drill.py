@@ -11,6 +11,7 @@ import os
 import signal
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ class ClientLog:
 
     text: str = ""
     token_ids: list[int] | None = None  # bus clients see ids; HTTP clients see text and a count
+    request_id: str | None = None  # bus clients choose theirs
+    detokenize: bool = True
     completion_tokens: int = 0
     arrivals: list[float] = field(default_factory=list)
 
@@ -56,12 +59,13 @@ async def over_http(base_url: str, item: dict, max_tokens: int, progress: asynci
     return log
 
 
-async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event) -> ClientLog:
+async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event, request_id: str) -> ClientLog:
     """Through the reference bus client, which resumes a stream after a bus outage."""
     params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True,
                             detokenize=item["detokenize"])
-    log, chunks = ClientLog(token_ids=[]), []
-    async for reply in stream_generate(nc, GenerateRequest(text=item["prompt"], params=params)):
+    log, chunks = ClientLog(token_ids=[], request_id=request_id, detokenize=item["detokenize"]), []
+    request = GenerateRequest(text=item["prompt"], params=params, request_id=request_id)
+    async for reply in stream_generate(nc, request):
         if isinstance(reply, GenerateResult):
             break
         chunks.append(reply)
@@ -84,8 +88,10 @@ async def run_workload(
     (or the exception that ended it) and the kill time."""
     nc = await server.connect_nats()
     progress = asyncio.Event()
+    run = uuid.uuid4().hex[:8]
     tasks = [
-        over_http(server.base_url, item, max_tokens, progress) if i % 2 else over_bus(nc, item, max_tokens, progress)
+        over_http(server.base_url, item, max_tokens, progress) if i % 2
+        else over_bus(nc, item, max_tokens, progress, f"drill-{run}-{i}")
         for i, item in enumerate(workload(count))
     ]
     gathered = asyncio.gather(*tasks, return_exceptions=True)

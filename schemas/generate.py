@@ -12,7 +12,9 @@ import msgspec
 from schemas.errors import Error
 
 
-class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# Fields at their defaults stay off the wire, so a request that leaves a new field alone still
+# reaches an actor of an older build, which refuses fields it does not know.
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     max_tokens: int | None = 16  # None: up to the end of the context window
     temperature: float = 1.0
     top_p: float = 1.0

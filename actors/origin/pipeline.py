@@ -6,8 +6,9 @@ scheduler (both at once: a round trip less before the first token), and receives
 own subject. A request that wants no text skips the tokenizer: the origin takes its tokens from
 the executor's step outputs. Leaving a stream before its end aborts the request, which frees its KV
 blocks.
-When the scheduler or the tracking tokenizer dies, the origin migrates each unfinished request:
-it tracks it anew and resubmits it as prompt + delivered tokens under the same id.
+When the scheduler dies, the origin migrates each unfinished request, and when a tokenizer dies,
+those it tracked: it tracks them anew (those that want text) and resubmits them as prompt +
+delivered tokens under the same id.
 A turn of a session is a request whose prompt starts with the tokens of an earlier turn, which the
 scheduler keeps: the origin asks for them first, so that its record still holds the whole prompt,
 and tells the scheduler the turn's tokens when it has finished, before its client sees the end.
@@ -24,7 +25,7 @@ import msgspec
 import structlog
 
 from actors.origin.request_stream import RequestGroup, RequestRecord, RequestStream
-from kernel.bus import Bus
+from kernel.bus import Bus, BusUnavailable
 from kernel.liveness import Liveness
 from kernel.randomness import choice_seed
 from kernel.subjects import Subjects
@@ -112,13 +113,17 @@ class RequestPipeline:
             if stream is not None:
                 stream.deliver(output)
 
-    async def _receive_steps(self) -> None:
+    async def _receive_steps(self) -> Error | None:
         """Subscribes to the step outputs, once: from the first request that wants no text on, as
         an origin that has none would only decode every step to drop it."""
         async with self._steps_subscription:
             if not self._receiving_steps:
-                await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_steps)
+                try:
+                    await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_steps)
+                except BusUnavailable as exc:
+                    return Error("unavailable", str(exc), retriable=True)
                 self._receiving_steps = True
+        return None
 
     async def _on_steps(self, step: StepOutput, _reply_to: str | None) -> None:
         for update in step.updates:
@@ -177,7 +182,11 @@ class RequestPipeline:
             )
             stream = self.streams[record.request_id] = RequestStream(record, self.request_timeout_s, self.release)
             group.choices.append(stream)
-            reply = await self._track_and_submit(stream)
+            try:
+                reply = await self._track_and_submit(stream)
+            except asyncio.CancelledError:  # the client left: abort what was submitted
+                await group.close()
+                raise
             if isinstance(reply, Error):
                 await group.close()
                 return reply
@@ -204,7 +213,8 @@ class RequestPipeline:
         is not tracked: the origin already receives the step outputs when it is submitted."""
         record = stream.record
         if not record.params.detokenize:
-            await self._receive_steps()
+            if error := await self._receive_steps():
+                return error
             return await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted,
                                           CONTROL_TIMEOUT_S)
         tracked, accepted = await asyncio.gather(
@@ -233,7 +243,7 @@ class RequestPipeline:
 
     async def release(self, stream: RequestStream) -> None:
         self.streams.pop(stream.request_id, None)
-        if not stream.finished:
+        if stream.running:
             stream.finished = True
             log.info("request_aborted", request_id=stream.request_id)
             await self.bus.publish(self.subjects.scheduler, Abort(stream.request_id))
@@ -247,7 +257,7 @@ class RequestPipeline:
         request is tracked and submitted again from what its client has."""
         self.liveness.forgive_silence()
         self._watch_stalls_until = time.monotonic() + STALL_WATCH_S
-        self._migrate_all(lambda record: True, reason="bus reconnected")
+        self._migrate_all(lambda record: True, retrack=True, reason="bus reconnected")
 
     async def _on_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
         first = self.liveness.observe(beat)
@@ -257,7 +267,7 @@ class RequestPipeline:
             for instance in replaced:
                 del self.liveness.instances[instance.instance_id]
             if replaced:
-                self._migrate_all(lambda record: False, reason="scheduler restarted")
+                self._migrate_all(lambda record: True, retrack=False, reason="scheduler restarted")
 
     async def watch_liveness(self) -> None:
         """Migrates the requests that a dead scheduler or tokenizer leaves behind, and, for a while
@@ -266,22 +276,23 @@ class RequestPipeline:
             await asyncio.sleep(LIVENESS_CHECK_S)
             now = time.monotonic()
             if now < self._watch_stalls_until:
-                stalled = [s for s in self.streams.values() if not s.finished and now - s.progressed_at > STALL_S]
+                stalled = [s for s in self.streams.values() if s.running and now - s.progressed_at > STALL_S]
                 for stream in stalled:
                     stream.progressed_at = now
                     self._start_migration(stream, retrack=True, reason="stalled after a bus outage")
             for dead in self.liveness.expire():
                 log.warning("actor_lost", actor=dead.actor, instance=dead.instance_id)
                 if dead.actor == "scheduler":
-                    self._migrate_all(lambda record: False, reason="scheduler lost")
+                    self._migrate_all(lambda record: True, retrack=False, reason="scheduler lost")
                 elif dead.actor == "tokenizer":
                     self._migrate_all(lambda record, gone=dead.instance_id: record.tokenizer_id == gone,
-                                      reason="tokenizer lost")
+                                      retrack=True, reason="tokenizer lost")
 
-    def _migrate_all(self, needs_retrack, reason: str) -> None:
+    def _migrate_all(self, affected, retrack: bool, reason: str) -> None:
+        """Migrates the running requests whose record `affected` picks."""
         for stream in list(self.streams.values()):
-            if not stream.finished:
-                self._start_migration(stream, needs_retrack(stream.record), reason)
+            if stream.running and affected(stream.record):
+                self._start_migration(stream, retrack, reason)
 
     def _start_migration(self, stream: RequestStream, retrack: bool, reason: str) -> None:
         task = asyncio.create_task(self._migrate(stream, retrack, reason))

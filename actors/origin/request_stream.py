@@ -35,7 +35,8 @@ class RequestStream:
 
     def __init__(self, record: RequestRecord, timeout_s: float, on_close) -> None:
         self.record = record
-        self.finished = False
+        self.finished = False  # the client has read the end, or left
+        self.completed = False  # the end has come from upstream (the client may not have read it yet)
         self.progressed_at = time.monotonic()  # when the client last got something, or the request last moved
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._timeout_s = timeout_s
@@ -53,11 +54,19 @@ class RequestStream:
     def cached_tokens(self) -> int:
         return self.record.cached_tokens
 
+    @property
+    def running(self) -> bool:
+        """Whether the request may still run downstream: its end has neither come nor been read."""
+        return not (self.finished or self.completed)
+
     def deliver(self, output: RequestOutput) -> None:
         """Takes an output if it continues exactly where the client stands (or ends the request)."""
         record = self.record
+        if self.completed:
+            return  # from a run resubmitted before the client read the end: it goes past the end
         if output.error is None and output.output_index != len(record.delivered_ids):
             return  # a repeat from a run that was replaced, or another tokenizer's copy
+        self.completed = output.finish_reason is not None
         self.progressed_at = time.monotonic()
         record.delivered_ids += output.token_ids
         record.delivered_chars += len(output.text)
@@ -68,6 +77,8 @@ class RequestStream:
     def deliver_step(self, update: SequenceUpdate) -> None:
         """Takes the tokens of a step as the executor published them, for a request that wants no
         text (a tokenizer turns the others' steps into outputs, as below)."""
+        if self.completed:
+            return
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
             self.record.cached_tokens = update.cached_tokens
         start = len(self.record.delivered_ids)

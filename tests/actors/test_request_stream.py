@@ -3,6 +3,7 @@ each token once, in order, however runs upstream repeat or overtake it."""
 
 from actors.origin.request_stream import RequestRecord, RequestStream
 from schemas.generate import SamplingParams
+from schemas.requests import RequestOutput
 from schemas.step import SequenceUpdate
 
 
@@ -24,3 +25,17 @@ async def test_steps_become_outputs_that_continue_where_the_client_stands():
     assert all(o.text == "" for o in got)
     assert stream.record.delivered_ids == [10, 11, 12, 13, 14]
     assert stream.cached_tokens == 3  # as the latest run found the cache
+
+
+async def test_nothing_is_taken_after_the_end_even_before_the_client_reads_it():
+    """A run resubmitted while the end waits to be read (a migration) goes on past it: its tokens
+    are not the request's, and the request no longer runs, so it is not migrated or aborted."""
+    stream = RequestStream(RequestRecord("r", [1, 2], SamplingParams(detokenize=False)), 60.0, no_close)
+    stream.deliver_step(SequenceUpdate("r", [10], output_index=0))
+    stream.deliver_step(SequenceUpdate("r", [11], output_index=1, finish_reason="stop"))
+    assert not stream.running
+    stream.deliver_step(SequenceUpdate("r", [], cached_tokens=4))
+    stream.deliver_step(SequenceUpdate("r", [12], output_index=2))
+    stream.deliver(RequestOutput("r", [12], "x", output_index=2))
+    assert [output.token_ids async for output in stream] == [[10], [11]]
+    assert stream.record.delivered_ids == [10, 11] and stream.cached_tokens == 0

@@ -43,3 +43,6 @@ async def test_kill_under_load_loses_nothing(faulty_server, reference, actor):
     assert all(log.completion_tokens == MAX_TOKENS for log in logs)
     if actor in ("tokenizer", "scheduler"):  # the scheduler recomputes an executor's work itself
         assert faulty_server.find("request_migrating")
+    if actor == "tokenizer":  # only the requests it tracked move; those without text it never saw
+        migrated = {event["request_id"] for event in faulty_server.find("request_migrating")}
+        assert not migrated & {log.request_id for log in logs if not log.detokenize}
