@@ -16,9 +16,11 @@ goes, and finds the same token without sorting:
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, the head's size is worked out from torch.topk first, and the kernel checks the rank.
 - A few rows would leave most of the GPU idle, one program walking each row. Batches of up to
-  SPLIT_ROWS rows split the first pass and the next SPLIT_ROUNDS rejection passes over about 32
-  programs a row, then one program per row combines their results; the one-program loop finishes
-  what rows are still looking after that.
+  SPLIT_ROWS rows split the first pass and the next SPLIT_ROUNDS rejection passes over a program per
+  block of the row (32 for a 128K vocabulary), then one program per row combines their results; the
+  one-program loop finishes what rows are still looking after that. Both ways reduce the same
+  blocks with the same code, then fold the blocks' sums in the same order, so a row draws the same
+  token whichever way its batch went, even where top-p's boundary falls within rounding.
 """
 
 import torch
@@ -30,12 +32,9 @@ from gpu.sampler import SamplingTensors
 BLOCK = 4096  # tokens a program reads at a time
 NUM_WARPS = 16
 # Batches of at most SPLIT_ROWS rows split each row's first pass, and SPLIT_ROUNDS rejection passes,
-# over about SPLIT_CHUNKS programs of MIN_CHUNK to BLOCK tokens each.
+# over a program per BLOCK of the row.
 SPLIT_ROWS = 16
 SPLIT_ROUNDS = 2
-SPLIT_CHUNKS = 32
-MIN_CHUNK = 256
-CHUNK_WARPS = 8
 
 # splitmix64's constants, as gpu/sampler.py's hash uses them.
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
@@ -90,6 +89,21 @@ def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEAD
 
 
 @triton.jit
+def _block_softmax(x):
+    """A block's largest scaled logit, and its softmax sum relative to it."""
+    top = tl.max(x, axis=0)
+    return top, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0)
+
+
+@triton.jit
+def _fold_softmax(top, denominator, block_top, block_sum):
+    """The row's top and softmax denominator so far with one more block's folded in."""
+    new_top = tl.maximum(top, block_top)
+    shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far adds nothing
+    return new_top, denominator * tl.exp(top - shift) + block_sum * tl.exp(block_top - shift)
+
+
+@triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every batch size
 def _sample_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
     head_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
@@ -115,10 +129,8 @@ def _sample_kernel(
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
             x = _scaled(base, offs, mask, temperature)
-            new_top = tl.maximum(top, tl.max(x, axis=0))
-            shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far adds nothing
-            denominator = denominator * tl.exp(top - shift) + tl.sum(tl.exp(x - shift), axis=0)
-            top = new_top
+            block_top, block_sum = _block_softmax(x)
+            top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
             y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
             block_best = tl.max(y, axis=0)
             candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
@@ -153,35 +165,35 @@ def _sample_kernel(
 
 
 # A few rows leave most of the GPU idle while one program per row walks the vocabulary: there each
-# pass is split over programs of a chunk each (_chunk_kernel), whose partial results one program per
-# row combines (_combine_kernel) into the row's state: its top logit, softmax denominator, candidate
-# and whether it is still looking. Part arrays are [field, row, chunk], state arrays [field, row].
+# pass is split over a program per block of the row (_chunk_kernel), whose partial results one
+# program per row combines (_combine_kernel) into the row's state: its top logit, softmax
+# denominator, candidate and whether it is still looking. Part arrays are [field, row, chunk] (a
+# chunk is a block), state arrays [field, row].
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _chunk_kernel(
     logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, state_f_ptr, state_i_ptr,
-    part_f_ptr, part_i_ptr, rows, FIRST: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+    part_f_ptr, part_i_ptr, rows, FIRST: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
 ):
-    """One chunk of a pass: with FIRST, its top, its softmax sum relative to that top and its best
+    """One block of a pass: with FIRST, its top, its softmax sum relative to that top and its best
     draw; else the tokens in it that rank above the row's candidate, their mass and best draw."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     base = logits_ptr + row.to(tl.int64) * stride
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < vocab
     slot = row * CHUNKS + chunk
     part = rows * CHUNKS  # the distance between two fields of a part array
-    if FIRST:
+    if FIRST:  # (a compile-time branch; the next is taken at run time)
         x = _scaled(base, offs, mask, temperature)
-        top = tl.max(x, axis=0)
-        shift = tl.where(top == float("-inf"), 0.0, top)
+        block_top, block_sum = _block_softmax(x)
         y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
-        tl.store(part_f_ptr + slot, top)
-        tl.store(part_f_ptr + part + slot, tl.sum(tl.exp(x - shift), axis=0))
+        tl.store(part_f_ptr + slot, block_top)
+        tl.store(part_f_ptr + part + slot, block_sum)
         tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
-        tl.store(part_i_ptr + slot, chunk * CHUNK + tl.argmax(y, axis=0))
+        tl.store(part_i_ptr + slot, chunk * BLOCK + tl.argmax(y, axis=0))
     elif tl.load(state_i_ptr + rows + row) != 0:  # the row is still looking
         candidate = tl.load(state_i_ptr + row).to(tl.int32)
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
@@ -191,33 +203,35 @@ def _chunk_kernel(
         y = tl.where(ranks_above, x + _gumbel(row_key, offs), float("-inf"))
         tl.store(part_f_ptr + part + slot, tl.sum(tl.where(ranks_above, tl.exp(x - top), 0.0), axis=0))
         tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
-        tl.store(part_i_ptr + slot, chunk * CHUNK + tl.argmax(y, axis=0))
+        tl.store(part_i_ptr + slot, chunk * BLOCK + tl.argmax(y, axis=0))
         tl.store(part_i_ptr + part + slot, tl.sum(ranks_above.to(tl.int32), axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "num_chunks"])
 def _combine_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
     head_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
     HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
 ):
-    """A pass's chunks combined into the row's state, as the one-program pass would leave it."""
+    """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
+    folded block by block, in order, as that pass adds them."""
     row = tl.program_id(0)
     chunks = tl.arange(0, CHUNKS)
     valid = chunks < num_chunks
-    slots = row * CHUNKS + chunks
+    first_slot = row * CHUNKS
     part = rows * CHUNKS
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
     keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS)
-    # The best draw of the pass; on a tie the first chunk's, as the one-program pass keeps the first.
-    best_chunk = tl.argmax(tl.load(part_f_ptr + 2 * part + slots, mask=valid, other=float("-inf")), axis=0)
-    next_candidate = tl.load(part_i_ptr + row * CHUNKS + best_chunk)
+    # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
+    bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
+    next_candidate = tl.load(part_i_ptr + first_slot + tl.argmax(bests, axis=0))
     if FIRST:
-        tops = tl.load(part_f_ptr + slots, mask=valid, other=float("-inf"))
-        top = tl.max(tops, axis=0)
-        shift = tl.where(top == float("-inf"), 0.0, top)
-        sums = tl.load(part_f_ptr + part + slots, mask=valid, other=0.0)
-        denominator = tl.sum(tl.where(tops == float("-inf"), 0.0, sums * tl.exp(tops - shift)), axis=0)
+        top = float("-inf")
+        denominator = 0.0
+        for chunk in range(0, num_chunks):
+            block_top = tl.load(part_f_ptr + first_slot + chunk)
+            block_sum = tl.load(part_f_ptr + part + first_slot + chunk)
+            top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
         unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
         tl.store(state_f_ptr + row, top)
         tl.store(state_f_ptr + rows + row, denominator)
@@ -228,8 +242,10 @@ def _combine_kernel(
         candidate_x = tl.math.div_rn(tl.load(logits_ptr + row.to(tl.int64) * stride + candidate), temperature)
         top = tl.load(state_f_ptr + row)
         denominator = tl.load(state_f_ptr + rows + row)
-        above = tl.sum(tl.load(part_i_ptr + part + slots, mask=valid, other=0), axis=0)
-        mass_above = tl.sum(tl.load(part_f_ptr + part + slots, mask=valid, other=0.0), axis=0)
+        above = tl.sum(tl.load(part_i_ptr + part + first_slot + chunks, mask=valid, other=0), axis=0)
+        mass_above = 0.0
+        for chunk in range(0, num_chunks):  # a block with none above adds 0, as the one-program pass skips it
+            mass_above += tl.load(part_f_ptr + part + first_slot + chunk)
         kept = (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
         looking = ~(kept | (above == 0))
         tl.store(state_i_ptr + row, tl.where(looking, next_candidate, candidate).to(tl.int64))
@@ -268,7 +284,7 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         heads = torch.where(joint, sizes, 0)  # 0: the kernel applies the row's own top-k and top-p
     row_args = (logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
                 params.seed, params.position, heads if heads is not None else out)
-    state_f = state_i = out  # unread unless split
+    state_f = state_i = out  # pointers the kernel reads only after a split (any will do)
     split = rows <= SPLIT_ROWS
     if split:
         state_f, state_i = _split_passes(row_args, heads is not None, params.any_filtering or params.any_min_p)
@@ -281,12 +297,12 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
 
 def _split_passes(row_args: tuple, has_heads: bool, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The first pass, then SPLIT_ROUNDS rejection passes where a row has filters, each split over
-    programs of a chunk; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
+    a program per block; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
     candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
     logits, stride, vocab, temperature, _, _, _, seed, position, _ = row_args
     rows = logits.shape[0]
-    chunk = min(BLOCK, max(MIN_CHUNK, triton.next_power_of_2(triton.cdiv(vocab, SPLIT_CHUNKS))))
-    num_chunks = triton.cdiv(vocab, chunk)
+    block = min(BLOCK, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, block)
     chunks = triton.next_power_of_2(num_chunks)
     device = logits.device
     state_f = torch.empty(2, rows, dtype=torch.float32, device=device)
@@ -296,7 +312,7 @@ def _split_passes(row_args: tuple, has_heads: bool, filtered: bool) -> tuple[tor
     for first in [True] + [False] * (SPLIT_ROUNDS if filtered else 0):
         _chunk_kernel[(rows, num_chunks)](
             logits, stride, vocab, temperature, seed, position, state_f, state_i, part_f, part_i, rows,
-            FIRST=first, CHUNK=chunk, CHUNKS=chunks, num_warps=CHUNK_WARPS,
+            FIRST=first, BLOCK=block, CHUNKS=chunks, num_warps=NUM_WARPS,  # the one-program pass's blocks
         )
         _combine_kernel[(rows,)](
             *row_args, state_f, state_i, part_f, part_i, rows, num_chunks,

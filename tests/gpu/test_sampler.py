@@ -181,9 +181,9 @@ def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone(draw
 def test_the_kernel_draws_what_the_torch_path_draws():
     """Mixed rows (greedy, temperature, top-k, top-p, both, min-p, degenerate settings) over logits
     with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn: 24 rows
-    at once (a program per row), and 4 at a time (each pass split over programs of 256 tokens)."""
+    at once (a program per row), and 4 at a time (each pass split over a program per block)."""
     rng = random.Random(1)
-    logits = random_logits(24, 777)
+    logits = random_logits(24, 9000)  # three blocks, the last one short
     logits[3, :50] = 20.0  # the best 50 tokens tie: top-k keeps the first k of them
     logits[5, 100:] = float("-inf")
     for trial in range(4):
@@ -198,3 +198,21 @@ def test_the_kernel_draws_what_the_torch_path_draws():
         assert torch.equal(draw_on_the_kernel(logits, rows), expected), f"trial {trial}"
         in_fours = [draw_on_the_kernel(logits[i : i + 4], rows[i : i + 4]) for i in range(0, 24, 4)]
         assert torch.equal(torch.cat(in_fours), expected), f"trial {trial}, 4 rows at a time"
+
+
+def test_a_draw_at_a_top_p_boundary_does_not_depend_on_the_batch():
+    """top_p within two float32 steps of the mass of the best 2 to 5 tokens: a row draws the same
+    token in a batch of 16 (each pass split over blocks) and of 17 (a program per row). With these
+    logits two rows disagreed when the two ways added the blocks' sums in different orders."""
+    logits = random_logits(17, 9000, seed=6)
+    rows = []
+    for row in range(16):
+        cumulative = logits[row].softmax(-1).sort(descending=True).values.cumsum(-1)
+        boundary = cumulative[row // 4 + 1]
+        steps = row % 4 - 2  # -2, -1, 0 or +1 float32 steps from it
+        for _ in range(abs(steps)):
+            boundary = torch.nextafter(boundary, torch.tensor(float(steps > 0)))
+        rows.append(dict(top_p=boundary.item(), seed=row + 600, position=row))
+    split = draw_on_the_kernel(logits[:16], rows)
+    one_program_per_row = draw_on_the_kernel(logits, rows + [dict(seed=99)])
+    assert torch.equal(split, one_program_per_row[:16])
