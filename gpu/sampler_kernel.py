@@ -15,10 +15,11 @@ goes, and finds the same token without sorting:
   equal tokens takes many (top-k 50 of 128K flat logits: 2.3 ms at batch 256, ops/bench_sampler.py).
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, the head's size is worked out from torch.topk first, and the kernel checks the rank.
-- A few rows would leave most of the GPU idle, one program walking each row. Batches of up to
-  SPLIT_ROWS rows (but those with rows that have both top-k and top-p) split the first pass and the next SPLIT_ROUNDS rejection passes over a program per
-  block of the row (32 for a 128K vocabulary), then one program per row combines their results; the
-  one-program loop finishes what rows are still looking after that. Both ways reduce the same
+- A few rows would leave most of the GPU idle, one program walking each row. A batch of up to
+  SPLIT_ROWS rows, none with both top-k and top-p, splits the first pass (and, when it has filters,
+  the next SPLIT_ROUNDS rejection passes) over a program per block of the row (32 for a 128K
+  vocabulary); one program per row combines their results, and the one-program loop finishes what
+  rows are still looking after that. Both ways reduce the same
   blocks with the same code, then fold the blocks' sums in the same order, so a row draws the same
   token whichever way its batch went, even where top-p's boundary falls within rounding.
 """
@@ -31,8 +32,8 @@ from gpu.sampler import SamplingTensors
 
 BLOCK = 4096  # tokens a program reads at a time
 NUM_WARPS = 16
-# Batches of at most SPLIT_ROWS rows split each row's first pass, and SPLIT_ROUNDS rejection passes,
-# over a program per BLOCK of the row.
+# Batches of at most SPLIT_ROWS rows, none with both top-k and top-p, split each row's first pass,
+# and, when the batch has filters, SPLIT_ROUNDS rejection passes, over a program per BLOCK of the row.
 SPLIT_ROWS = 16
 SPLIT_ROUNDS = 2
 
@@ -211,7 +212,7 @@ def _chunk_kernel(
 def _combine_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
     head_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
-    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
+    FIRST: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
     folded block by block, in order, as that pass adds them."""
@@ -221,7 +222,8 @@ def _combine_kernel(
     first_slot = row * CHUNKS
     part = rows * CHUNKS
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS)
+    # Split batches have no rows with both top-k and top-p, so no head sizes.
+    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, False)
     # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
     bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
     next_candidate = tl.load(part_i_ptr + first_slot + tl.argmax(bests, axis=0))
@@ -290,7 +292,7 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     # and top-p 0.8: 2.25 ms a step unsplit, 2.44 ms split).
     split = rows <= SPLIT_ROWS and heads is None
     if split:
-        state_f, state_i = _split_passes(row_args, heads is not None, params.any_filtering or params.any_min_p)
+        state_f, state_i = _split_passes(row_args, params.any_filtering or params.any_min_p)
     _sample_kernel[(rows,)](
         *row_args, state_f, state_i, rows, out, HAS_HEADS=heads is not None, FROM_STATE=split,
         BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=NUM_WARPS,
@@ -298,8 +300,8 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     return out
 
 
-def _split_passes(row_args: tuple, has_heads: bool, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first pass, then SPLIT_ROUNDS rejection passes where a row has filters, each split over
+def _split_passes(row_args: tuple, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first pass, then SPLIT_ROUNDS rejection passes if the batch has filters, each split over
     a program per block; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
     candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
     logits, stride, vocab, temperature, _, _, _, seed, position, _ = row_args
@@ -319,17 +321,16 @@ def _split_passes(row_args: tuple, has_heads: bool, filtered: bool) -> tuple[tor
         )
         _combine_kernel[(rows,)](
             *row_args, state_f, state_i, part_f, part_i, rows, num_chunks,
-            HAS_HEADS=has_heads, FIRST=first, CHUNKS=chunks, num_warps=1,
+            FIRST=first, CHUNKS=chunks, num_warps=1,
         )
     return state_f, state_i
 
 
 def compile_sampler(vocab_size: int, device: torch.device) -> None:
-    """Compiles the kernels for this vocabulary now, for a few rows and for many, with and without
-    rows that have both top-k and top-p: compiled on a first sampled step instead, they would hold
-    up that step by seconds."""
-    for rows in (1, SPLIT_ROWS + 1):
+    """Compiles the kernels for this vocabulary now: a split batch, one with a program a row, and one
+    with rows that have both top-k and top-p. Compiled on a first sampled step instead, they would
+    hold up that step by seconds."""
+    for rows, top_k in ((1, 0), (SPLIT_ROWS + 1, 0), (1, 2)):
         logits = torch.zeros(rows, vocab_size, device=device)
-        for top_k in (0, 2):
-            sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, [top_k] * rows, [0.0] * rows,
-                                                              [0] * rows, [0] * rows, device))
+        sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, [top_k] * rows, [0.0] * rows,
+                                                          [0] * rows, [0] * rows, device))

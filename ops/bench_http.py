@@ -67,7 +67,6 @@ async def run_clients(
     return summarize(timings, seconds, concurrency)
 
 
-
 async def admin(base_url: str, method: str, route: str) -> dict:
     """The answer of an admin route (`/admin/stats`, `/admin/flush_cache`: the server has no admin key)."""
     async with aiohttp.ClientSession() as session, session.request(method, f"{base_url}{route}") as response:

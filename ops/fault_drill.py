@@ -1,6 +1,6 @@
 """Fault drill: streams a mixed workload (half HTTP through the openai SDK, half over the bus, of
-which half want token ids and no text; half greedy, half seeded), kills one actor with SIGKILL mid-stream, and reports what the clients
-saw against an uninterrupted run of the same workload.
+which half want token ids and no text; half greedy, half seeded), kills one actor with SIGKILL
+mid-stream, and reports what the clients saw against an uninterrupted run of the same workload.
 
     python -m ops.fault_drill --kill tokenizer --tokenizers 2 --requests 32 --max-tokens 24
 """
@@ -35,7 +35,8 @@ class ClientLog:
 
 
 def workload(count: int) -> list[dict]:
-    """Odd items go over HTTP, even ones over the bus; each door gets greedy and seeded requests."""
+    """Odd items go over HTTP, even ones over the bus; each door gets greedy and seeded requests, and
+    half the bus requests want no text (`detokenize`, which the HTTP clients, on OpenAI's routes, ignore)."""
     return [
         {"prompt": f"Request {i}: " + "tell me more " * (i % 5), "seed": 1000 + i,
          "temperature": 0.0 if i // 2 % 2 == 0 else 0.8, "detokenize": i // 4 % 2 == 0}

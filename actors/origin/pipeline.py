@@ -6,9 +6,9 @@ scheduler (both at once: a round trip less before the first token), and receives
 own subject. A request that wants no text skips the tokenizer: the origin takes its tokens from
 the executor's step outputs. Leaving a stream before its end aborts the request, which frees its KV
 blocks.
-When the scheduler dies, the origin migrates each unfinished request, and when a tokenizer dies,
-those it tracked: it tracks them anew (those that want text) and resubmits them as prompt +
-delivered tokens under the same id.
+When the scheduler dies, the origin resubmits each running request as prompt + delivered tokens
+under the same id; when a tokenizer dies, it tracks the requests that tokenizer tracked anew and
+resubmits them.
 A turn of a session is a request whose prompt starts with the tokens of an earlier turn, which the
 scheduler keeps: the origin asks for them first, so that its record still holds the whole prompt,
 and tells the scheduler the turn's tokens when it has finished, before its client sees the end.
@@ -253,8 +253,8 @@ class RequestPipeline:
     # -- migration ------------------------------------------------------------------------
 
     async def _after_bus_outage(self) -> None:
-        """Outputs, tracks or submits may have been lost while the bus was down: every unfinished
-        request is tracked and submitted again from what its client has."""
+        """Outputs, tracks or submits may have been lost while the bus was down: every running
+        request is submitted again from what its client has (and tracked again if it wants text)."""
         self.liveness.forgive_silence()
         self._watch_stalls_until = time.monotonic() + STALL_WATCH_S
         self._migrate_all(lambda record: True, retrack=True, reason="bus reconnected")
@@ -311,11 +311,15 @@ class RequestPipeline:
             if isinstance(reply, Error):
                 stream.fail(reply)
                 return
+        if not stream.running:
+            return  # its end came meanwhile: nothing left to compute
         await self.bus.publish(self.subjects.scheduler, Abort(record.request_id, reason="migrate"))
         reply = await self._retry(lambda: self.bus.request(
             self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S))
         if isinstance(reply, Error):
             stream.fail(reply)
+        elif not stream.running:  # the old run's end came while this one was submitted: stop this one
+            await self.bus.publish(self.subjects.scheduler, Abort(record.request_id, reason="ended"))
 
     async def _retry(self, attempt):
         """Repeats `attempt` while it fails with a retriable error, up to the request timeout."""

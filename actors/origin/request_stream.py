@@ -76,7 +76,7 @@ class RequestStream:
 
     def deliver_step(self, update: SequenceUpdate) -> None:
         """Takes the tokens of a step as the executor published them, for a request that wants no
-        text (a tokenizer turns the others' steps into outputs, as below)."""
+        text (a tokenizer turns the others' steps into the outputs `deliver` takes)."""
         if self.completed:
             return
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served

@@ -4,7 +4,6 @@ They run on a CUDA GPU, or on the CPU under Triton's interpreter:
     TRITON_INTERPRET=1 python -m pytest tests/gpu/test_kernels.py
 """
 
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -181,7 +181,8 @@ def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone(draw
 def test_the_kernel_draws_what_the_torch_path_draws():
     """Mixed rows (greedy, temperature, top-k, top-p, both, min-p, degenerate settings) over logits
     with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn: 24 rows
-    at once (a program per row), and 4 at a time (each pass split over a program per block)."""
+    at once (a program per row), and 4 at a time (where no row of the four has both top-k and top-p,
+    each pass split over a program per block)."""
     rng = random.Random(1)
     logits = random_logits(24, 9000)  # three blocks, the last one short
     logits[3, :50] = 20.0  # the best 50 tokens tie: top-k keeps the first k of them

@@ -3,7 +3,6 @@
 The planner is numpy; the merge kernel runs on a CUDA GPU or under Triton's interpreter on the CPU.
 """
 
-
 import numpy as np
 import pytest
 import torch

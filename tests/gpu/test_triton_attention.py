@@ -5,7 +5,6 @@ no bfloat16: the interpreter multiplies bfloat16 matrices as raw 16-bit integers
     TRITON_INTERPRET=1 python -m pytest tests/gpu/test_triton_attention.py
 """
 
-
 import pytest
 import torch
 
