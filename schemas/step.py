@@ -61,6 +61,12 @@ class SequenceUpdate(msgspec.Struct, frozen=True):
     finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
     cached_tokens: int | None = None  # set on the first update after a start: prompt tokens reused from the cache
 
+    def continues(self, count: int) -> bool:
+        """Whether this update holds output `count`, the next after a consumer's first `count`:
+        after a restart upstream a run may repeat outputs a consumer has, or skip ahead of it while
+        the resubmitted run catches up, and only the exact continuation counts."""
+        return self.output_index <= count < self.output_index + len(self.token_ids)
+
 
 class StepOutput(msgspec.Struct, frozen=True):
     executor_id: str

@@ -215,12 +215,8 @@ class RequestPipeline:
         if not record.params.detokenize:
             if error := await self._receive_steps():
                 return error
-            return await self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted,
-                                          CONTROL_TIMEOUT_S)
-        tracked, accepted = await asyncio.gather(
-            self._track(record),
-            self.bus.request(self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S),
-        )
+            return await self._submit(record)
+        tracked, accepted = await asyncio.gather(self._track(record), self._submit(record))
         for reply in (tracked, accepted):
             if isinstance(reply, Error):
                 return reply  # the caller closes the request, which aborts and untracks it
@@ -237,9 +233,11 @@ class RequestPipeline:
             record.tokenizer_id = reply.instance_id
         return reply
 
-    def _submit_message(self, record: RequestRecord) -> Submit:
-        return Submit(record.request_id, record.prompt_ids, record.params, self.origin,
-                      list(record.delivered_ids), record.cache_namespace, record.fork_of)
+    async def _submit(self, record: RequestRecord) -> Accepted | Error:
+        """Submits the request as its record stands: the prompt, and the tokens its client has."""
+        submit = Submit(record.request_id, record.prompt_ids, record.params, self.origin,
+                        list(record.delivered_ids), record.cache_namespace, record.fork_of)
+        return await self.bus.request(self.subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
 
     async def release(self, stream: RequestStream) -> None:
         self.streams.pop(stream.request_id, None)
@@ -314,8 +312,7 @@ class RequestPipeline:
         if not stream.running:
             return  # its end came meanwhile: nothing left to compute
         await self.bus.publish(self.subjects.scheduler, Abort(record.request_id, reason="migrate"))
-        reply = await self._retry(lambda: self.bus.request(
-            self.subjects.scheduler, self._submit_message(record), Accepted, CONTROL_TIMEOUT_S))
+        reply = await self._retry(lambda: self._submit(record))
         if isinstance(reply, Error):
             stream.fail(reply)
         elif not stream.running:  # the old run's end came while this one was submitted: stop this one

@@ -82,8 +82,7 @@ class RequestStream:
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
             self.record.cached_tokens = update.cached_tokens
         start = len(self.record.delivered_ids)
-        # After a restart upstream a run may repeat tokens the client has: only the continuation counts.
-        if not update.output_index <= start < update.output_index + len(update.token_ids):
+        if not update.continues(start):
             return
         token_ids = update.token_ids[start - update.output_index:]
         self.deliver(RequestOutput(self.request_id, token_ids, "", update.finish_reason, start + len(token_ids),

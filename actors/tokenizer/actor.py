@@ -131,9 +131,7 @@ class TokenizerActor(Actor):
                 continue
             detokenizer = tracked.detokenizer
             start = detokenizer.completion_tokens
-            # After a restart upstream a run may repeat tokens we have, or skip ahead of us while
-            # the resubmitted run catches up: only the exact continuation counts.
-            if not update.output_index <= start < update.output_index + len(update.token_ids):
+            if not update.continues(start):
                 continue
             text = detokenizer.push(update.token_ids, final=update.finish_reason is not None, first_index=update.output_index)
             finish = "stop" if text.stopped else update.finish_reason
