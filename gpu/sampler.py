@@ -66,6 +66,9 @@ class SamplingTensors:
     # The largest top_k of the sampled rows that also have a top_p (0: none): gpu/sampler_kernel.py
     # sizes those rows' heads from that many best logits.
     largest_joint_top_k: int
+    # Whether a sampled row has a filter that gpu/sampler_kernel.py checks in rejection passes:
+    # top-k or top-p alone, or min-p (a row with both draws from its sized head at once).
+    any_rejections: bool
 
     @classmethod
     def from_lists(
@@ -99,6 +102,7 @@ def host_summaries(temperature, top_p, top_k, min_p) -> dict[str, bool | int]:
         "any_filtering": bool((sampled & ((top_k > 0) | (top_p < 1))).any()),
         "any_min_p": bool((sampled & (min_p > 0)).any()),
         "largest_joint_top_k": int(top_k[joint].max(initial=0)),
+        "any_rejections": bool((sampled & (((top_k > 0) != (top_p < 1)) | (min_p > 0))).any()),
     }
 
 

@@ -14,14 +14,18 @@ goes, and finds the same token without sorting:
   and finds the next candidate. Most rows take one or two passes; a small top-k over many nearly
   equal tokens takes many (top-k 50 of 128K flat logits: 2.3 ms at batch 256, ops/bench_sampler.py).
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
-  with both, the head's size is worked out from torch.topk first, and the kernel checks the rank.
+  with both, gpu/sampler_heads.py works the head out from the row's best logits (torch.topk's),
+  and the first pass draws among the tokens at or above the head's last logit, so such a row needs
+  a rejection pass only where that logit ties. Rows with a top-k alone do without torch.topk: on
+  peaked logits, as a trained model gives, their rejection passes cost less than it does.
 - A few rows would leave most of the GPU idle, one program walking each row. A batch of up to
-  SPLIT_ROWS rows, none with both top-k and top-p, splits the first pass (and, when it has filters,
-  the next SPLIT_ROUNDS rejection passes) over a program per block of the row (32 for a 128K
-  vocabulary); one program per row combines their results, and the one-program loop finishes what
-  rows are still looking after that. Both ways reduce the same
-  blocks with the same code, then fold the blocks' sums in the same order, so a row draws the same
-  token whichever way its batch went, even where top-p's boundary falls within rounding.
+  SPLIT_ROWS rows splits the first pass (and, when it has rows that need them, the next
+  SPLIT_ROUNDS rejection passes) over a program per block of the row (32 for a 128K vocabulary);
+  one program per row combines their results, and the one-program loop finishes what rows are
+  still looking after that.
+  Both ways reduce the same blocks with the same code, then fold the blocks' sums in the same
+  order, so a row draws the same token whichever way its batch went, even where top-p's boundary
+  falls within rounding.
 """
 
 import torch
@@ -29,11 +33,12 @@ import triton
 import triton.language as tl
 
 from gpu.sampler import SamplingTensors
+from gpu.sampler_heads import heads
 
 BLOCK = 4096  # tokens a program reads at a time
 NUM_WARPS = 16
-# Batches of at most SPLIT_ROWS rows, none with both top-k and top-p, split each row's first pass,
-# and, when the batch has filters, SPLIT_ROUNDS rejection passes, over a program per BLOCK of the row.
+# Batches of at most SPLIT_ROWS rows split each row's first pass, and, when rows of the batch have
+# filters checked in rejection passes, SPLIT_ROUNDS of those, over a program per BLOCK of the row.
 SPLIT_ROWS = 16
 SPLIT_ROUNDS = 2
 
@@ -76,17 +81,52 @@ def _row_draw(row, temperature_ptr, seed_ptr, position_ptr):
 
 
 @triton.jit
-def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS: tl.constexpr):
-    """The kept head: its size by rank (top-k; with HAS_HEADS, top-k then top-p where a row has
-    both), the share of the probability mass above its last token (top-p), and the min-p floor."""
+def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS: tl.constexpr):
+    """The kept head: its size by rank, the share of the probability mass above its last token
+    (top-p; 1 where the size says it all), the log of min-p, and the scaled logit of the head's
+    last token where heads() worked the head out (rows with both top-k and top-p, given HAS_HEADS;
+    -inf elsewhere)."""
     top_k = tl.load(top_k_ptr + row)
     keep = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
     top_p = tl.load(top_p_ptr + row)
+    floor = float("-inf")
     if HAS_HEADS:
         head = tl.load(head_ptr + row)
         keep = tl.where(head > 0, head, keep)
         top_p = tl.where(head > 0, 1.0, top_p)
-    return keep, top_p, tl.log(tl.load(min_p_ptr + row))
+        floor = tl.load(floor_ptr + row)
+    return keep, top_p, tl.log(tl.load(min_p_ptr + row)), floor
+
+
+@triton.jit
+def _first_draws(x, mask, greedy, row_key, offs, floor):
+    """A block's draws in the first pass: a greedy row's scaled logits, else with their noise, over
+    the tokens at or above the row's floor (below it, a token is outside the head)."""
+    return tl.where(mask & (x >= floor), tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
+
+
+@triton.jit
+def _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x):
+    """Whether the first pass's candidate needs a pass to check it. Not for a greedy row, nor where
+    every filter can be checked from its logit alone: with no top-p left (none, or folded into a
+    worked-out head), no top-k but a worked-out head's, above the floor (so inside the head, whatever
+    ties there are at its end) and at or above min-p's threshold."""
+    unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
+    kept = (top_p >= 1.0) & ((keep >= vocab) | (floor > float("-inf"))) & (candidate_x > floor) \
+        & (candidate_x >= top + log_min_p)
+    return ~(greedy | unfiltered | kept)
+
+
+@triton.jit
+def _ranks_above(x, offs, mask, candidate_x, candidate):
+    """The tokens ranked above the candidate, in (scaled logit descending, index ascending) order."""
+    return mask & ((x > candidate_x) | ((x == candidate_x) & (offs < candidate)))
+
+
+@triton.jit
+def _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p):
+    """Whether the candidate, with `above` tokens of `mass_above` ranked above it, is in the head."""
+    return (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
 
 
 @triton.jit
@@ -107,13 +147,14 @@ def _fold_softmax(top, denominator, block_top, block_sum):
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every batch size
 def _sample_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
+    head_ptr, floor_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
     HAS_HEADS: tl.constexpr, FROM_STATE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, HAS_HEADS)
+    keep, top_p, log_min_p, floor = _row_filters(
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS)
 
     if FROM_STATE:  # the split passes below went first: go on from where they left the row
         top = tl.load(state_f_ptr + row)
@@ -121,7 +162,8 @@ def _sample_kernel(
         candidate = tl.load(state_i_ptr + row).to(tl.int32)
         looking = tl.load(state_i_ptr + rows + row) != 0
     else:
-        # Pass 1: the row's largest scaled logit and softmax denominator, and the argmax over all tokens.
+        # Pass 1: the row's largest scaled logit and softmax denominator, and the argmax over the
+        # tokens at or above its floor.
         top = float("-inf")
         denominator = 0.0
         best = float("-inf")
@@ -132,12 +174,12 @@ def _sample_kernel(
             x = _scaled(base, offs, mask, temperature)
             block_top, block_sum = _block_softmax(x)
             top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
-            y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
+            y = _first_draws(x, mask, greedy, row_key, offs, floor)
             block_best = tl.max(y, axis=0)
             candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
             best = tl.maximum(best, block_best)
-        unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
-        looking = ~(greedy | unfiltered)
+        candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
+        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x)
 
     # Then one pass per candidate while it is outside the kept head (the best token always stays).
     while looking:
@@ -150,7 +192,7 @@ def _sample_kernel(
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
             x = _scaled(base, offs, mask, temperature)
-            ranks_above = mask & ((x > candidate_x) | ((x == candidate_x) & (offs < candidate)))
+            ranks_above = _ranks_above(x, offs, mask, candidate_x, candidate)
             block_above = tl.sum(ranks_above.to(tl.int32), axis=0)
             if block_above > 0:  # after a rejection or two most blocks have none: skip their noise
                 above += block_above
@@ -159,7 +201,7 @@ def _sample_kernel(
                 block_best = tl.max(y, axis=0)
                 next_candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), next_candidate)
                 best = tl.maximum(best, block_best)
-        kept = (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
+        kept = _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p)
         looking = ~(kept | (above == 0))
         candidate = tl.where(looking, next_candidate, candidate)
     tl.store(out_ptr + row, candidate.to(tl.int64))
@@ -174,8 +216,9 @@ def _sample_kernel(
 
 @triton.jit(do_not_specialize=["rows"])
 def _chunk_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, state_f_ptr, state_i_ptr,
-    part_f_ptr, part_i_ptr, rows, FIRST: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, floor_ptr, state_f_ptr, state_i_ptr,
+    part_f_ptr, part_i_ptr, rows,
+    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     """One block of a pass: with FIRST, its top, its softmax sum relative to that top and its best
     draw; else the tokens in it that rank above the row's candidate, their mass and best draw."""
@@ -190,7 +233,8 @@ def _chunk_kernel(
     if FIRST:  # (a compile-time branch; the next is taken at run time)
         x = _scaled(base, offs, mask, temperature)
         block_top, block_sum = _block_softmax(x)
-        y = tl.where(mask, tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
+        floor = tl.load(floor_ptr + row) if HAS_HEADS else float("-inf")
+        y = _first_draws(x, mask, greedy, row_key, offs, floor)
         tl.store(part_f_ptr + slot, block_top)
         tl.store(part_f_ptr + part + slot, block_sum)
         tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
@@ -200,7 +244,7 @@ def _chunk_kernel(
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
         top = tl.load(state_f_ptr + row)
         x = _scaled(base, offs, mask, temperature)
-        ranks_above = mask & ((x > candidate_x) | ((x == candidate_x) & (offs < candidate)))
+        ranks_above = _ranks_above(x, offs, mask, candidate_x, candidate)
         y = tl.where(ranks_above, x + _gumbel(row_key, offs), float("-inf"))
         tl.store(part_f_ptr + part + slot, tl.sum(tl.where(ranks_above, tl.exp(x - top), 0.0), axis=0))
         tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
@@ -211,8 +255,8 @@ def _chunk_kernel(
 @triton.jit(do_not_specialize=["rows", "num_chunks"])
 def _combine_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
-    FIRST: tl.constexpr, CHUNKS: tl.constexpr,
+    head_ptr, floor_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
+    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
     folded block by block, in order, as that pass adds them."""
@@ -222,8 +266,9 @@ def _combine_kernel(
     first_slot = row * CHUNKS
     part = rows * CHUNKS
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    # Split batches have no rows with both top-k and top-p, so no head sizes.
-    keep, top_p, log_min_p = _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, False)
+    keep, top_p, log_min_p, floor = _row_filters(
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS)
+    base = logits_ptr + row.to(tl.int64) * stride
     # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
     bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
     next_candidate = tl.load(part_i_ptr + first_slot + tl.argmax(bests, axis=0))
@@ -234,38 +279,25 @@ def _combine_kernel(
             block_top = tl.load(part_f_ptr + first_slot + chunk)
             block_sum = tl.load(part_f_ptr + part + first_slot + chunk)
             top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
-        unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
+        candidate_x = tl.math.div_rn(tl.load(base + next_candidate), temperature)
+        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x)
         tl.store(state_f_ptr + row, top)
         tl.store(state_f_ptr + rows + row, denominator)
         tl.store(state_i_ptr + row, next_candidate.to(tl.int64))
-        tl.store(state_i_ptr + rows + row, (~(greedy | unfiltered)).to(tl.int64))
+        tl.store(state_i_ptr + rows + row, looking.to(tl.int64))
     elif tl.load(state_i_ptr + rows + row) != 0:
         candidate = tl.load(state_i_ptr + row).to(tl.int32)
-        candidate_x = tl.math.div_rn(tl.load(logits_ptr + row.to(tl.int64) * stride + candidate), temperature)
+        candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
         top = tl.load(state_f_ptr + row)
         denominator = tl.load(state_f_ptr + rows + row)
         above = tl.sum(tl.load(part_i_ptr + part + first_slot + chunks, mask=valid, other=0), axis=0)
         mass_above = 0.0
         for chunk in range(0, num_chunks):  # a block with none above adds 0, as the one-program pass skips it
             mass_above += tl.load(part_f_ptr + part + first_slot + chunk)
-        kept = (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
+        kept = _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p)
         looking = ~(kept | (above == 0))
         tl.store(state_i_ptr + row, tl.where(looking, next_candidate, candidate).to(tl.int64))
         tl.store(state_i_ptr + rows + row, looking.to(tl.int64))
-
-
-def head_sizes(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, largest_k: int) -> torch.Tensor:
-    """[S] how many tokens top-k, then top-p over the top-k head's renormalized probabilities, keep
-    of each row, from the rows' `largest_k` best scaled logits (no sort of the whole row). Right for
-    the rows with 0 < top_k <= largest_k; the caller uses it for those alone."""
-    values = scaled.topk(largest_k, dim=-1).values  # [S, K], descending
-    ranks = torch.arange(largest_k, device=scaled.device)
-    in_head = ranks[None, :] < top_k[:, None]
-    probs = values.masked_fill(~in_head, float("-inf")).softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    kept = in_head & (mass_before < top_p[:, None])
-    kept[:, 0] = True
-    return kept.sum(dim=-1)
 
 
 def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
@@ -277,34 +309,26 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         return out
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    heads = None
-    if params.largest_joint_top_k:
-        sampled = params.temperature > 0
-        joint = sampled & (params.top_k > 0) & (params.top_p < 1)
-        scaled = logits / torch.where(sampled, params.temperature, 1.0)[:, None]
-        sizes = head_sizes(scaled, params.top_k, params.top_p, min(params.largest_joint_top_k, vocab))
-        heads = torch.where(joint, sizes, 0)  # 0: the kernel applies the row's own top-k and top-p
+    has_heads = params.largest_joint_top_k > 0
+    sizes, floors = heads(logits, params) if has_heads else (out, out)  # unread without heads
     row_args = (logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
-                params.seed, params.position, heads if heads is not None else out)
+                params.seed, params.position, sizes, floors)
     state_f = state_i = out  # pointers the kernel reads only after a split (any will do)
-    # Rows that need torch.topk's head sizes are not split: that host work already outlasts a small
-    # model's batch-1 step, and the split's six more launches would lengthen it (qwen3-0.6b, top-k 20
-    # and top-p 0.8: 2.25 ms a step unsplit, 2.44 ms split).
-    split = rows <= SPLIT_ROWS and heads is None
+    split = rows <= SPLIT_ROWS
     if split:
-        state_f, state_i = _split_passes(row_args, params.any_filtering or params.any_min_p)
+        state_f, state_i = _split_passes(row_args, params.any_rejections, has_heads)
     _sample_kernel[(rows,)](
-        *row_args, state_f, state_i, rows, out, HAS_HEADS=heads is not None, FROM_STATE=split,
+        *row_args, state_f, state_i, rows, out, HAS_HEADS=has_heads, FROM_STATE=split,
         BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=NUM_WARPS,
     )
     return out
 
 
-def _split_passes(row_args: tuple, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first pass, then SPLIT_ROUNDS rejection passes if the batch has filters, each split over
+def _split_passes(row_args: tuple, rejections: bool, has_heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first pass, then SPLIT_ROUNDS rejection passes if `rejections`, each split over
     a program per block; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
     candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
-    logits, stride, vocab, temperature, _, _, _, seed, position, _ = row_args
+    logits, stride, vocab, temperature, _, _, _, seed, position, _, floors = row_args
     rows = logits.shape[0]
     block = min(BLOCK, triton.next_power_of_2(vocab))
     num_chunks = triton.cdiv(vocab, block)
@@ -314,23 +338,26 @@ def _split_passes(row_args: tuple, filtered: bool) -> tuple[torch.Tensor, torch.
     state_i = torch.empty(2, rows, dtype=torch.int64, device=device)
     part_f = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
     part_i = torch.empty(2, rows, chunks, dtype=torch.int32, device=device)
-    for first in [True] + [False] * (SPLIT_ROUNDS if filtered else 0):
+    for first in [True] + [False] * (SPLIT_ROUNDS if rejections else 0):
         _chunk_kernel[(rows, num_chunks)](
-            logits, stride, vocab, temperature, seed, position, state_f, state_i, part_f, part_i, rows,
-            FIRST=first, BLOCK=block, CHUNKS=chunks, num_warps=NUM_WARPS,  # the one-program pass's blocks
+            logits, stride, vocab, temperature, seed, position, floors, state_f, state_i, part_f, part_i, rows,
+            HAS_HEADS=has_heads, FIRST=first, BLOCK=block, CHUNKS=chunks,
+            num_warps=NUM_WARPS,  # the one-program pass's blocks and warps
         )
         _combine_kernel[(rows,)](
             *row_args, state_f, state_i, part_f, part_i, rows, num_chunks,
-            FIRST=first, CHUNKS=chunks, num_warps=1,
+            HAS_HEADS=has_heads, FIRST=first, CHUNKS=chunks, num_warps=1,
         )
     return state_f, state_i
 
 
 def compile_sampler(vocab_size: int, device: torch.device) -> None:
-    """Compiles the kernels for this vocabulary now: a split batch, one with a program a row, and one
-    with rows that have both top-k and top-p. Compiled on a first sampled step instead, they would
-    hold up that step by seconds."""
-    for rows, top_k in ((1, 0), (SPLIT_ROWS + 1, 0), (1, 2)):
+    """Compiles every variant of the kernels for this vocabulary now: split batches with rejection
+    passes, without and with sized heads (a row with both top-k and top-p beside one with top-p
+    alone), and batches of a program a row, without and with heads. Compiled on a first sampled step
+    instead, they would hold up that step by seconds."""
+    for top_k in ([0], [2, 0], [0] * (SPLIT_ROWS + 1), [2] * (SPLIT_ROWS + 1)):
+        rows = len(top_k)
         logits = torch.zeros(rows, vocab_size, device=device)
-        sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, [top_k] * rows, [0.0] * rows,
+        sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, top_k, [0.0] * rows,
                                                           [0] * rows, [0] * rows, device))

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
-from gpu.sampler_kernel import sample_on_gpu
-from tests.devices import DEVICE, INTERPRETED
+from gpu.sampler_heads import _head_kernel
+from gpu.sampler_kernel import _chunk_kernel, _combine_kernel, _sample_kernel, compile_sampler, sample_on_gpu
+from tests.devices import DEVICE, INTERPRETED, needs_cuda
 
 
 def params(rows: list[dict], device: str = "cpu") -> SamplingTensors:
@@ -181,39 +182,64 @@ def test_min_p_draws_from_the_renormalised_head_and_leaves_other_rows_alone(draw
 def test_the_kernel_draws_what_the_torch_path_draws():
     """Mixed rows (greedy, temperature, top-k, top-p, both, min-p, degenerate settings) over logits
     with ties and banned (-inf) tokens, so the kernel's candidates are rejected and re-drawn: 24 rows
-    at once (a program per row), and 4 at a time (where no row of the four has both top-k and top-p,
-    each pass split over a program per block)."""
+    at once (a program per row), and 4 at a time (each pass split over a program per block)."""
     rng = random.Random(1)
     logits = random_logits(24, 9000)  # three blocks, the last one short
     logits[3, :50] = 20.0  # the best 50 tokens tie: top-k keeps the first k of them
     logits[5, 100:] = float("-inf")
-    for trial in range(4):
+    for trial in range(6):
         rows = [
             dict(temperature=rng.choice([0.0, 0.5, 1.0, 1.7]), top_k=rng.choice([0, 0, 1, 5, 40, 2000]),
                  top_p=rng.choice([1.0, 1.0, 0.9, 0.5, 1e-6]), min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0]),
                  seed=rng.randrange(-2**63, 2**63), position=rng.randrange(5000))
             for _ in range(24)
         ]
-        rows[3].update(temperature=1.0, top_k=(1, 5, 40, 0)[trial], top_p=1.0, min_p=0.0)
+        # The tie with a top-k alone, then with a top-p too, whose head ends within the tie.
+        rows[3].update(temperature=1.0, top_k=(1, 5, 40, 0, 5, 40)[trial], top_p=(1.0, 0.9)[trial >= 4], min_p=0.0)
         expected = sample(logits, params(rows))
         assert torch.equal(draw_on_the_kernel(logits, rows), expected), f"trial {trial}"
         in_fours = [draw_on_the_kernel(logits[i : i + 4], rows[i : i + 4]) for i in range(0, 24, 4)]
         assert torch.equal(torch.cat(in_fours), expected), f"trial {trial}, 4 rows at a time"
 
 
-def test_a_draw_at_a_top_p_boundary_does_not_depend_on_the_batch():
-    """top_p within two float32 steps of the mass of the best 2 to 5 tokens: a row draws the same
-    token in a batch of 16 (each pass split over blocks) and of 17 (a program per row). With these
-    logits two rows disagreed when the two ways added the blocks' sums in different orders."""
+@pytest.mark.parametrize("top_k", [0, 8], ids=["top-p", "top-k then top-p"])
+def test_a_draw_at_a_top_p_boundary_does_not_depend_on_the_batch(top_k):
+    """top_p within two float32 steps of the mass of the best 2 to 5 tokens (of the top-k head,
+    renormalized, with a top-k): a row draws the same token in a batch of 16 (each pass split over
+    blocks) and of 17 (a program per row). With these logits two rows disagreed when the two ways
+    added the blocks' sums in different orders."""
     logits = random_logits(17, 9000, seed=6)
     rows = []
     for row in range(16):
-        cumulative = logits[row].softmax(-1).sort(descending=True).values.cumsum(-1)
+        best = logits[row].sort(descending=True).values[: top_k or None]
+        cumulative = best.softmax(-1).cumsum(-1)
         boundary = cumulative[row // 4 + 1]
         steps = row % 4 - 2  # -2, -1, 0 or +1 float32 steps from it
         for _ in range(abs(steps)):
             boundary = torch.nextafter(boundary, torch.tensor(float(steps > 0)))
-        rows.append(dict(top_p=boundary.item(), seed=row + 600, position=row))
+        rows.append(dict(top_p=boundary.item(), top_k=top_k, seed=row + 600, position=row))
     split = draw_on_the_kernel(logits[:16], rows)
     one_program_per_row = draw_on_the_kernel(logits, rows + [dict(seed=99)])
     assert torch.equal(split, one_program_per_row[:16])
+
+
+@needs_cuda
+def test_no_batch_compiles_a_kernel_after_compile_sampler():
+    """The runner calls compile_sampler when it starts: a first step of any size and settings (rows
+    with both top-k and top-p, beside others or not; split or not) then waits for no compile."""
+    vocab = 9000
+    compile_sampler(vocab, torch.device(DEVICE))
+    kernels = (_sample_kernel, _chunk_kernel, _combine_kernel, _head_kernel)
+
+    def compiled() -> int:
+        return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
+
+    before = compiled()
+    rng = random.Random(3)
+    for size in (1, 2, 3, 16, 17, 64, 256):
+        for _ in range(4):
+            rows = [dict(temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 0, 20]),
+                         top_p=rng.choice([1.0, 0.8]), min_p=rng.choice([0.0, 0.0, 0.1]), seed=rng.randrange(1000))
+                    for _ in range(size)]
+            draw_on_the_kernel(random_logits(size, vocab), rows)
+    assert compiled() == before
