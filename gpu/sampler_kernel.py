@@ -16,7 +16,7 @@ goes, and finds the same token without sorting:
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, gpu/sampler_heads.py works the head out from the row's best logits (torch.topk's),
   and the first pass draws among the tokens at or above the head's last logit, so such a row needs
-  a rejection pass only where that logit ties. Rows with a top-k alone do without torch.topk: on
+  a rejection pass only where tokens on that logit tie across the head's end. Rows with a top-k alone do without torch.topk: on
   peaked logits, as a trained model gives, their rejection passes cost less than it does.
 - A few rows would leave most of the GPU idle, one program walking each row. A batch of up to
   SPLIT_ROWS rows splits the first pass (and, when it has rows that need them, the next
@@ -81,21 +81,23 @@ def _row_draw(row, temperature_ptr, seed_ptr, position_ptr):
 
 
 @triton.jit
-def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS: tl.constexpr):
+def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS: tl.constexpr):
     """The kept head: its size by rank, the share of the probability mass above its last token
     (top-p; 1 where the size says it all), the log of min-p, and the scaled logit of the head's
-    last token where heads() worked the head out (rows with both top-k and top-p, given HAS_HEADS;
-    -inf elsewhere)."""
+    last token and the best scaled logit outside the head, where heads() worked the head out (rows
+    with both top-k and top-p, given HAS_HEADS; -inf elsewhere)."""
     top_k = tl.load(top_k_ptr + row)
     keep = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
     top_p = tl.load(top_p_ptr + row)
     floor = float("-inf")
+    outside = float("-inf")
     if HAS_HEADS:
         head = tl.load(head_ptr + row)
         keep = tl.where(head > 0, head, keep)
         top_p = tl.where(head > 0, 1.0, top_p)
-        floor = tl.load(floor_ptr + row)
-    return keep, top_p, tl.log(tl.load(min_p_ptr + row)), floor
+        floor = tl.load(bounds_ptr + 2 * row)
+        outside = tl.load(bounds_ptr + 2 * row + 1)
+    return keep, top_p, tl.log(tl.load(min_p_ptr + row)), floor, outside
 
 
 @triton.jit
@@ -106,13 +108,13 @@ def _first_draws(x, mask, greedy, row_key, offs, floor):
 
 
 @triton.jit
-def _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x):
+def _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x):
     """Whether the first pass's candidate needs a pass to check it. Not for a greedy row, nor where
     every filter can be checked from its logit alone: with no top-p left (none, or folded into a
-    worked-out head), no top-k but a worked-out head's, above the floor (so inside the head, whatever
-    ties there are at its end) and at or above min-p's threshold."""
+    worked-out head), no top-k but a worked-out head's, above every token outside the head (so
+    inside it; only a tie across the head's end needs the rank) and at or above min-p's threshold."""
     unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
-    kept = (top_p >= 1.0) & ((keep >= vocab) | (floor > float("-inf"))) & (candidate_x > floor) \
+    kept = (top_p >= 1.0) & ((keep >= vocab) | (floor > float("-inf"))) & (candidate_x > outside) \
         & (candidate_x >= top + log_min_p)
     return ~(greedy | unfiltered | kept)
 
@@ -147,14 +149,14 @@ def _fold_softmax(top, denominator, block_top, block_sum):
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every batch size
 def _sample_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, floor_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
+    head_ptr, bounds_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
     HAS_HEADS: tl.constexpr, FROM_STATE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p, floor = _row_filters(
-        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS)
+    keep, top_p, log_min_p, floor, outside = _row_filters(
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS)
 
     if FROM_STATE:  # the split passes below went first: go on from where they left the row
         top = tl.load(state_f_ptr + row)
@@ -179,7 +181,8 @@ def _sample_kernel(
             candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
             best = tl.maximum(best, block_best)
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
-        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x)
+        looking = _still_looking_after_first(
+            greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
 
     # Then one pass per candidate while it is outside the kept head (the best token always stays).
     while looking:
@@ -216,7 +219,7 @@ def _sample_kernel(
 
 @triton.jit(do_not_specialize=["rows"])
 def _chunk_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, floor_ptr, state_f_ptr, state_i_ptr,
+    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, bounds_ptr, state_f_ptr, state_i_ptr,
     part_f_ptr, part_i_ptr, rows,
     HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
 ):
@@ -233,7 +236,7 @@ def _chunk_kernel(
     if FIRST:  # (a compile-time branch; the next is taken at run time)
         x = _scaled(base, offs, mask, temperature)
         block_top, block_sum = _block_softmax(x)
-        floor = tl.load(floor_ptr + row) if HAS_HEADS else float("-inf")
+        floor = tl.load(bounds_ptr + 2 * row) if HAS_HEADS else float("-inf")
         y = _first_draws(x, mask, greedy, row_key, offs, floor)
         tl.store(part_f_ptr + slot, block_top)
         tl.store(part_f_ptr + part + slot, block_sum)
@@ -255,7 +258,7 @@ def _chunk_kernel(
 @triton.jit(do_not_specialize=["rows", "num_chunks"])
 def _combine_kernel(
     logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, floor_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
+    head_ptr, bounds_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
     HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
@@ -266,8 +269,8 @@ def _combine_kernel(
     first_slot = row * CHUNKS
     part = rows * CHUNKS
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p, floor = _row_filters(
-        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, floor_ptr, HAS_HEADS)
+    keep, top_p, log_min_p, floor, outside = _row_filters(
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS)
     base = logits_ptr + row.to(tl.int64) * stride
     # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
     bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
@@ -280,7 +283,8 @@ def _combine_kernel(
             block_sum = tl.load(part_f_ptr + part + first_slot + chunk)
             top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
         candidate_x = tl.math.div_rn(tl.load(base + next_candidate), temperature)
-        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, top, candidate_x)
+        looking = _still_looking_after_first(
+            greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
         tl.store(state_f_ptr + row, top)
         tl.store(state_f_ptr + rows + row, denominator)
         tl.store(state_i_ptr + row, next_candidate.to(tl.int64))
@@ -310,9 +314,9 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     has_heads = params.largest_joint_top_k > 0
-    sizes, floors = heads(logits, params) if has_heads else (out, out)  # unread without heads
+    sizes, bounds = heads(logits, params) if has_heads else (out, out)  # unread without heads
     row_args = (logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
-                params.seed, params.position, sizes, floors)
+                params.seed, params.position, sizes, bounds)
     state_f = state_i = out  # pointers the kernel reads only after a split (any will do)
     split = rows <= SPLIT_ROWS
     if split:
@@ -328,7 +332,7 @@ def _split_passes(row_args: tuple, rejections: bool, has_heads: bool) -> tuple[t
     """The first pass, then SPLIT_ROUNDS rejection passes if `rejections`, each split over
     a program per block; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
     candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
-    logits, stride, vocab, temperature, _, _, _, seed, position, _, floors = row_args
+    logits, stride, vocab, temperature, _, _, _, seed, position, _, bounds = row_args
     rows = logits.shape[0]
     block = min(BLOCK, triton.next_power_of_2(vocab))
     num_chunks = triton.cdiv(vocab, block)
@@ -340,7 +344,7 @@ def _split_passes(row_args: tuple, rejections: bool, has_heads: bool) -> tuple[t
     part_i = torch.empty(2, rows, chunks, dtype=torch.int32, device=device)
     for first in [True] + [False] * (SPLIT_ROUNDS if rejections else 0):
         _chunk_kernel[(rows, num_chunks)](
-            logits, stride, vocab, temperature, seed, position, floors, state_f, state_i, part_f, part_i, rows,
+            logits, stride, vocab, temperature, seed, position, bounds, state_f, state_i, part_f, part_i, rows,
             HAS_HEADS=has_heads, FIRST=first, BLOCK=block, CHUNKS=chunks,
             num_warps=NUM_WARPS,  # the one-program pass's blocks and warps
         )

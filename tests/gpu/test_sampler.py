@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
-from gpu.sampler_heads import _head_kernel
-from gpu.sampler_kernel import _chunk_kernel, _combine_kernel, _sample_kernel, compile_sampler, sample_on_gpu
+from gpu.sampler_heads import _head_kernel, heads
+from gpu.sampler_kernel import (
+    _chunk_kernel, _combine_kernel, _sample_kernel, _split_passes, compile_sampler, sample_on_gpu,
+)
 from tests.devices import DEVICE, INTERPRETED, needs_cuda
 
 
@@ -222,6 +224,24 @@ def test_a_draw_at_a_top_p_boundary_does_not_depend_on_the_batch(top_k):
     one_program_per_row = draw_on_the_kernel(logits, rows + [dict(seed=99)])
     assert torch.equal(split, one_program_per_row[:16])
 
+
+def test_a_row_with_both_top_k_and_top_p_needs_no_rejection_pass_unless_its_head_ends_in_a_tie():
+    """Such a row draws from its worked-out head at once: after the first pass only a row whose head
+    ends inside a tie is left to check its candidate's rank (it was left looking whenever the draw
+    was the head's last token, every step for a head of one)."""
+    logits = random_logits(2, 9000)
+    logits[0, 123] = 40.0  # top-p 0.8 keeps token 123 alone
+    logits[1, [5, 4100, 8000]] = 40.0  # a third each: top-p 0.5 keeps two of the three
+    rows = [dict(top_k=20, top_p=0.8, seed=1), dict(top_k=20, top_p=0.5, seed=2)]
+    p = params(rows, DEVICE)
+    on_device = logits.to(DEVICE)
+    sizes, bounds = heads(on_device, p)
+    assert sizes.tolist() == [1, 2]
+    row_args = (on_device, on_device.stride(0), 9000, p.temperature, p.top_p, p.top_k, p.min_p, p.seed,
+                p.position, sizes, bounds)
+    _, state_i = _split_passes(row_args, p.any_rejections, True)
+    assert state_i[1].tolist() == [0, 1]  # looking, per row
+    assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows)))
 
 @needs_cuda
 def test_no_batch_compiles_a_kernel_after_compile_sampler():
