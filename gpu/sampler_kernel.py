@@ -16,8 +16,9 @@ goes, and finds the same token without sorting:
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, gpu/sampler_heads.py works the head out from the row's best logits (torch.topk's),
   and the first pass draws among the tokens at or above the head's last logit, so such a row needs
-  a rejection pass only where tokens on that logit tie across the head's end. Rows with a top-k alone do without torch.topk: on
-  peaked logits, as a trained model gives, their rejection passes cost less than it does.
+  a rejection pass only where tokens on that logit tie across the head's end. Rows with a top-k
+  alone do without torch.topk: on peaked logits, as a trained model gives, their rejection passes
+  cost less than it does.
 - A few rows would leave most of the GPU idle, one program walking each row. A batch of up to
   SPLIT_ROWS rows splits the first pass (and, when it has rows that need them, the next
   SPLIT_ROUNDS rejection passes) over a program per block of the row (32 for a 128K vocabulary);

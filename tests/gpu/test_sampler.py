@@ -243,6 +243,7 @@ def test_a_row_with_both_top_k_and_top_p_needs_no_rejection_pass_unless_its_head
     assert state_i[1].tolist() == [0, 1]  # looking, per row
     assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows)))
 
+
 @needs_cuda
 def test_no_batch_compiles_a_kernel_after_compile_sampler():
     """The runner calls compile_sampler when it starts: a first step of any size and settings (rows
