@@ -94,7 +94,7 @@ class RunningBatch:
 
     def plan_step(self, max_prefill_tokens: int) -> tuple[list[SequenceInput], list[PlannedInput]]:
         """Every decode that has a block for its next token, then prefill chunks up to the budget
-        (always at least one chunk, so a chunk larger than the budget still runs). Decodes come
+        (a chunk is cut where the budget ends, and its rest goes first in the next step). Decodes come
         first so the attention backend can run them apart, with its decode kernel. The sequences
         advance as if the step ran: launch the inputs before the next plan, and book the plan after
         it (a decode reads the previous launch's tokens on the device)."""
@@ -113,17 +113,24 @@ class RunningBatch:
                 plan.append(self._advance(seq, len(inputs) - 1, 0, True))
         prefill_budget = max_prefill_tokens
         for seq in live:
-            if not seq.chunks:
+            if not seq.chunks or prefill_budget == 0:
                 continue
             chunk = seq.chunks[0]
-            fits = chunk.start_position + len(chunk.token_ids) <= self._capacity(seq)
-            if not fits or (prefill_budget < max_prefill_tokens and len(chunk.token_ids) > prefill_budget):
+            # As much of the chunk as the budget and the sequence's blocks take: the rest waits.
+            taken = min(len(chunk.token_ids), prefill_budget, self._capacity(seq) - chunk.start_position)
+            if taken <= 0:
                 continue
-            prefill_budget -= len(chunk.token_ids)
-            seq.chunks.popleft()
-            inputs.append(self._input(seq, list(chunk.token_ids), chunk.start_position, chunk.last))
-            seq.position += len(chunk.token_ids)
-            plan.append(self._advance(seq, len(inputs) - 1, len(chunk.token_ids), chunk.last))
+            if taken == len(chunk.token_ids):
+                seq.chunks.popleft()
+            else:
+                seq.chunks[0] = PrefillChunk(
+                    seq.request_id, chunk.token_ids[taken:], chunk.start_position + taken, chunk.last
+                )
+            last = chunk.last and taken == len(chunk.token_ids)
+            prefill_budget -= taken
+            inputs.append(self._input(seq, list(chunk.token_ids[:taken]), chunk.start_position, last))
+            seq.position += taken
+            plan.append(self._advance(seq, len(inputs) - 1, taken, last))
         return inputs, plan
 
     def _capacity(self, seq: RunningSequence) -> int:

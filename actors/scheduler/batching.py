@@ -27,6 +27,12 @@ from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillC
 # The radix cache's namespace: one model and weight version per deployment for now; a weight update
 # will key a new one, so KV of different weights can never mix.
 MODEL_NAMESPACE = ""
+# Prompt tokens sent ahead of what the executor has reported computed, in steps' budgets. The
+# executor plans a step as soon as it publishes the output of the step before last, so the commands
+# answering an output reach it two plans later: the chunks it needs meanwhile, for the step on the
+# device, the one launched behind it and the next, must already be there, or it runs steps with
+# less prefill than the budget allows.
+PREFILL_STEPS_AHEAD = 3
 # The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
 NO_PREFIX = MatchResult(Node((), [], None), [], 0)
 
@@ -218,7 +224,8 @@ class ContinuousBatcher:
     def schedule(self) -> list[Command]:
         """Decides the next changes to the running batch and returns them as executor commands."""
         self._grow_decoding()
-        budget = 2 * self.max_prefill_tokens - sum(s.prefill_sent - s.prefill_done for s in self.running)
+        in_flight = sum(s.prefill_sent - s.prefill_done for s in self.running)
+        budget = PREFILL_STEPS_AHEAD * self.max_prefill_tokens - in_flight
         for seq in self.running:
             if budget <= 0:
                 break

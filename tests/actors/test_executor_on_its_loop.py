@@ -7,6 +7,7 @@ tokens of the in-process engine; a launch that holds the loop too long is logged
 import argparse
 import asyncio
 import threading
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -29,6 +30,7 @@ BLOCKS, BLOCK_SIZE, MAX_PREFILL_TOKENS = 64, 4, 32
 UNFINISHED_POLLS = 3  # each step says it is still running this many times before it may say it is done
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], list(range(30, 70)), [71, 72]]  # the third takes two chunks
 MAX_TOKENS = [6, 9, 4, 7]
+STEP_S = 0.05  # a step's time on the device, where the test says so
 
 
 @pytest.fixture
@@ -54,17 +56,36 @@ def launched_on_loop(monkeypatch):
 
 
 @pytest.fixture
+def steps_take_a_while(monkeypatch):
+    """Makes CPU runners take the GPU way, each step done STEP_S after the one before it or its
+    launch, as a GPU runs them: time for the bus to carry a step output and the answering commands
+    while the next runs."""
+    monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
+    finishes_at, device_free_at = {}, [0.0]
+    launch = ModelRunner.launch
+
+    def timed_launch(self, seqs):
+        pending = launch(self, seqs)
+        device_free_at[0] = finishes_at[id(pending)] = max(time.monotonic(), device_free_at[0]) + STEP_S
+        return pending
+
+    done = PendingStep.done
+    monkeypatch.setattr(ModelRunner, "launch", timed_launch)
+    monkeypatch.setattr(PendingStep, "done", lambda self: time.monotonic() >= finishes_at[id(self)] and done(self))
+
+
+@pytest.fixture
 def captured_logs():
     """The structlog events of the test; entered before the actor binds its logger."""
     with structlog.testing.capture_logs() as logs:
         yield logs
 
 
-async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
-    tmp_path, build_tiny_model, launched_on_loop, captured_logs, monkeypatch
-):
-    monkeypatch.setattr(executor_actor, "SLOW_LAUNCH_S", 0.0)  # every launch counts as slow: each is logged
-    model_dir = build_tiny_model("llama")
+async def serve_through_executor(
+    tmp_path, model_dir, prompts: list[list[int]], max_tokens: list[int]
+) -> tuple[dict[str, list[int]], list[StepOutput]]:
+    """Runs the prompts through a real executor actor over a real bus, with the plain batcher in
+    the scheduler's place; returns each request's tokens and the step outputs, in order."""
     nats_server = EmbeddedNats(tmp_path / "nats")
     await nats_server.start()
     executor_bus = await Bus.connect(nats_server.url, "executor")
@@ -73,16 +94,16 @@ async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
                           max_prefill_tokens=MAX_PREFILL_TOKENS)
     executor = ExecutorActor(config, executor_bus, argparse.Namespace())
     subjects = Subjects(config.namespace)
+    outputs, step_outputs, finished = defaultdict(list), [], asyncio.Event()
     try:
         await executor.start()
-        runner = executor.runner
-        batcher = ContinuousBatcher(BLOCKS, BLOCK_SIZE, executor.max_model_len, runner.vocab_size, 8,
+        batcher = ContinuousBatcher(BLOCKS, BLOCK_SIZE, executor.max_model_len, executor.runner.vocab_size, 8,
                                     MAX_PREFILL_TOKENS, prefix_caching=False)
-        for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+        for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
             assert batcher.submit(f"r{i}", prompt, greedy(n), origin="test") is None
-        outputs, finished = defaultdict(list), asyncio.Event()
 
         async def on_step(output: StepOutput, _reply_to) -> None:  # what the scheduler actor does with one
+            step_outputs.append(output)
             for update in output.updates:
                 outputs[update.request_id] += update.token_ids
             batcher.on_step(output)
@@ -102,6 +123,24 @@ async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
         await scheduler_bus.close()
         await executor_bus.close()
         await nats_server.stop()
+    return dict(outputs), step_outputs
+
+
+def in_process_outputs(model_dir, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, list[int]]:
+    engine = InProcessEngine(ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),
+                             max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=False)
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+        engine.submit(f"r{i}", prompt, greedy(n))
+    engine.run()
+    return engine.outputs
+
+
+async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
+    tmp_path, build_tiny_model, launched_on_loop, captured_logs, monkeypatch
+):
+    monkeypatch.setattr(executor_actor, "SLOW_LAUNCH_S", 0.0)  # every launch counts as slow: each is logged
+    model_dir = build_tiny_model("llama")
+    outputs, _ = await serve_through_executor(tmp_path, model_dir, PROMPTS, MAX_TOKENS)
 
     launch_threads, polls = launched_on_loop
     assert set(launch_threads) == {threading.get_ident()}  # every launch ran on the event loop's thread
@@ -109,10 +148,20 @@ async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
     assert len(slow) == len(launch_threads)
     assert polls and min(polls.values()) > UNFINISHED_POLLS  # each step was polled until it said done
 
-    engine = InProcessEngine(ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),
-                             max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=False)
-    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
-        engine.submit(f"r{i}", prompt, greedy(n))
-    engine.run()
-    assert dict(outputs) == engine.outputs
+    assert outputs == in_process_outputs(model_dir, PROMPTS, MAX_TOKENS)
     assert [len(outputs[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_TOKENS
+
+
+async def test_every_step_computes_a_full_prefill_budget_while_prompts_wait(tmp_path, build_tiny_model, steps_take_a_while):
+    """The executor plans a step as soon as it publishes the output of the step before last, so the
+    scheduler's answer to an output arrives two plans later: the scheduler must send prompt chunks
+    that far ahead, and the executor must cut them where a step's budget ends. Then no step
+    computes fewer prompt tokens than the budget while prompts wait, nor more."""
+    prompts = [list(range(100 * i, 100 * i + 40)) for i in range(4)]  # 160 tokens: five budgets of 32
+    max_tokens = [3, 3, 3, 3]
+    model_dir = build_tiny_model("llama")
+    outputs, step_outputs = await serve_through_executor(tmp_path, model_dir, prompts, max_tokens)
+
+    prefilled = [sum(u.prefilled_tokens for u in output.updates) for output in step_outputs]
+    assert prefilled[:5] == [MAX_PREFILL_TOKENS] * 5 and sum(prefilled) == 160
+    assert outputs == in_process_outputs(model_dir, prompts, max_tokens)

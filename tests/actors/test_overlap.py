@@ -257,3 +257,21 @@ def test_decodes_come_before_prompt_chunks_in_a_step():
     batch.book(plan, [None, 5])
     inputs, _ = batch.plan_step(max_prefill_tokens=8)  # short decodes, long's last chunk after it
     assert [(i.token_ids, i.start_position) for i in inputs] == [([5], 3), (list(range(26, 34)), 16)]
+
+
+def test_a_chunk_past_the_budget_is_cut_and_its_rest_goes_first_next_step():
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[])
+    batch.apply(StartSequence("long", greedy(4), list(range(0, 4))))
+    batch.apply(PrefillChunk("long", list(range(10, 20)), 0, last=True))
+    batch.apply(StartSequence("short", greedy(4), [4]))
+    batch.apply(PrefillChunk("short", [1, 2], 0, last=True))
+    steps = []
+    for _ in range(3):
+        inputs, plan = batch.plan_step(max_prefill_tokens=4)
+        steps.append([(i.token_ids, i.start_position, i.sample) for i in inputs])
+        batch.book(plan, [5 if i.sample else None for i in inputs])
+    assert steps == [
+        [(list(range(10, 14)), 0, False)],
+        [(list(range(14, 18)), 4, False)],
+        [([18, 19], 8, True), ([1, 2], 0, True)],  # only the piece that ends the prompt draws a token
+    ]
