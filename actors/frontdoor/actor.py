@@ -23,7 +23,10 @@ class FrontdoorActor(Actor):
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)
+        # Connections the kernel queues until we accept them: as many as the requests we serve at
+        # once, so a burst of new clients is taken at once. aiohttp's default of 128 has the kernel
+        # drop the rest's handshakes, which TCP retries only a second later.
+        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True, backlog=cfg.max_concurrent_requests)
         await site.start()
         self.log.info("http_listening", url=f"http://{cfg.host}:{cfg.port}")
 
