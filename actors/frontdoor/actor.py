@@ -8,6 +8,13 @@ from actors.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 
 
+# Connections the kernel queues until we accept them, so a burst of new clients is taken at once,
+# those over max_concurrent_requests included (they get a quick 429). With aiohttp's default of
+# 128 the kernel drops the other handshakes, which TCP retries only a second later. The kernel caps
+# it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+
+
 class FrontdoorActor(Actor):
     """Serves the OpenAI-compatible HTTP API, the native `/generate` and the admin routes."""
 
@@ -23,10 +30,7 @@ class FrontdoorActor(Actor):
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        # Connections the kernel queues until we accept them: as many as the requests we serve at
-        # once, so a burst of new clients is taken at once. aiohttp's default of 128 has the kernel
-        # drop the rest's handshakes, which TCP retries only a second later.
-        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True, backlog=cfg.max_concurrent_requests)
+        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self.log.info("http_listening", url=f"http://{cfg.host}:{cfg.port}")
 

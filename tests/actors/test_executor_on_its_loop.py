@@ -7,8 +7,8 @@ tokens of the in-process engine; a launch that holds the loop too long is logged
 import argparse
 import asyncio
 import threading
-import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import pytest
 import structlog
@@ -30,7 +30,6 @@ BLOCKS, BLOCK_SIZE, MAX_PREFILL_TOKENS = 64, 4, 32
 UNFINISHED_POLLS = 3  # each step says it is still running this many times before it may say it is done
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], list(range(30, 70)), [71, 72]]  # the third takes two chunks
 MAX_TOKENS = [6, 9, 4, 7]
-STEP_S = 0.05  # a step's time on the device, where the test says so
 
 
 @pytest.fixture
@@ -55,23 +54,38 @@ def launched_on_loop(monkeypatch):
     return launch_threads, polls
 
 
-@pytest.fixture
-def steps_take_a_while(monkeypatch):
-    """Makes CPU runners take the GPU way, each step done STEP_S after the one before it or its
-    launch, as a GPU runs them: time for the bus to carry a step output and the answering commands
-    while the next runs."""
-    monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
-    finishes_at, device_free_at = {}, [0.0]
-    launch = ModelRunner.launch
+@dataclass
+class RoundTrips:
+    """What crossed the bus between the executor and the scheduler's stand-in."""
 
-    def timed_launch(self, seqs):
-        pending = launch(self, seqs)
-        device_free_at[0] = finishes_at[id(pending)] = max(time.monotonic(), device_free_at[0]) + STEP_S
-        return pending
+    executor: ExecutorActor | None = None  # its step_count: the step outputs it published
+    outputs_answered: int = 0  # by the stand-in, its commands published
+    commands_published: int = 0
+    commands_received: int = 0  # by the executor
+
+    def settled(self) -> bool:
+        """Every step output published so far is answered, and the answers have arrived."""
+        published = self.executor.step_count if self.executor else 0
+        return self.outputs_answered == published and self.commands_received == self.commands_published
+
+
+@pytest.fixture
+def steps_outlast_the_bus(monkeypatch):
+    """Makes CPU runners take the GPU way, and a step end only once the scheduler's answers to every
+    step output published so far have reached the executor: a GPU step outlasts the bus's round
+    trip, and this one does however slow this machine is."""
+    round_trips = RoundTrips()
+    monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
+    on_commands = ExecutorActor._on_commands
+
+    async def counted_on_commands(self, message, reply_to):
+        round_trips.commands_received += 1
+        await on_commands(self, message, reply_to)
 
     done = PendingStep.done
-    monkeypatch.setattr(ModelRunner, "launch", timed_launch)
-    monkeypatch.setattr(PendingStep, "done", lambda self: time.monotonic() >= finishes_at[id(self)] and done(self))
+    monkeypatch.setattr(ExecutorActor, "_on_commands", counted_on_commands)
+    monkeypatch.setattr(PendingStep, "done", lambda self: round_trips.settled() and done(self))
+    return round_trips
 
 
 @pytest.fixture
@@ -82,10 +96,11 @@ def captured_logs():
 
 
 async def serve_through_executor(
-    tmp_path, model_dir, prompts: list[list[int]], max_tokens: list[int]
+    tmp_path, model_dir, prompts: list[list[int]], max_tokens: list[int], round_trips: RoundTrips | None = None
 ) -> tuple[dict[str, list[int]], list[StepOutput]]:
     """Runs the prompts through a real executor actor over a real bus, with the plain batcher in
-    the scheduler's place; returns each request's tokens and the step outputs, in order."""
+    the scheduler's place, counting the bus's traffic in `round_trips` if given; returns each
+    request's tokens and the step outputs, in order."""
     nats_server = EmbeddedNats(tmp_path / "nats")
     await nats_server.start()
     executor_bus = await Bus.connect(nats_server.url, "executor")
@@ -94,7 +109,14 @@ async def serve_through_executor(
                           max_prefill_tokens=MAX_PREFILL_TOKENS)
     executor = ExecutorActor(config, executor_bus, argparse.Namespace())
     subjects = Subjects(config.namespace)
+    round_trips = round_trips or RoundTrips()
+    round_trips.executor = executor
     outputs, step_outputs, finished = defaultdict(list), [], asyncio.Event()
+
+    async def send(commands: list) -> None:
+        round_trips.commands_published += 1
+        await scheduler_bus.publish(subjects.executor_commands, Commands("test-scheduler", commands))
+
     try:
         await executor.start()
         batcher = ContinuousBatcher(BLOCKS, BLOCK_SIZE, executor.max_model_len, executor.runner.vocab_size, 8,
@@ -109,12 +131,13 @@ async def serve_through_executor(
             batcher.on_step(output)
             commands = batcher.schedule()
             if commands:
-                await scheduler_bus.publish(subjects.executor_commands, Commands("test-scheduler", commands))
+                await send(commands)
+            round_trips.outputs_answered += 1
             if not batcher.sequences:
                 finished.set()
 
         await scheduler_bus.subscribe(subjects.step_outputs, StepOutput, on_step)
-        await scheduler_bus.publish(subjects.executor_commands, Commands("test-scheduler", batcher.schedule()))
+        await send(batcher.schedule())
         await asyncio.wait_for(finished.wait(), 60)
     finally:
         for task in list(executor._tasks):
@@ -152,7 +175,9 @@ async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
     assert [len(outputs[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_TOKENS
 
 
-async def test_every_step_computes_a_full_prefill_budget_while_prompts_wait(tmp_path, build_tiny_model, steps_take_a_while):
+async def test_every_step_computes_a_full_prefill_budget_while_prompts_wait(
+    tmp_path, build_tiny_model, steps_outlast_the_bus
+):
     """The executor plans a step as soon as it publishes the output of the step before last, so the
     scheduler's answer to an output arrives two plans later: the scheduler must send prompt chunks
     that far ahead, and the executor must cut them where a step's budget ends. Then no step
@@ -160,7 +185,7 @@ async def test_every_step_computes_a_full_prefill_budget_while_prompts_wait(tmp_
     prompts = [list(range(100 * i, 100 * i + 40)) for i in range(4)]  # 160 tokens: five budgets of 32
     max_tokens = [3, 3, 3, 3]
     model_dir = build_tiny_model("llama")
-    outputs, step_outputs = await serve_through_executor(tmp_path, model_dir, prompts, max_tokens)
+    outputs, step_outputs = await serve_through_executor(tmp_path, model_dir, prompts, max_tokens, steps_outlast_the_bus)
 
     prefilled = [sum(u.prefilled_tokens for u in output.updates) for output in step_outputs]
     assert prefilled[:5] == [MAX_PREFILL_TOKENS] * 5 and sum(prefilled) == 160
