@@ -55,6 +55,7 @@ class RequestTiming:
     itl_s: list[float]  # one gap per token after the first
     latency_s: float
     output_tokens: int
+    taken_s: float = 0.0  # over HTTP, from sending to the server's response headers: it took the request
 
     @classmethod
     def from_chunks(cls, started: float, chunks: list[tuple[float, int]]) -> "RequestTiming":
@@ -89,5 +90,8 @@ def summarize(timings: list[RequestTiming], seconds: float, concurrency: int) ->
         "ttft_ms": percentiles_ms([t.ttft_s for t in timings]),
         "itl_ms": percentiles_ms([gap for t in timings for gap in t.itl_s]),
         "latency_ms": percentiles_ms([t.latency_s for t in timings]),
+        # When the server had taken the requests: for a burst, how long its arrival lasted.
+        "taken_ms": percentiles_ms([t.taken_s for t in timings]),
+        "last_taken_ms": max((t.taken_s for t in timings), default=0.0) * 1e3,
     }
 

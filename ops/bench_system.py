@@ -110,4 +110,6 @@ class SystemBench:
         self.report.add(Row("d over HTTP:   TTFT p50 / p90 / p99", p50_p90_p99(run["ttft_ms"]),
                             f"{run['seconds']:.1f} s, {run['output_tokens']} tokens", ""))
         self.report.add(Row("d over HTTP:   ITL p50 / p90 / p99", p50_p90_p99(run["itl_ms"]), "", ""))
+        self.report.add(Row("d over HTTP:   requests taken (response headers) p50 / last",
+                            f"{run['taken_ms']['p50']:.1f} / {run['last_taken_ms']:.1f} ms", "", ""))
         self.report.details["d-http"] = {**run, "ratio_to_in_process": ratio}

@@ -47,6 +47,7 @@ def test_table_shows_http_figures_beside_in_process_ones(bench_run):
         measured, detail, added, target = rows[f"{name} over HTTP: TTFT p50"]
         assert measured.endswith(" ms") and detail.startswith("in-process ")
         assert added.endswith(" ms") and added[0] in "+-" and target == "<= +3 ms"
+    assert rows["d over HTTP:   requests taken (response headers) p50 / last"][0].endswith(" ms")
     assert "d: offline, 6 requests, ours" in rows  # the in-process twins ran, e although not asked for
     assert any(name.startswith("e: low load, 3 single 40+4-token requests") for name in rows)
     for level in (1, 2):
@@ -60,6 +61,9 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
     assert offline["output_tok_s"] > 0 and offline["ratio_to_in_process"] > 0
     assert offline["output_tokens"] == details["d"]["output_tokens"]  # the same requests, every token back
     assert offline["requests"] == offline["concurrency"] == 6
+    # Each request is taken before its first token comes.
+    assert 0 < offline["taken_ms"]["p50"] <= offline["ttft_ms"]["p50"]
+    assert offline["taken_ms"]["p99"] <= offline["last_taken_ms"] <= offline["seconds"] * 1e3
     for name in ("e-http", "e-ids-http"):  # the same requests twice, each time computed whole
         assert "added_ttft_p50_ms" in details[name] and details[name]["requests"] == 3
         assert details[name]["cache_hit_tokens"] == 0
