@@ -191,7 +191,11 @@ class Bus:
         except nats.errors.Error as exc:
             raise BusUnavailable(f"cannot subscribe to {subject}: {exc}") from exc
         try:
-            await self._nc.flush()
+            # nats-py writes a flush's PING to the socket at once, while the SUB waits in its buffer for
+            # the flusher task, so the first PONG may come before the server has the SUB. The flusher
+            # has run by the time that PONG is back: the second PING follows the SUB.
+            for _ in range(2):
+                await self._nc.flush()
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             await subscription.close()  # else the client would restore it on reconnecting, unknown to the caller
             raise BusUnavailable(f"the server did not confirm the subscription to {subject}: {exc}") from exc
