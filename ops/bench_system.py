@@ -3,6 +3,7 @@ served by a real deployment (`kernel.supervisor`: the bus and every actor a proc
 HTTP with the requests the in-process workloads ran, so each HTTP figure has its in-process twin.
 """
 
+import os
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ops.bench_inprocess import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, InProcessBench
 from ops.bench_report import Report, Row, p50_p90_p99
 from ops.bench_requests import BenchRequest, random_requests
 from ops.local_server import RunningServer, start_server
+from ops.process_cpu import CpuMeter
 
 MIN_SWEEP_REQUESTS = 8
 
@@ -68,7 +70,10 @@ class SystemBench:
         await run_clients(base_url, warm, len(warm), sampling)  # the in-process engine ran the same first
         await self.low_load(low_load, low_load_ref, "e", "e-http", detokenize=True)
         await self.low_load(low_load, low_load_ref, "e, ids only", "e-ids-http", detokenize=False)
-        self.offline(await run_clients(base_url, offline, len(offline), sampling), offline_ref)
+        cpu = CpuMeter({"bench clients": os.getpid(), **self.server.process_pids()})
+        cpu.start()
+        run = await run_clients(base_url, offline, len(offline), sampling)
+        self.offline(run, offline_ref, cpu.shares())
         sweep = self.report.details["sweep"] = []
         lengths = np.random.default_rng(self.bench.args.seed + 2)
         for level in levels:
@@ -102,7 +107,9 @@ class SystemBench:
                             f"{reference['itl_ms']['p50']:.2f} ms", ""))
         self.report.details[key] = {**run, "added_ttft_p50_ms": added}
 
-    def offline(self, run: dict, reference: dict) -> None:
+    def offline(self, run: dict, reference: dict, cpu_shares: dict[str, float]) -> None:
+        """d's figures beside in-process; `cpu_shares`: how busy each process was (the run is a
+        measure of the server only while none of them, the clients included, is near one core)."""
         ratio = run["output_tok_s"] / reference["output_tok_s"]
         self.report.add(Row(f"d over HTTP: {run['requests']} requests, all at once",
                             f"{run['output_tok_s']:,.0f} out tok/s",
@@ -112,4 +119,7 @@ class SystemBench:
         self.report.add(Row("d over HTTP:   ITL p50 / p90 / p99", p50_p90_p99(run["itl_ms"]), "", ""))
         self.report.add(Row("d over HTTP:   requests taken (response headers) p50 / last",
                             f"{run['taken_ms']['p50']:.1f} / {run['last_taken_ms']:.1f} ms", "", ""))
-        self.report.details["d-http"] = {**run, "ratio_to_in_process": ratio}
+        busiest = sorted(cpu_shares.items(), key=lambda item: -item[1])
+        self.report.add(Row("d over HTTP:   CPU busy, cores", ", ".join(f"{name} {share:.2f}" for name, share in busiest),
+                            "", ""))
+        self.report.details["d-http"] = {**run, "ratio_to_in_process": ratio, "cpu_cores": cpu_shares}

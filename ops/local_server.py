@@ -82,6 +82,11 @@ class RunningServer:
     def child_pid(self, actor: str) -> int:
         return self.find("child_started", child=actor)[-1]["pid"]
 
+    def process_pids(self) -> dict[str, int]:
+        """The pid of every process the supervisor runs now, by name: each actor and nats-server."""
+        pids = {event["child"]: event["pid"] for event in self.find("child_started")}  # the latest start wins
+        return {**pids, "nats-server": self.find("nats_started")[-1]["pid"]}
+
     def stop(self, timeout_s: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -48,6 +48,7 @@ def test_table_shows_http_figures_beside_in_process_ones(bench_run):
         assert measured.endswith(" ms") and detail.startswith("in-process ")
         assert added.endswith(" ms") and added[0] in "+-" and target == "<= +3 ms"
     assert rows["d over HTTP:   requests taken (response headers) p50 / last"][0].endswith(" ms")
+    assert "executor " in rows["d over HTTP:   CPU busy, cores"][0]
     assert "d: offline, 6 requests, ours" in rows  # the in-process twins ran, e although not asked for
     assert any(name.startswith("e: low load, 3 single 40+4-token requests") for name in rows)
     for level in (1, 2):
@@ -64,6 +65,11 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
     # Each request is taken before its first token comes.
     assert 0 < offline["taken_ms"]["p50"] <= offline["ttft_ms"]["p50"]
     assert offline["taken_ms"]["p99"] <= offline["last_taken_ms"] <= offline["seconds"] * 1e3
+    # How busy every process on the path was: the clients, nats-server and each actor; the executor
+    # computed every step, so it was busy.
+    cores = offline["cpu_cores"]
+    assert {"bench clients", "nats-server", "frontdoor", "tokenizer", "scheduler", "executor"} <= cores.keys()
+    assert all(share >= 0 for share in cores.values()) and cores["executor"] > 0
     for name in ("e-http", "e-ids-http"):  # the same requests twice, each time computed whole
         assert "added_ttft_p50_ms" in details[name] and details[name]["requests"] == 3
         assert details[name]["cache_hit_tokens"] == 0
