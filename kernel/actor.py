@@ -8,6 +8,7 @@ error, and the supervisor restarts it (let it crash).
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -80,6 +81,7 @@ class Actor:
 
     async def run_until_stopped(self, stop_requested: asyncio.Event) -> None:
         await self.start()
+        freeze_startup_objects()
         self.spawn(self._heartbeat_loop(), "heartbeat")
         self.log.info("actor_started", pid=os.getpid())
         stopper = asyncio.ensure_future(stop_requested.wait())
@@ -91,8 +93,19 @@ class Actor:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.stop()
+            gc.unfreeze()  # the interpreter's exit collects them as usual (bindings warn of objects left)
         if self._failure.done():
             raise self._failure.exception()
+
+
+def freeze_startup_objects() -> None:
+    """Moves every object alive now out of the garbage collector's reach. What start-up made (the
+    modules of torch, transformers and the kernels' libraries, the model, its CUDA graphs) lives as
+    long as the process, yet each full collection walked all of it: in the executor on the H100 host
+    that stopped the event loop, and so the GPU, for about 200 ms in the middle of a run. Frozen,
+    a full collection walks only what serving allocated since."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:

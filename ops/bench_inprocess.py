@@ -15,6 +15,7 @@ from actors.executor.inprocess import InProcessEngine
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
+from kernel.actor import freeze_startup_objects
 from ops.bench_report import Report, Row
 from ops.bench_requests import BenchRequest, RequestTiming, summarize
 from ops.ceilings import copy_bandwidth, gemm_flops
@@ -52,6 +53,7 @@ class InProcessBench:
             kv_cache_bytes=kv_bytes or self._default_kv_bytes(), attention_backend=self.args.attention_backend,
         )
         self.setup_seconds = time.perf_counter() - started
+        freeze_startup_objects()  # as every actor does after its start-up
         self.graphs_on = self.runner.graphs is not None
         storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.runner.model.parameters()}
         self.weight_bytes = sum(storages.values())
@@ -291,7 +293,9 @@ class InProcessBench:
     def free(self) -> None:
         """Frees everything the runner holds on the device, weights included (for the server's executor)."""
         self.runner = None
+        gc.unfreeze()  # the runner's objects were frozen with the rest of the set-up
         self._empty_cache()
+        freeze_startup_objects()  # what is left lives on (the HTTP clients run in this process next)
 
     def _empty_cache(self) -> None:
         gc.collect()
