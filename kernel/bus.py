@@ -43,6 +43,11 @@ class BusUnavailable(Exception):
     """The bus is disconnected or closed, so a subscription cannot be made now."""
 
 
+class PayloadTooLarge(Exception):
+    """A message over the server's payload limit (nats-server's `max_payload`, 1 MB by default),
+    which NATS refuses whole: nothing was sent."""
+
+
 class Subscription:
     def __init__(self, nats_subscription) -> None:
         self._sub = nats_subscription
@@ -108,13 +113,25 @@ class Bus:
     def new_inbox(self) -> str:
         return self._nc.new_inbox()
 
+    def _encode_within_limit(self, subject: str, message: msgspec.Struct) -> bytes:
+        data = encode(message)
+        if len(data) > self._nc.max_payload:
+            raise PayloadTooLarge(f"{type(message).__name__} on {subject} is {len(data)} bytes, over the bus's "
+                                  f"limit of {self._nc.max_payload}")
+        return data
+
     async def publish(self, subject: str, message: msgspec.Struct) -> None:
-        await self._nc.publish(subject, encode(message))
+        """Raises `PayloadTooLarge` for a message the server would refuse."""
+        await self._nc.publish(subject, self._encode_within_limit(subject, message))
 
     async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
         """Sends `message` and returns the decoded reply, or an `Error`."""
         try:
-            reply = await self._nc.request(subject, encode(message), timeout=timeout_s)
+            data = self._encode_within_limit(subject, message)
+        except PayloadTooLarge as exc:
+            return Error("invalid_request", f"too large to cross the server's bus (--bus-max-payload): {exc}")
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout_s)
         except nats.errors.NoRespondersError:
             return Error("unavailable", f"nothing is listening on {subject}", retriable=True)
         except nats.errors.TimeoutError:

@@ -94,17 +94,21 @@ def load_credentials(path: str | Path) -> BusCredentials:
         raise CredentialsError(f'{path} is not a credential file ({{"user": ..., "password": ...}}): {exc}') from None
 
 
-def prepare(data_dir: Path, namespace: str) -> Path:
+def prepare(data_dir: Path, namespace: str, max_payload: int | None = None) -> Path:
     """Makes sure every user has credentials in `<data_dir>/bus/` (reusing those already there, so
     running actors and clients keep working across restarts) and writes the server config from
-    the table above; returns the config's path."""
+    the table above, with the largest message the server takes (its own default if None); returns
+    the config's path."""
     bus_dir = Path(data_dir) / BUS_DIR
     bus_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     bus_dir.chmod(0o700)
     table = grants(Subjects(namespace))
     users = {user: _ensure_credentials(bus_dir / f"{user}.json", user, namespace) for user in table}
     config = bus_dir / SERVER_CONFIG
-    _write_private(config, json.dumps(server_config(users, table), indent=2))
+    server = server_config(users, table)
+    if max_payload is not None:
+        server["max_payload"] = max_payload
+    _write_private(config, json.dumps(server, indent=2))
     return config
 
 

@@ -18,6 +18,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nats_url: str | None = None
     nats_credentials: str | None = None
     namespace: str = "llm"
+    bus_max_payload: int = 1024 * 1024
     data_dir: str = ".kernel"
     model: str | None = None
     served_model_name: str | None = None
@@ -62,6 +63,9 @@ HELP = {
     "nats_credentials": 'a JSON file {"user": ..., "password": ...} to connect to the NATS server with; the '
                         "supervisor writes one per actor under <data-dir>/bus/ for its embedded server",
     "namespace": "subject prefix, so several deployments can share one NATS cluster",
+    "bus_max_payload": "the largest message the embedded NATS server takes, in bytes (its max_payload; an external "
+                       "server has its own): a prompt crosses the bus whole, at up to 5 bytes a token, and a longer "
+                       "one gets 400",
     "data_dir": "where the embedded server, the demo model and other state live",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral); default: the built-in demo model",
     "served_model_name": "the model name clients send; default: the model directory's name",

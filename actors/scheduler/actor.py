@@ -13,6 +13,7 @@ from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
+from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
 from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
@@ -29,7 +30,7 @@ from schemas.session import (
     SessionReply,
     SessionRequest,
 )
-from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
+from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, PrefillChunk, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5
@@ -105,7 +106,7 @@ class SchedulerActor(Actor):
         self.executor_id = info.executor_id
         self.log.info("executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len)
         # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
-        await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, self.batcher.schedule()))
+        await self._send(self.batcher.schedule())
 
     async def _on_request(
         self, message: SchedulerRequest | SessionRequest, reply_to: str | None
@@ -211,4 +212,32 @@ class SchedulerActor(Actor):
         while self.batcher.waiting and not self.batcher.running and self.sessions.unpin_oldest():
             commands += self.batcher.schedule()
         if commands:
+            await self._send(commands)
+
+    async def _send(self, commands: list[Command]) -> None:
+        """Publishes `commands` to the executor in order, in as many messages as the bus's payload
+        limit needs (a round can carry three budgets of prompt tokens: 1 MB, NATS's default limit,
+        at budgets near 70K tokens). The executor applies them in order, whatever steps it plans
+        between them."""
+        try:
             await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, commands))
+        except PayloadTooLarge:
+            first, rest = halve(commands)
+            await self._send(first)
+            await self._send(rest)
+
+
+def halve(commands: list[Command]) -> tuple[list[Command], list[Command]]:
+    """Two lists that carry `commands` in order, about half of it each: the commands split, or a
+    lone prompt chunk cut in two (the first is not the prompt's last)."""
+    if len(commands) > 1:
+        middle = len(commands) // 2
+        return commands[:middle], commands[middle:]
+    chunk = commands[0]
+    if not isinstance(chunk, PrefillChunk) or len(chunk.token_ids) < 2:
+        raise ValueError(f"a {type(chunk).__name__} command alone is over the bus's payload limit")
+    middle = len(chunk.token_ids) // 2
+    return (
+        [PrefillChunk(chunk.request_id, chunk.token_ids[:middle], chunk.start_position, last=False)],
+        [PrefillChunk(chunk.request_id, chunk.token_ids[middle:], chunk.start_position + middle, chunk.last)],
+    )
