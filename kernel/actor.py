@@ -8,6 +8,7 @@ error, and the supervisor restarts it (let it crash).
 
 import argparse
 import asyncio
+import atexit
 import gc
 import os
 import signal
@@ -93,7 +94,7 @@ class Actor:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.stop()
-            gc.unfreeze()  # the interpreter's exit collects them as usual (bindings warn of objects left)
+            gc.unfreeze()  # what start-up made is garbage like the rest once the actor stops
         if self._failure.done():
             raise self._failure.exception()
 
@@ -103,9 +104,16 @@ def freeze_startup_objects() -> None:
     modules of torch, transformers and the kernels' libraries, the model, its CUDA graphs) lives as
     long as the process, yet each full collection walked all of it: in the executor on the H100 host
     that stopped the event loop, and so the GPU, for about 200 ms in the middle of a run. Frozen,
-    a full collection walks only what serving allocated since."""
+    a full collection walks only what serving allocated since; a frozen object that start-up made
+    and a later change replaces is freed by its reference count alone, or after `gc.unfreeze()`.
+
+    The freeze is the whole process's: one actor runs per process. At exit the objects are
+    unfrozen, so the interpreter collects them: nanobind (in Triton) reports objects it still
+    finds then as leaks."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # registered once, however often this runs
+    atexit.register(gc.unfreeze)
 
 
 def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:

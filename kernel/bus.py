@@ -47,6 +47,10 @@ class PayloadTooLarge(Exception):
     """A message over the server's payload limit (nats-server's `max_payload`, 1 MB by default),
     which NATS refuses whole: nothing was sent."""
 
+    def __init__(self, message: msgspec.Struct, subject: str, size: int, limit: int) -> None:
+        super().__init__(f"a {type(message).__name__} of {size} bytes on {subject}, over the bus's max_payload of "
+                         f"{limit} (--bus-max-payload-bytes for the embedded server)")
+
 
 class Subscription:
     def __init__(self, nats_subscription) -> None:
@@ -116,8 +120,7 @@ class Bus:
     def _encode_within_limit(self, subject: str, message: msgspec.Struct) -> bytes:
         data = encode(message)
         if len(data) > self._nc.max_payload:
-            raise PayloadTooLarge(f"{type(message).__name__} on {subject} is {len(data)} bytes, over the bus's "
-                                  f"limit of {self._nc.max_payload}")
+            raise PayloadTooLarge(message, subject, len(data), self._nc.max_payload)
         return data
 
     async def publish(self, subject: str, message: msgspec.Struct) -> None:
@@ -129,7 +132,7 @@ class Bus:
         try:
             data = self._encode_within_limit(subject, message)
         except PayloadTooLarge as exc:
-            return Error("invalid_request", f"too large to cross the server's bus (--bus-max-payload): {exc}")
+            return Error("invalid_request", f"too large to cross the server's bus: {exc}")
         try:
             reply = await self._nc.request(subject, data, timeout=timeout_s)
         except nats.errors.NoRespondersError:
@@ -219,7 +222,13 @@ class Bus:
         return subscription
 
     async def reply(self, reply_to: str, message: msgspec.Struct) -> None:
-        await self._nc.publish(reply_to, encode(message))
+        """Sends `message` to a requester; one too large for the bus becomes an `Error` that says so,
+        so the requester fails at once instead of waiting out its timeout."""
+        try:
+            data = self._encode_within_limit(reply_to, message)
+        except PayloadTooLarge as exc:
+            data = encode(Error("invalid_request", f"the answer is too large to cross the server's bus: {exc}"))
+        await self._nc.publish(reply_to, data)
 
     async def _reply(self, reply_to: str | None, message: msgspec.Struct) -> None:
         if reply_to:

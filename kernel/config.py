@@ -9,16 +9,18 @@ import argparse
 import os
 import tomllib
 import typing
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+MAX_NATS_PAYLOAD_BYTES = 64 * 1024 * 1024  # nats-server refuses to start with a larger max_payload
 
 
 class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nats_url: str | None = None
     nats_credentials: str | None = None
     namespace: str = "llm"
-    bus_max_payload: int = 1024 * 1024
+    bus_max_payload_bytes: Annotated[int, msgspec.Meta(gt=0, le=MAX_NATS_PAYLOAD_BYTES)] = 1024 * 1024
     data_dir: str = ".kernel"
     model: str | None = None
     served_model_name: str | None = None
@@ -63,9 +65,9 @@ HELP = {
     "nats_credentials": 'a JSON file {"user": ..., "password": ...} to connect to the NATS server with; the '
                         "supervisor writes one per actor under <data-dir>/bus/ for its embedded server",
     "namespace": "subject prefix, so several deployments can share one NATS cluster",
-    "bus_max_payload": "the largest message the embedded NATS server takes, in bytes (its max_payload; an external "
-                       "server has its own): a prompt crosses the bus whole, at up to 5 bytes a token, and a longer "
-                       "one gets 400",
+    "bus_max_payload_bytes": "the largest message the embedded NATS server takes (its max_payload, at most 64 MiB; "
+                             "an external server has its own): a prompt crosses the bus whole, at up to 5 bytes a "
+                             "token, and a longer one gets 400",
     "data_dir": "where the embedded server, the demo model and other state live",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral); default: the built-in demo model",
     "served_model_name": "the model name clients send; default: the model directory's name",

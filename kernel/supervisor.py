@@ -56,7 +56,7 @@ class Supervisor:
             self.config = msgspec.structs.replace(self.config, model=await self._build_demo_model())
         if self.config.nats_url is None:
             self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(
-                self.data_dir, self.config.namespace, self.config.bus_max_payload))
+                self.data_dir, self.config.namespace, self.config.bus_max_payload_bytes))
             await self.nats.start()
             self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
         own_credentials = self._credentials_file("supervisor")

@@ -293,12 +293,13 @@ class InProcessBench:
     def free(self) -> None:
         """Frees everything the runner holds on the device, weights included (for the server's executor)."""
         self.runner = None
-        gc.unfreeze()  # the runner's objects were frozen with the rest of the set-up
         self._empty_cache()
-        freeze_startup_objects()  # what is left lives on (the HTTP clients run in this process next)
 
     def _empty_cache(self) -> None:
-        gc.collect()
+        """Collects what was let go, the runner's objects frozen with the rest of the set-up included,
+        then freezes what is left again (it lives on: the next workload runs in this process)."""
+        gc.unfreeze()
+        freeze_startup_objects()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -108,8 +108,9 @@ class SystemBench:
         self.report.details[key] = {**run, "added_ttft_p50_ms": added}
 
     def offline(self, run: dict, reference: dict, cpu_shares: dict[str, float]) -> None:
-        """d's figures beside in-process; `cpu_shares`: how busy each process was (the run is a
-        measure of the server only while none of them, the clients included, is near one core)."""
+        """d's figures beside in-process; `cpu_shares`: how busy each process was. The run measures
+        the server only while none of the clients, nats-server and the actors is near one core, but
+        the executor: its loop polls the step on the GPU, so it always shows about one."""
         ratio = run["output_tok_s"] / reference["output_tok_s"]
         self.report.add(Row(f"d over HTTP: {run['requests']} requests, all at once",
                             f"{run['output_tok_s']:,.0f} out tok/s",

@@ -30,7 +30,7 @@ from schemas.session import (
     SessionReply,
     SessionRequest,
 )
-from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, PrefillChunk, StepOutput
+from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5
@@ -45,6 +45,7 @@ class SchedulerActor(Actor):
 
     async def start(self) -> None:
         self.scheduler_id = uuid.uuid4().hex[:12]
+        self._sending = asyncio.Lock()  # held while one round of commands goes out in parts
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
         self.sessions: SessionTable | None = None
@@ -215,29 +216,23 @@ class SchedulerActor(Actor):
             await self._send(commands)
 
     async def _send(self, commands: list[Command]) -> None:
-        """Publishes `commands` to the executor in order, in as many messages as the bus's payload
-        limit needs (a round can carry three budgets of prompt tokens: 1 MB, NATS's default limit,
-        at budgets near 70K tokens). The executor applies them in order, whatever steps it plans
-        between them."""
+        """Publishes `commands` to the executor. A round over the bus's payload limit (one can carry
+        three budgets of prompt tokens: NATS's default 1 MB at budgets near 70K tokens) goes in
+        several messages, and the lock keeps another round from slipping in between them; the
+        executor applies the commands in order, whatever steps it plans between the messages."""
+        async with self._sending:
+            messages = await self._publish_in_parts(commands)
+        if messages > 1:
+            self.log.info("commands_split", commands=len(commands), messages=messages)
+
+    async def _publish_in_parts(self, commands: list[Command]) -> int:
+        """Publishes `commands` in order, halving the list until each part fits the bus; returns
+        the messages it took. One command always fits: none is larger than the Submit it came of."""
         try:
             await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, commands))
+            return 1
         except PayloadTooLarge:
-            first, rest = halve(commands)
-            await self._send(first)
-            await self._send(rest)
-
-
-def halve(commands: list[Command]) -> tuple[list[Command], list[Command]]:
-    """Two lists that carry `commands` in order, about half of it each: the commands split, or a
-    lone prompt chunk cut in two (the first is not the prompt's last)."""
-    if len(commands) > 1:
-        middle = len(commands) // 2
-        return commands[:middle], commands[middle:]
-    chunk = commands[0]
-    if not isinstance(chunk, PrefillChunk) or len(chunk.token_ids) < 2:
-        raise ValueError(f"a {type(chunk).__name__} command alone is over the bus's payload limit")
-    middle = len(chunk.token_ids) // 2
-    return (
-        [PrefillChunk(chunk.request_id, chunk.token_ids[:middle], chunk.start_position, last=False)],
-        [PrefillChunk(chunk.request_id, chunk.token_ids[middle:], chunk.start_position + middle, chunk.last)],
-    )
+            if len(commands) == 1:
+                raise
+            middle = len(commands) // 2
+            return await self._publish_in_parts(commands[:middle]) + await self._publish_in_parts(commands[middle:])

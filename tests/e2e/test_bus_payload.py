@@ -1,37 +1,69 @@
-"""A prompt crosses the bus whole, so the bus's payload limit (`--bus-max-payload`) bounds it: a
-longer one gets a clear 400, and the server goes on serving the ones that fit, with the tokens of a
-server whose limit is NATS's default."""
+"""Messages cross the bus whole, so its payload limit (`--bus-max-payload-bytes`) bounds a prompt: a
+longer one gets a clear 400 at once, as text or as token ids, and the server goes on serving. A
+round of the scheduler's commands over the limit goes to the executor in parts, and the requests
+in it get the tokens of a server whose limit is NATS's default."""
+
+import asyncio
+import random
 
 import httpx
 import pytest
 
 from ops.local_server import start_server
 
-MAX_PAYLOAD = 8192  # bytes: a prompt of token ids from 256 up takes 3 bytes a token
+MAX_PAYLOAD = 8192  # bytes
+BLOCKS = 256  # of 16 tokens
 
 
 @pytest.fixture(scope="module")
 def small_bus_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("small-bus"), "--num-kv-blocks", "512",
-                           "--bus-max-payload", str(MAX_PAYLOAD), "--max-prefill-tokens", "4096")
+    running = start_server(tmp_path_factory.mktemp("small-bus"), "--num-kv-blocks", str(BLOCKS),
+                           "--bus-max-payload-bytes", str(MAX_PAYLOAD), "--max-prefill-tokens", "4096")
     yield running
     running.stop()
 
 
-def body(prompt_ids: list[int]) -> dict:
-    return {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+def body(prompt_ids: list[int], max_new_tokens: int = 6) -> dict:
+    return {"input_ids": prompt_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
 
 
-async def test_a_prompt_over_the_bus_limit_gets_400_and_the_rest_are_served(small_bus_server, server):
-    too_long = [300 + i % 1700 for i in range(3000)]  # 9 KB
-    fits = [300 + i % 1700 for i in range(2000)]  # 6 KB
-    async with httpx.AsyncClient(base_url=small_bus_server.base_url, timeout=60) as http:
-        refused = await http.post("/generate", json=body(too_long))
-        served = await http.post("/generate", json=body(fits))
-    assert refused.status_code == 400, refused.text
-    error = refused.json()["error"]
-    assert error["type"] == "invalid_request_error" and "--bus-max-payload" in error["message"]
+def prompt(tokens: int, seed: int) -> list[int]:
+    """Token ids from 256 up: 3 bytes each on the bus."""
+    rng = random.Random(seed)
+    return [rng.randrange(256, 2048) for _ in range(tokens)]
+
+
+async def test_prompts_over_the_limit_get_400_at_once(small_bus_server):
+    rng = random.Random(0)
+    text = " ".join(str(rng.randrange(10**6)) for _ in range(1000))  # 6.9 KB of text, 8.5 KB of token ids
+    async with httpx.AsyncClient(base_url=small_bus_server.base_url, timeout=5) as http:
+        # Token ids: the Submit to the scheduler is too large. Text: the tokenizer's answer is.
+        ids = await http.post("/generate", json=body(prompt(3000, seed=1)))
+        words = await http.post("/v1/completions", json={"model": "demo", "prompt": text, "max_tokens": 4})
+        served = await http.post("/generate", json=body(prompt(50, seed=2)))
+    for refused in (ids, words):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "invalid_request_error" and "max_payload" in error["message"], error
     assert served.status_code == 200, served.text
+
+
+async def test_a_round_over_the_limit_reaches_the_executor_in_parts(small_bus_server, server):
+    """Two 1,700-token prompts (5 KB each) wait for the blocks of a running 3,000-token one and are
+    started together when it ends: their commands, 10 KB, go in two messages."""
+    holder = {"input_ids": [i % 100 for i in range(3000)],  # one byte a token: its Submit fits
+              "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}, "stream": True}
+    waiting = [prompt(1700, seed=3), prompt(1700, seed=4)]
+    async with httpx.AsyncClient(base_url=small_bus_server.base_url, timeout=60) as http:
+        async with http.stream("POST", "/generate", json=holder) as running:
+            lines = running.aiter_lines()
+            while not (await anext(lines)).startswith("data: {"):  # it holds its blocks now
+                pass
+            answers = await asyncio.gather(*(http.post("/generate", json=body(p)) for p in waiting))
+            async for _ in lines:
+                pass
+    assert small_bus_server.find("commands_split"), "the waiting prompts were not started in one round"
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:  # NATS's default limit
-        reference = (await http.post("/generate", json=body(fits))).json()
-    assert served.json()["token_ids"] == reference["token_ids"] and len(reference["token_ids"]) == 6
+        references = [(await http.post("/generate", json=body(p))).json()["token_ids"] for p in waiting]
+    assert [a.json()["token_ids"] for a in answers] == references and all(len(r) == 6 for r in references)
