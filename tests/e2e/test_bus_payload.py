@@ -51,7 +51,7 @@ async def test_prompts_over_the_limit_get_400_at_once(small_bus_server):
 
 async def test_a_round_over_the_limit_reaches_the_executor_in_parts(small_bus_server, server):
     """Two 1,700-token prompts (5 KB each) wait for the blocks of a running 3,000-token one and are
-    started together when it ends: their commands, 10 KB, go in two messages."""
+    started together when it ends: their commands, about 10 KB, go in parts."""
     holder = {"input_ids": [i % 100 for i in range(3000)],  # one byte a token: its Submit fits
               "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}, "stream": True}
     waiting = [prompt(1700, seed=3), prompt(1700, seed=4)]
