@@ -48,7 +48,7 @@ class PayloadTooLarge(Exception):
     which NATS refuses whole: nothing was sent."""
 
     def __init__(self, message: msgspec.Struct, subject: str, size: int, limit: int) -> None:
-        super().__init__(f"a {type(message).__name__} of {size} bytes on {subject}, over the bus's max_payload of "
+        super().__init__(f"{type(message).__name__} of {size} bytes on {subject} is over the bus's max_payload of "
                          f"{limit} (--bus-max-payload-bytes for the embedded server)")
 
 
