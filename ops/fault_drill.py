@@ -146,12 +146,12 @@ async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_d
         reference, _ = await run_workload(server, count, max_tokens)
         if failures(reference):
             raise RuntimeError(f"the uninterrupted run failed: {failures(reference)[0]!r}")
-        pid = server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor)
+        pid = server.process_pids()[actor]
         logs, killed_at = await run_workload(server, count, max_tokens, kill=lambda: os.kill(pid, signal.SIGKILL))
         differing, token_errors = compare(reference, logs)
         return {"actor": actor, "tokenizers": tokenizers, "requests": count, "max_tokens": max_tokens, "lost": len(failures(logs)), "differing": differing,
                 "tokens_repeated_or_missing": token_errors, "longest_stall_s": round(stall_s(logs, killed_at), 2),
-                "restarted": pid != (server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor))}
+                "restarted": pid != server.process_pids()[actor]}
     finally:
         server.stop()
 
