@@ -79,7 +79,7 @@ class LayerPieces:
         attend = self.model.attention_backend.attend
         for layer in range(self.num_pieces - 1):
             run_piece(layer, num_tokens)
-            buffers.attended.copy_(attend(layer, buffers.queries, self.kv))
+            attend(layer, buffers.queries, self.kv, out=buffers.attended)
         run_piece(self.num_pieces - 1, num_tokens)
         return self.model.logits(buffers.hidden, buffers.residual, batch.logits_index)
 

@@ -26,9 +26,10 @@ class AttentionBackend(ABC):
         holds until the next `prepare`."""
 
     @abstractmethod
-    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of each new token over its sequence's cached tokens, the new ones
-        included (already written to the cache).
+        included (already written to the cache), written into `out` when given (a buffer at a fixed
+        address, which a CUDA graph reads; saves a copy) and returned.
 
         q: [T, heads, head_dim], RoPE applied -> [T, heads, head_dim]
         """

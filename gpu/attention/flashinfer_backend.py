@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
+from gpu.attention.flashinfer_prefill import PagedPrefill
 from gpu.attention.shared_prefix import (
     MAX_GROUPS, MIN_SPARED_TOKEN_READS, SharedPrefixes, find_shared_prefixes, merge_attention_states,
 )
@@ -59,7 +60,7 @@ class FlashInferAttention(AttentionBackend):
         self._heads = (num_heads, num_kv_heads, head_dim)
         self._kwargs = dict(sm_scale=scale, q_data_type=dtype, kv_data_type=dtype, non_blocking=True)
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self._prefill = PagedPrefill(flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self.decode_tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_tensor_cores=self.decode_tensor_cores, backend="fa2",
@@ -239,15 +240,15 @@ class FlashInferAttention(AttentionBackend):
             True, -1, 0.0, head_dim, head_dim, empty, empty,  # CUDA-graph mode, window, soft cap, head dims, dtypes
         )
 
-    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         # q: [T, heads, head_dim] -> [T, heads, head_dim]
         cache = kv.layers[layer]
         decodes = self._decodes  # their one token each comes first
         if decodes == len(q) and self._prefix_run is None:
-            return self._decode_run.run(q, cache)
+            return self._decode_run.run(q, cache, out=out)
+        out = torch.empty_like(q) if out is None else out
         if decodes == 0:
-            return self._prefill.run(q, cache)
-        out = torch.empty_like(q)
+            return self._prefill.run(q, cache, out)
         if self._prefix_run is None:
             self._decode_run.run(q[:decodes], cache, out=out[:decodes])
         else:
@@ -256,7 +257,7 @@ class FlashInferAttention(AttentionBackend):
             prefix_out, prefix_lse = self._prefix_run.run(grouped, cache, return_lse=True)
             merge_attention_states(out[:decodes], lse, prefix_out, prefix_lse, self._slots)
         if decodes < len(q):
-            self._prefill.run(q[decodes:], cache, out=out[decodes:])
+            self._prefill.run(q[decodes:], cache, out[decodes:])
         return out
 
 

@@ -47,9 +47,9 @@ class TorchAttention(AttentionBackend):
             blocks = indices[kv_indptr[s] : kv_indptr[s + 1]]
             self._plans.append(_SequencePlan(start, end, context_len, blocks, mask))
 
-    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         cache = kv.layers[layer]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
-        out = torch.empty_like(q)  # [T, heads, head_dim]
+        out = torch.empty_like(q) if out is None else out  # [T, heads, head_dim]
         for plan in self._plans:
             pages = cache[plan.blocks]  # [pages, 2, block_size, kv_heads, head_dim]
             keys = pages[:, 0].flatten(0, 1)[: plan.context_len]  # [context, kv_heads, head_dim]

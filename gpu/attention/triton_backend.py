@@ -91,14 +91,14 @@ class TritonAttention(AttentionBackend):
         self._plan = _Plan(indptr, self._graph_indices, last_page_len, self._splits(size))
         return PLAIN_GRAPH
 
-    def attend(self, layer: int, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         plan, cache = self._plan, kv.layers[layer]  # cache: [num_blocks + 1, 2, block_size, kv_heads, head_dim]
         if plan.tiles is None:
             return decode_attention(
-                q, cache, plan.kv_indptr, plan.kv_indices, plan.last_page_len, self.scale, plan.num_splits
+                q, cache, plan.kv_indptr, plan.kv_indices, plan.last_page_len, self.scale, plan.num_splits, out
             )  # [S, heads, head_dim]
         return extend_attention(
-            q, cache, plan.query_start, plan.kv_indptr, plan.kv_indices, plan.last_page_len, plan.tiles, self.scale
+            q, cache, plan.query_start, plan.kv_indptr, plan.kv_indices, plan.last_page_len, plan.tiles, self.scale, out
         )  # [T, heads, head_dim]
 
     def _splits(self, num_seqs: int) -> int:

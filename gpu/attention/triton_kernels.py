@@ -194,11 +194,11 @@ def extend_tiles(
 
 def decode_attention(
     q: torch.Tensor, cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-    last_page_len: torch.Tensor, scale: float, num_splits: int,
+    last_page_len: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence. q: [S, heads, head_dim]; cache: [blocks, 2, block_size, kv_heads,
-    head_dim]; kv_indptr [S+1], kv_indices [P], last_page_len [S] int32 -> [S, heads, head_dim]"""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    head_dim]; kv_indptr [S+1], kv_indices [P], last_page_len [S] int32 -> `out` (new if None) [S, heads, head_dim]"""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     seqs, heads, head_dim = q.shape
     if not seqs:
         return out
@@ -223,15 +223,16 @@ def decode_attention(
 def extend_attention(
     q: torch.Tensor, cache: torch.Tensor, query_start: torch.Tensor, kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor, last_page_len: torch.Tensor, tiles: ExtendTiles, scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Any number of new tokens per sequence, causal over its cached prefix and themselves.
-    q: [T, heads, head_dim]; query_start [S+1]; the rest as for decode_attention -> [T, heads, head_dim]"""
+    q: [T, heads, head_dim]; query_start [S+1]; the rest as for decode_attention -> `out` [T, heads, head_dim]"""
     group = q.shape[1] // cache.shape[3]
     config = _config(group, q.shape[2], q.dtype, decode=False)
     if tiles.tokens != config.block_m // group:
         raise ValueError(f"the tiles were planned for {tiles.tokens} tokens each, but {q.dtype} queries of "
                          f"{q.shape[1]} heads over {cache.shape[3]} KV heads take {config.block_m // group}")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     num_tiles = len(tiles.seq)
     if num_tiles:
         _launch(

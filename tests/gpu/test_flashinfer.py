@@ -234,6 +234,35 @@ def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
         assert torch.equal(old[3, :, :3], new[3, :, :3])  # the cached prompt stays as it was
 
 
+def test_prefill_calls_after_the_first_give_what_flashinfer_run_gives():
+    """Under one plan, layers after the first call the compiled kernel with the arguments the
+    first layer's public run() handed it: each layer's output, written into the given buffer, is
+    bit for bit what run() gives for that layer's queries and cache, under each of two plans."""
+    pytest.importorskip("flashinfer")
+    from gpu.attention.flashinfer_backend import FlashInferAttention
+    from gpu.kv_cache import KVCache
+
+    heads, kv_heads, dim, layers = 8, 2, 128, 3
+    kv = KVCache(layers, NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, torch.bfloat16, "cuda")
+    generator = torch.Generator("cuda").manual_seed(0)
+    for layer in kv.layers:
+        layer.normal_(generator=generator)
+    # A whole prompt, and a chunk over 20 cached tokens.
+    host = HostBatch.build([[1] * 37, [2] * 50], [0, 20], shuffled_tables([37, 70], seed=4), BLOCK_SIZE)
+    batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
+    queries = [torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+               for _ in range(layers)]
+    backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
+    for _ in range(2):  # a second plan starts over from run()
+        backend.prepare(batch)
+        outputs = [torch.full_like(q, float("nan")) for q in queries]
+        for layer, (q, out) in enumerate(zip(queries, outputs)):
+            assert backend.attend(layer, q, kv, out=out) is out
+        public = backend._prefill.wrapper
+        for layer, (q, out) in enumerate(zip(queries, outputs)):
+            assert torch.equal(out, public.run(q, kv.layers[layer])), layer
+
+
 def test_a_shared_prefix_read_once_gives_plain_attention(tensor_core_decode):
     """Decode rows that share leading blocks (and one that does not, and a prompt chunk after them):
     FlashInfer's two-pass attention matches the torch reference."""
