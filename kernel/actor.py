@@ -23,6 +23,7 @@ import uvloop
 from kernel import bus_auth
 from kernel import config as config_module
 from kernel.bus import Bus
+from kernel.busy_poll import window_s_for
 from kernel.config import KernelConfig
 from kernel.log import configure
 from kernel.subjects import Subjects
@@ -33,6 +34,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 class Actor:
     name: ClassVar[str]
+    on_request_path: ClassVar[bool] = False  # polls the bus after request traffic (kernel.busy_poll)
 
     def __init__(self, config: KernelConfig, bus: Bus, args: argparse.Namespace) -> None:
         self.config = config
@@ -59,6 +61,11 @@ class Actor:
         """Whether the actor can serve now (reported in heartbeats)."""
         return True
 
+    @property
+    def polls_bus(self) -> bool:
+        """Whether this actor's loop polls after request traffic, once started."""
+        return self.on_request_path
+
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
         """Runs `coro` as an owned task; if it fails, the actor stops with that failure."""
         task = asyncio.create_task(coro, name=name)
@@ -84,6 +91,9 @@ class Actor:
         await self.start()
         freeze_startup_objects()
         self.spawn(self._heartbeat_loop(), "heartbeat")
+        window_s = window_s_for(self.config.busy_poll_ms) if self.polls_bus else 0.0
+        if window_s > 0:
+            self.spawn(self.bus.poll_after_traffic(window_s), "busy_poll")
         self.log.info("actor_started", pid=os.getpid())
         stopper = asyncio.ensure_future(stop_requested.wait())
         try:

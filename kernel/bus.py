@@ -7,7 +7,7 @@ raises `BusUnavailable`.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -16,7 +16,9 @@ import nats.errors
 import structlog
 
 from kernel.bus_auth import BusCredentials
+from kernel.busy_poll import BusyPoll
 from schemas.errors import Error
+from schemas.health import Heartbeat
 
 log = structlog.get_logger()
 
@@ -67,6 +69,7 @@ class Bus:
     def __init__(self) -> None:
         self._nc = None
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
+        self._busy_poll: BusyPoll | None = None
 
     @classmethod
     async def connect(cls, url: str, name: str, credentials: BusCredentials | None = None) -> "Bus":
@@ -110,6 +113,16 @@ class Bus:
         resynchronises whatever state depends on them. It must return quickly (spawn long work)."""
         self._reconnect_listeners.append(listener)
 
+    def poll_after_traffic(self, window_s: float) -> Coroutine:
+        """The task that keeps this process's loop polling for `window_s` after each message sent or
+        received, heartbeats aside (`kernel.busy_poll` says why)."""
+        self._busy_poll = BusyPoll(window_s)
+        return self._busy_poll.run()
+
+    def _note_traffic(self, message: msgspec.Struct) -> None:
+        if self._busy_poll is not None and type(message) is not Heartbeat:
+            self._busy_poll.note_traffic()
+
     @property
     def connected(self) -> bool:
         return self._nc.is_connected
@@ -125,6 +138,7 @@ class Bus:
 
     async def publish(self, subject: str, message: msgspec.Struct) -> None:
         """Raises `PayloadTooLarge` for a message the server would refuse."""
+        self._note_traffic(message)
         await self._nc.publish(subject, self._encode_within_limit(subject, message))
 
     async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
@@ -133,6 +147,7 @@ class Bus:
             data = self._encode_within_limit(subject, message)
         except PayloadTooLarge as exc:
             return Error("invalid_request", f"too large to cross the server's bus: {exc}")
+        self._note_traffic(message)
         try:
             reply = await self._nc.request(subject, data, timeout=timeout_s)
         except nats.errors.NoRespondersError:
@@ -160,6 +175,7 @@ class Bus:
             queue.put_nowait(msg.data)
 
         sub = await self._nc.subscribe(inbox, cb=collect)
+        self._note_traffic(message)
         try:
             await self._nc.publish(subject, encode(message), reply=inbox)
             while True:
@@ -197,6 +213,7 @@ class Bus:
                 log.warning("undecodable_message", subject=subject, error=str(exc))
                 await self._reply(reply_to, Error("invalid_request", f"could not decode message: {exc}"))
                 return
+            self._note_traffic(message)
             try:
                 result = await handler(message, reply_to)
             except Exception as exc:
@@ -228,6 +245,7 @@ class Bus:
             data = self._encode_within_limit(reply_to, message)
         except PayloadTooLarge as exc:
             data = encode(Error("invalid_request", f"the answer is too large to cross the server's bus: {exc}"))
+        self._note_traffic(message)
         await self._nc.publish(reply_to, data)
 
     async def _reply(self, reply_to: str | None, message: msgspec.Struct) -> None:

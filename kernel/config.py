@@ -47,6 +47,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 2048
+    busy_poll_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
     log_format: str = "json"
     log_level: str = "info"
 
@@ -94,6 +95,10 @@ HELP = {
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
+    "busy_poll_ms": "after each request message, the actors on a request's path (frontdoor, gateway, tokenizer, "
+                    "scheduler, executor on CUDA) poll the bus this long instead of sleeping: each bus hop is about "
+                    "0.1 ms quicker, for a core each while requests flow (default: 50 on a machine with at least 8 "
+                    "cores, else 0)",
     "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key",
     "admin_key": "the key for /admin/ routes (with --api-keys, required for them)",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
@@ -133,8 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scalar_type(annotation: Any) -> type:
-    """int for `int` and `int | None`, and so on."""
+    """int for `int`, `int | None` and `Annotated[int, ...] | None`, and so on."""
     members = typing.get_args(annotation) or (annotation,)
+    members = [typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m for m in members]
     return next(t for t in (int, float, str) if t in members)
 
 

@@ -34,6 +34,7 @@ class ExecutorActor(Actor):
     """Runs the model: steps the running batch and publishes each step's tokens."""
 
     name = "executor"
+    on_request_path = True
 
     async def start(self) -> None:
         cfg = self.config
@@ -57,6 +58,11 @@ class ExecutorActor(Actor):
         self.bus.on_reconnect(self._after_bus_outage)
         self.log.info("model_loaded", model=cfg.model, blocks=self.runner.num_kv_blocks,
                       max_model_len=self.max_model_len, device=str(self.runner.device), dtype=str(self.runner.dtype))
+
+    @property
+    def polls_bus(self) -> bool:
+        """On the CPU a step computes in a worker thread, which a polling loop would keep from the GIL."""
+        return self.runner.launches_asynchronously
 
     def info(self) -> ExecutorInfo:
         return ExecutorInfo(

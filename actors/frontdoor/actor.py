@@ -19,6 +19,7 @@ class FrontdoorActor(Actor):
     """Serves the OpenAI-compatible HTTP API, the native `/generate` and the admin routes."""
 
     name = "frontdoor"
+    on_request_path = True
 
     async def start(self) -> None:
         cfg = self.config

@@ -16,6 +16,7 @@ class GatewayActor(Actor):
     """Serves the `generate` bus API to other services, resuming streams a bus outage cut."""
 
     name = "gateway"
+    on_request_path = True
 
     async def start(self) -> None:
         cfg = self.config

@@ -42,6 +42,7 @@ class SchedulerActor(Actor):
     """Admits requests, batches them continuously and hands out KV blocks."""
 
     name = "scheduler"
+    on_request_path = True
 
     async def start(self) -> None:
         self.scheduler_id = uuid.uuid4().hex[:12]

@@ -43,6 +43,7 @@ class TokenizerActor(Actor):
     """Encodes prompts and detokenizes outputs, stop strings included."""
 
     name = "tokenizer"
+    on_request_path = True
 
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)

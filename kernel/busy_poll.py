@@ -1,0 +1,55 @@
+"""Keeps an actor's event loop polling for a while after request traffic, instead of sleeping.
+
+A process that sleeps in epoll between bus messages pays for waking up on the next one. On the
+H100 host (16 cores, a virtual machine) a message relayed through five processes over NATS, one
+every 2 ms, took 1.05-1.11 ms at p50 with the relays asleep between messages and 0.64-0.67 ms
+with them polling, about 0.09 ms less a hop (one every 10 ms: 1.61-1.69 against 0.98-1.15 ms).
+A request crosses four such hops before its first token reaches its client (origin to
+scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin), so the actors on
+that path poll for a while after their last request message, as an engine's scheduler that
+spins between steps does. Each costs a core while requests flow and nothing once they stop;
+heartbeats, which every actor sends each second, do not count as traffic. `window_s_for`
+decides the window: polling processes need cores of their own, or they slow each other down.
+"""
+
+import asyncio
+import os
+import time
+
+# Polling on a machine with fewer cores than this would take them from the work itself.
+MIN_CORES_TO_POLL = 8
+DEFAULT_WINDOW_MS = 50.0
+
+
+def window_s_for(busy_poll_ms: float | None) -> float:
+    """The polling window in seconds: `busy_poll_ms` if given, else DEFAULT_WINDOW_MS where the
+    process may run on at least MIN_CORES_TO_POLL cores, else none."""
+    if busy_poll_ms is None:
+        busy_poll_ms = DEFAULT_WINDOW_MS if len(os.sched_getaffinity(0)) >= MIN_CORES_TO_POLL else 0.0
+    return busy_poll_ms / 1000
+
+
+class BusyPoll:
+    """`note_traffic` on each request message; `run` as a task keeps the loop busy until
+    `window_s` has passed without one, then sleeps until the next."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.last_traffic = 0.0  # time.monotonic()
+        self.polling = False
+        self._traffic = asyncio.Event()
+
+    def note_traffic(self) -> None:
+        self.last_traffic = time.monotonic()
+        self._traffic.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._traffic.wait()
+            self._traffic.clear()
+            self.polling = True
+            # A ready task makes the loop poll its sockets without blocking, so a message that
+            # arrives meanwhile is read on the next turn, not after a wake-up.
+            while time.monotonic() - self.last_traffic < self.window_s:
+                await asyncio.sleep(0)
+            self.polling = False
