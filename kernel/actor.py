@@ -91,7 +91,7 @@ class Actor:
         await self.start()
         freeze_startup_objects()
         self.spawn(self._heartbeat_loop(), "heartbeat")
-        window_s = window_s_for(self.config.busy_poll_ms) if self.polls_bus else 0.0
+        window_s = window_s_for(self.config.busy_poll_ms, self.config.device) if self.polls_bus else 0.0
         if window_s > 0:
             self.spawn(self.bus.poll_after_traffic(window_s), "busy_poll")
         self.log.info("actor_started", pid=os.getpid())

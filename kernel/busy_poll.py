@@ -9,10 +9,12 @@ scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin), s
 that path poll for a while after their last request message, as an engine's scheduler that
 spins between steps does. Each costs a core while requests flow and nothing once they stop;
 heartbeats, which every actor sends each second, do not count as traffic. `window_s_for`
-decides the window: polling processes need cores of their own, or they slow each other down.
+decides the window: polling processes need cores of their own, or they slow each other and a
+model computed on the CPU down.
 """
 
 import asyncio
+import glob
 import os
 import time
 
@@ -21,11 +23,15 @@ MIN_CORES_TO_POLL = 8
 DEFAULT_WINDOW_MS = 50.0
 
 
-def window_s_for(busy_poll_ms: float | None) -> float:
+def window_s_for(busy_poll_ms: float | None, device: str) -> float:
     """The polling window in seconds: `busy_poll_ms` if given, else DEFAULT_WINDOW_MS where the
-    process may run on at least MIN_CORES_TO_POLL cores, else none."""
+    model runs on a GPU (`device` cuda, or auto on a machine with an NVIDIA device) and the process
+    may run on at least MIN_CORES_TO_POLL cores, else none: a model computed on the CPU needs its
+    cores for the computation."""
     if busy_poll_ms is None:
-        busy_poll_ms = DEFAULT_WINDOW_MS if len(os.sched_getaffinity(0)) >= MIN_CORES_TO_POLL else 0.0
+        on_gpu = device.startswith("cuda") or (device == "auto" and bool(glob.glob("/dev/nvidia[0-9]*")))
+        many_cores = len(os.sched_getaffinity(0)) >= MIN_CORES_TO_POLL
+        busy_poll_ms = DEFAULT_WINDOW_MS if on_gpu and many_cores else 0.0
     return busy_poll_ms / 1000
 
 

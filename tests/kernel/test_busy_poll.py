@@ -1,5 +1,6 @@
 """After request traffic on the bus, an actor's loop polls (it keeps a core busy) for the window and
-then sleeps again; heartbeats do not wake it, and machines with few cores do not poll by default."""
+then sleeps again; heartbeats do not wake it, and by default only actors serving a model on a GPU
+on a machine with many cores poll."""
 
 import asyncio
 import time
@@ -15,10 +16,20 @@ from schemas.health import Heartbeat
 WINDOW_S = 0.2
 
 
-@pytest.mark.parametrize(("cores", "given", "window_s"), [(16, None, 0.05), (2, None, 0.0), (2, 30.0, 0.03), (16, 0.0, 0.0)])
-def test_the_window_by_cores_unless_given(monkeypatch, cores, given, window_s):
+@pytest.mark.parametrize(("cores", "device", "given", "window_s"), [
+    (16, "cuda", None, 0.05), (16, "cuda:1", None, 0.05), (2, "cuda", None, 0.0), (16, "cpu", None, 0.0),
+    (2, "cpu", 30.0, 0.03), (16, "cuda", 0.0, 0.0),
+])
+def test_the_window_by_device_and_cores_unless_given(monkeypatch, cores, device, given, window_s):
     monkeypatch.setattr(busy_poll.os, "sched_getaffinity", lambda _pid: set(range(cores)))
-    assert busy_poll.window_s_for(given) == window_s
+    assert busy_poll.window_s_for(given, device) == window_s
+
+
+@pytest.mark.parametrize(("nvidia_nodes", "window_s"), [(["/dev/nvidia0"], 0.05), ([], 0.0)])
+def test_auto_polls_where_an_nvidia_device_is(monkeypatch, nvidia_nodes, window_s):
+    monkeypatch.setattr(busy_poll.os, "sched_getaffinity", lambda _pid: set(range(16)))
+    monkeypatch.setattr(busy_poll.glob, "glob", lambda _pattern: nvidia_nodes)
+    assert busy_poll.window_s_for(None, "auto") == window_s
 
 
 async def cpu_seconds_over(seconds: float) -> float:
