@@ -157,9 +157,11 @@ class Bus:
         except nats.errors.ConnectionClosedError:
             return Error("unavailable", "the bus connection is closed", retriable=True)
         try:
-            return decode(reply.data, reply_type | Error)
+            answer = decode(reply.data, reply_type | Error)
         except msgspec.DecodeError as exc:
             return Error("internal", f"undecodable reply on {subject}: {exc}")
+        self._note_traffic(answer)
+        return answer
 
     async def request_stream(
         self, subject: str, message: msgspec.Struct, reply_type: Any, is_final: Callable[[Any], bool], timeout_s: float
@@ -189,6 +191,7 @@ class Bus:
                 except msgspec.DecodeError as exc:
                     yield Error("internal", f"undecodable reply on {subject}: {exc}")
                     return
+                self._note_traffic(item)
                 yield item
                 if isinstance(item, Error) or is_final(item):
                     return

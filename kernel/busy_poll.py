@@ -5,12 +5,13 @@ H100 host (16 cores, a virtual machine) a message relayed through five processes
 every 2 ms, took 1.05-1.11 ms at p50 with the relays asleep between messages and 0.64-0.67 ms
 with them polling, about 0.09 ms less a hop (one every 10 ms: 1.61-1.69 against 0.98-1.15 ms).
 A request crosses four such hops before its first token reaches its client (origin to
-scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin), so the actors on
-that path poll for a while after their last request message, as an engine's scheduler that
-spins between steps does. Each costs a core while requests flow and nothing once they stop;
-heartbeats, which every actor sends each second, do not count as traffic. `window_s_for`
-decides the window: polling processes need cores of their own, or they slow each other and a
-model computed on the CPU down.
+scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin; six with a text
+prompt, which a tokenizer encodes first), so the actors on that path poll for a while after each
+message they send or receive, as an engine's scheduler that spins between steps does. Each costs
+a core while requests flow and nothing once they stop; heartbeats, which every actor sends each
+second, do not count as traffic. (A scheduler still looking for its executor asks every 0.2 s, so
+it polls a fifth of the time until one answers.) `window_s_for` decides the window: polling
+processes need cores of their own, or they slow each other and a model computed on the CPU down.
 """
 
 import asyncio
@@ -26,17 +27,28 @@ DEFAULT_WINDOW_MS = 50.0
 def window_s_for(busy_poll_ms: float | None, device: str) -> float:
     """The polling window in seconds: `busy_poll_ms` if given, else DEFAULT_WINDOW_MS where the
     model runs on a GPU (`device` cuda, or auto on a machine with an NVIDIA device) and the process
-    may run on at least MIN_CORES_TO_POLL cores, else none: a model computed on the CPU needs its
-    cores for the computation."""
+    has at least MIN_CORES_TO_POLL cores, else none: a model computed on the CPU needs its cores
+    for the computation."""
     if busy_poll_ms is None:
         on_gpu = device.startswith("cuda") or (device == "auto" and bool(glob.glob("/dev/nvidia[0-9]*")))
-        many_cores = len(os.sched_getaffinity(0)) >= MIN_CORES_TO_POLL
-        busy_poll_ms = DEFAULT_WINDOW_MS if on_gpu and many_cores else 0.0
+        busy_poll_ms = DEFAULT_WINDOW_MS if on_gpu and usable_cores() >= MIN_CORES_TO_POLL else 0.0
     return busy_poll_ms / 1000
 
 
+def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float:
+    """The cores this process may run on, or its cgroup's CPU quota where that is fewer (a
+    container given `--cpus 4` on a 64-core host sees all 64 in its affinity)."""
+    cores = float(len(os.sched_getaffinity(0)))
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else min(cores, int(quota) / int(period))
+
+
 class BusyPoll:
-    """`note_traffic` on each request message; `run` as a task keeps the loop busy until
+    """`note_traffic` on each message of a request; `run` as a task keeps the loop busy until
     `window_s` has passed without one, then sleeps until the next."""
 
     def __init__(self, window_s: float) -> None:

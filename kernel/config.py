@@ -47,7 +47,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 2048
-    busy_poll_ms: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    busy_poll_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] | None = None
     log_format: str = "json"
     log_level: str = "info"
 
@@ -98,7 +98,7 @@ HELP = {
     "busy_poll_ms": "after each request message, the actors on a request's path (frontdoor, gateway, tokenizer, "
                     "scheduler, executor on CUDA) poll the bus this long instead of sleeping: each bus hop is about "
                     "0.1 ms quicker, for a core each while requests flow (default: 50 where the model runs on a GPU "
-                    "and the machine has at least 8 cores, else 0)",
+                    "and the machine has at least 8 cores, else 0; at most 60000)",
     "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key",
     "admin_key": "the key for /admin/ routes (with --api-keys, required for them)",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",

@@ -28,8 +28,9 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of each new token over its sequence's cached tokens, the new ones
-        included (already written to the cache), written into `out` when given (a buffer at a fixed
-        address, which a CUDA graph reads; saves a copy) and returned.
+        included (already written to the cache), written into `out` when given (contiguous, of q's
+        shape and dtype: a buffer at a fixed address, which a CUDA graph reads; saves a copy) and
+        returned.
 
         q: [T, heads, head_dim], RoPE applied -> [T, heads, head_dim]
         """

@@ -8,7 +8,8 @@ in a 28-layer step it was 1.4 ms of the 2.2 ms its host spent, and a small model
 waits on that host time. Here the first call after a plan goes through `run`, which is watched for
 the arguments it gives `paged_run`; the other layers call `paged_run` with those, their own
 queries, keys, values and output put in. Nothing else in them depends on the layer: the rest is
-the plan (its buffers and schedule) and the options it was made with.
+the plan (its buffers and schedule), the options it was made with, and what the device and the
+cache's shape decide, which every layer shares.
 """
 
 import torch
@@ -16,6 +17,7 @@ import torch
 # Where in paged_run's arguments FlashInfer 0.7.2's run puts the queries, the layer's keys and
 # values (the two halves of its paged cache) and the output.
 _Q, _K, _V, _OUT = 3, 4, 5, 10
+_ARGUMENTS = 49
 
 
 class PagedPrefill:
@@ -26,15 +28,18 @@ class PagedPrefill:
         self._args: list | None = None  # paged_run's arguments under the current plan
 
     def plan(self, *args, **kwargs) -> None:
-        self.wrapper.plan(*args, **kwargs)
         self._args = None
+        self.wrapper.plan(*args, **kwargs)
 
     def run(self, q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Attention of `q` [T, heads, head_dim] over `cache` [blocks, 2, block_size, kv_heads,
-        head_dim] (NHD), written into `out` (like q)."""
+        head_dim] (NHD), written into `out` (like q, contiguous)."""
         if self._args is None:
             self._args = self._run_watched(q, cache, out)
             return out
+        if len(q) != self.wrapper._qo_indptr_last or out.shape != q.shape:  # what run() would refuse
+            raise ValueError(f"queries {tuple(q.shape)} and output {tuple(out.shape)} do not fit the plan's "
+                             f"{self.wrapper._qo_indptr_last} tokens")
         args = self._args
         args[_Q], args[_OUT] = q, out
         args[_K], args[_V] = cache.unbind(1)
@@ -60,8 +65,8 @@ class PagedPrefill:
         finally:
             wrapper._cached_module = module
         keys, values = cache.unbind(1)
-        if not (handed[_Q] is q and handed[_OUT] is out and handed[_K].data_ptr() == keys.data_ptr()
+        if not (len(handed) == _ARGUMENTS and handed[_Q] is q and handed[_OUT] is out and handed[_K].data_ptr() == keys.data_ptr()
                 and handed[_V].data_ptr() == values.data_ptr()):
-            raise RuntimeError("FlashInfer's prefill run hands paged_run its arguments in another order than "
-                               "0.7.2's; PagedPrefill must learn the new one")
+            raise RuntimeError("FlashInfer's prefill run did not hand paged_run its arguments as 0.7.2's does "
+                               "(another version, or a backend other than fa2/fa3); PagedPrefill must learn how")
         return handed

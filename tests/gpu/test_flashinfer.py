@@ -247,14 +247,16 @@ def test_prefill_calls_after_the_first_give_what_flashinfer_run_gives():
     generator = torch.Generator("cuda").manual_seed(0)
     for layer in kv.layers:
         layer.normal_(generator=generator)
-    # A whole prompt, and a chunk over 20 cached tokens.
-    host = HostBatch.build([[1] * 37, [2] * 50], [0, 20], shuffled_tables([37, 70], seed=4), BLOCK_SIZE)
-    batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
-    queries = [torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
-               for _ in range(layers)]
     backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
-    for _ in range(2):  # a second plan starts over from run()
+    tables = shuffled_tables([37, 70], seed=4)
+    # A whole prompt and a chunk over 20 cached tokens; then other lengths, a plan of another shape.
+    for token_ids, starts in [([[1] * 37, [2] * 50], [0, 20]), ([[3] * 30, [4] * 9], [7, 61])]:
+        host = HostBatch.build(token_ids, starts, tables, BLOCK_SIZE)
+        batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
+        queries = [torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+                   for _ in range(layers)]
         backend.prepare(batch)
+        assert backend._prefill._args is None  # a new plan starts over from run()
         outputs = [torch.full_like(q, float("nan")) for q in queries]
         for layer, (q, out) in enumerate(zip(queries, outputs)):
             assert backend.attend(layer, q, kv, out=out) is out
