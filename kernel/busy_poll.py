@@ -30,9 +30,15 @@ def window_s_for(busy_poll_ms: float | None, device: str) -> float:
     has at least MIN_CORES_TO_POLL cores, else none: a model computed on the CPU needs its cores
     for the computation."""
     if busy_poll_ms is None:
-        on_gpu = device.startswith("cuda") or (device == "auto" and bool(glob.glob("/dev/nvidia[0-9]*")))
+        on_gpu = device.startswith("cuda") or (device == "auto" and gpu_visible())
         busy_poll_ms = DEFAULT_WINDOW_MS if on_gpu and usable_cores() >= MIN_CORES_TO_POLL else 0.0
     return busy_poll_ms / 1000
+
+
+def gpu_visible() -> bool:
+    """Whether an NVIDIA device is there for `auto` to pick, without importing torch (CUDA_VISIBLE_DEVICES
+    empty or -1 hides them all)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1") and bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float:

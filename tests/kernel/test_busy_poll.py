@@ -34,10 +34,17 @@ def test_the_window_by_device_and_cores_unless_given(cores, count, device, given
     assert busy_poll.window_s_for(given, device) == window_s
 
 
-@pytest.mark.parametrize(("nvidia_nodes", "window_s"), [(["/dev/nvidia0"], 0.05), ([], 0.0)])
-def test_auto_polls_where_an_nvidia_device_is(monkeypatch, cores, nvidia_nodes, window_s):
+@pytest.mark.parametrize(("nvidia_nodes", "visible", "window_s"), [
+    (["/dev/nvidia0"], None, 0.05), (["/dev/nvidia0"], "1", 0.05), (["/dev/nvidia0"], "", 0.0),
+    (["/dev/nvidia0"], "-1", 0.0), ([], None, 0.0),
+])
+def test_auto_polls_where_an_nvidia_device_is_visible(monkeypatch, cores, nvidia_nodes, visible, window_s):
     cores(16)
     monkeypatch.setattr(busy_poll.glob, "glob", lambda _pattern: nvidia_nodes)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert busy_poll.window_s_for(None, "auto") == window_s
 
 
