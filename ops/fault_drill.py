@@ -21,6 +21,8 @@ from ops.bus_client import stream_generate
 from ops.local_server import RunningServer, start_server
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 
+RESTART_WAIT_S = 30.0
+
 
 @dataclass
 class ClientLog:
@@ -103,7 +105,7 @@ async def run_workload(
         killed_at = time.monotonic()
         kill()
     logs = await gathered
-    await nc.drain()
+    await nc.close()  # every stream has ended: nothing is left to flush, and the bus may still be down
     return logs, killed_at
 
 
@@ -140,6 +142,17 @@ def stall_s(logs: list[ClientLog], killed_at: float) -> float:
     return max(waits, default=0.0)
 
 
+async def restarted(server: RunningServer, actor: str, pid: int) -> bool:
+    """Whether the supervisor has started `actor` again within RESTART_WAIT_S: a short workload can
+    end before the restart does."""
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while server.process_pids()[actor] == pid:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
 async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_dir: Path) -> dict:
     server = start_server(data_dir, "--num-kv-blocks", "512", "--tokenizers", str(tokenizers))
     try:
@@ -151,7 +164,7 @@ async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_d
         differing, token_errors = compare(reference, logs)
         return {"actor": actor, "tokenizers": tokenizers, "requests": count, "max_tokens": max_tokens, "lost": len(failures(logs)), "differing": differing,
                 "tokens_repeated_or_missing": token_errors, "longest_stall_s": round(stall_s(logs, killed_at), 2),
-                "restarted": pid != server.process_pids()[actor]}
+                "restarted": await restarted(server, actor, pid)}
     finally:
         server.stop()
 
