@@ -94,7 +94,7 @@ class Actor:
         window_s = window_s_for(self.config.busy_poll_ms, self.config.device) if self.polls_bus else 0.0
         if window_s > 0:
             self.spawn(self.bus.poll_after_traffic(window_s), "busy_poll")
-        self.log.info("actor_started", pid=os.getpid())
+        self.log.info("actor_started", pid=os.getpid(), busy_poll_ms=window_s * 1000)
         stopper = asyncio.ensure_future(stop_requested.wait())
         try:
             await asyncio.wait([stopper, self._failure], return_when=asyncio.FIRST_COMPLETED)
