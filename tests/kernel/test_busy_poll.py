@@ -80,7 +80,7 @@ async def test_traffic_keeps_the_loop_busy_for_the_window_then_lets_it_sleep():
         task.cancel()
 
 
-async def test_the_bus_polls_after_a_request_message_but_not_after_a_heartbeat(tmp_path):
+async def test_the_bus_polls_after_a_message_received_but_not_a_heartbeat_or_an_unanswered_request(tmp_path):
     server = EmbeddedNats(tmp_path / "nats")
     await server.start()
     listener, sender = await Bus.connect(server.url, "listener"), await Bus.connect(server.url, "sender")
@@ -95,6 +95,10 @@ async def test_the_bus_polls_after_a_request_message_but_not_after_a_heartbeat(t
         await listener.subscribe("test.request", Error, handler)
         await sender.publish("test.beat", Heartbeat("tokenizer", "t1", 1, True, 1.0))
         await asyncio.wait_for(arrived.get(), 5)
+        assert not listener._busy_poll.polling
+        unanswered = await listener.request("test.nobody", Error("test", "anyone?"), Error, 1.0)
+        assert unanswered.code == "unavailable"  # no responders: nothing came back
+        await asyncio.sleep(0)
         assert not listener._busy_poll.polling
         await sender.publish("test.request", Error("test", "a request's message"))
         await asyncio.wait_for(arrived.get(), 5)
