@@ -114,8 +114,8 @@ class Bus:
         self._reconnect_listeners.append(listener)
 
     def poll_after_traffic(self, window_s: float) -> Coroutine:
-        """The task that keeps this process's loop polling for `window_s` after each message it
-        receives, replies included and heartbeats aside (`kernel.busy_poll` says why)."""
+        """The task that keeps this process's loop polling for `window_s` after each message sent or
+        received, heartbeats aside, and after each request answered (`kernel.busy_poll` says why)."""
         self._busy_poll = BusyPoll(window_s)
         return self._busy_poll.run()
 
@@ -138,6 +138,7 @@ class Bus:
 
     async def publish(self, subject: str, message: msgspec.Struct) -> None:
         """Raises `PayloadTooLarge` for a message the server would refuse."""
+        self._note_traffic(message)
         await self._nc.publish(subject, self._encode_within_limit(subject, message))
 
     async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
@@ -175,6 +176,7 @@ class Bus:
             queue.put_nowait(msg.data)
 
         sub = await self._nc.subscribe(inbox, cb=collect)
+        self._note_traffic(message)
         try:
             await self._nc.publish(subject, encode(message), reply=inbox)
             while True:
@@ -245,6 +247,7 @@ class Bus:
             data = self._encode_within_limit(reply_to, message)
         except PayloadTooLarge as exc:
             data = encode(Error("invalid_request", f"the answer is too large to cross the server's bus: {exc}"))
+        self._note_traffic(message)
         await self._nc.publish(reply_to, data)
 
     async def _reply(self, reply_to: str | None, message: msgspec.Struct) -> None:

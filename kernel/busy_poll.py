@@ -7,11 +7,11 @@ with them polling, about 0.09 ms less a hop (one every 10 ms: 1.61-1.69 against 
 A request crosses four such hops before its first token reaches its client (origin to
 scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin; six with a text
 prompt, which a tokenizer encodes first), so the actors on that path poll for a while after each
-message they receive (a reply included), as an engine's scheduler that spins between steps does.
-Each costs a core while requests flow and nothing once they stop; heartbeats, which every actor
-sends each second, do not count as traffic, nor does a request nobody answers (a scheduler asks
-for its executor every 0.2 s until one does). `window_s_for` decides the window: polling
-processes need cores of their own, or they slow each other and a model computed on the CPU down.
+message they send or receive, as an engine's scheduler that spins between steps does. Each costs
+a core while requests flow and nothing once they stop; heartbeats, which every actor sends each
+second, do not count as traffic, nor does a request nobody answers (a scheduler asks for its
+executor every 0.2 s until one does). `window_s_for` decides the window: polling processes need
+cores of their own, or they slow each other and a model computed on the CPU down.
 """
 
 import asyncio
@@ -54,8 +54,8 @@ def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float:
 
 
 class BusyPoll:
-    """`note_traffic` on each message of a request received; `run` as a task keeps the loop busy
-    until `window_s` has passed without one, then sleeps until the next."""
+    """`note_traffic` on each message of a request; `run` as a task keeps the loop busy until
+    `window_s` has passed without one, then sleeps until the next."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s

@@ -95,10 +95,10 @@ HELP = {
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
-    "busy_poll_ms": "after each bus message they receive, the actors on a request's path (frontdoor, gateway, tokenizer, "
-                    "scheduler, executor on CUDA) poll the bus this long instead of sleeping: each bus hop is about "
-                    "0.1 ms quicker, for a core each while requests flow (default: 50 where the model runs on a GPU "
-                    "and the machine has at least 8 cores, else 0; at most 60000)",
+    "busy_poll_ms": "after each bus message they send or receive, the actors on a request's path (frontdoor, "
+                    "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
+                    "each bus hop is about 0.1 ms quicker, for a core each while requests flow (default: 50 where the "
+                    "model runs on a GPU and the machine has at least 8 cores, else 0; at most 60000)",
     "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key",
     "admin_key": "the key for /admin/ routes (with --api-keys, required for them)",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",

@@ -80,7 +80,7 @@ async def test_traffic_keeps_the_loop_busy_for_the_window_then_lets_it_sleep():
         task.cancel()
 
 
-async def test_the_bus_polls_after_a_message_received_but_not_a_heartbeat_or_an_unanswered_request(tmp_path):
+async def test_the_bus_polls_after_a_message_but_not_a_heartbeat_or_an_unanswered_request(tmp_path):
     server = EmbeddedNats(tmp_path / "nats")
     await server.start()
     listener, sender = await Bus.connect(server.url, "listener"), await Bus.connect(server.url, "sender")
