@@ -106,6 +106,9 @@ async def test_the_bus_polls_after_a_message_but_not_a_heartbeat_or_an_unanswere
         assert listener._busy_poll.polling
         await asyncio.sleep(WINDOW_S * 1.5)
         assert not listener._busy_poll.polling
+        await listener.publish("test.out", Error("test", "a step's tokens"))  # sending counts too
+        await asyncio.sleep(0)
+        assert listener._busy_poll.polling
     finally:
         poller.cancel()
         await sender.close()
