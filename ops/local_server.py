@@ -80,7 +80,7 @@ class RunningServer:
         raise TimeoutError(f"no {event!r} event {match} within {timeout_s} s")
 
     def child_pid(self, actor: str) -> int:
-        return self.find("child_started", child=actor)[-1]["pid"]
+        return self.process_pids()[actor]
 
     def process_pids(self) -> dict[str, int]:
         """The pid of every process the supervisor runs now, by name: each actor and nats-server."""

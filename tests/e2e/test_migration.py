@@ -29,15 +29,11 @@ async def reference(faulty_server):
     return logs
 
 
-def pid_of(server, actor: str) -> int:
-    return server.find("nats_started")[-1]["pid"] if actor == "nats-server" else server.child_pid(actor)
-
-
 @pytest.mark.parametrize("actor", ["tokenizer", "scheduler", "executor", "nats-server"])
 async def test_kill_under_load_loses_nothing(faulty_server, reference, actor):
-    old_pid = pid_of(faulty_server, actor)
+    old_pid = faulty_server.process_pids()[actor]
     logs, _ = await run_workload(faulty_server, NUM_REQUESTS, MAX_TOKENS, kill=lambda: os.kill(old_pid, signal.SIGKILL))
-    assert pid_of(faulty_server, actor) != old_pid, "the process was not restarted"
+    assert faulty_server.process_pids()[actor] != old_pid, "the process was not restarted"
     assert not failures(logs)
     assert compare(reference, logs) == (0, 0)
     assert all(log.completion_tokens == MAX_TOKENS for log in logs)

@@ -71,8 +71,8 @@ class MemoryWatch:
     """The resident memory of every process of the deployment: now, and the peak while watching."""
 
     def __init__(self, server) -> None:
-        names = ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")
-        self.pids = {name: server.child_pid(name) for name in names} | {"nats-server": server.find("nats_started")[-1]["pid"]}
+        pids = server.process_pids()
+        self.pids = {name: pids[name] for name in ("executor", "scheduler", "tokenizer", "gateway", "frontdoor", "nats-server")}
         self.peak = self.now()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
