@@ -7,7 +7,7 @@ raises `BusUnavailable`.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -161,41 +161,6 @@ class Bus:
             return Error("internal", f"undecodable reply on {subject}: {exc}")
         self._note_traffic(answer)
         return answer
-
-    async def request_stream(
-        self, subject: str, message: msgspec.Struct, reply_type: Any, is_final: Callable[[Any], bool], timeout_s: float
-    ) -> AsyncIterator[Any]:
-        """Sends `message` with a private inbox and yields every reply until `is_final` says stop.
-
-        A silence longer than `timeout_s` ends the stream with an `Error`.
-        """
-        inbox = self.new_inbox()
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def collect(msg) -> None:
-            queue.put_nowait(msg.data)
-
-        sub = await self._nc.subscribe(inbox, cb=collect)
-        self._note_traffic(message)
-        try:
-            await self._nc.publish(subject, encode(message), reply=inbox)
-            while True:
-                try:
-                    data = await asyncio.wait_for(queue.get(), timeout_s)
-                except TimeoutError:
-                    yield Error("timeout", f"no reply on {subject} within {timeout_s} s", retriable=True)
-                    return
-                try:
-                    item = decode(data, reply_type | Error)
-                except msgspec.DecodeError as exc:
-                    yield Error("internal", f"undecodable reply on {subject}: {exc}")
-                    return
-                self._note_traffic(item)
-                yield item
-                if isinstance(item, Error) or is_final(item):
-                    return
-        finally:
-            await Subscription(sub).close()
 
     async def subscribe(self, subject: str, message_type: Any, handler: Handler, queue: str = "") -> Subscription:
         """Calls `handler` for each message, in order. Undecodable messages get an `Error` reply.
