@@ -16,7 +16,7 @@ from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
 from kernel.actor import freeze_startup_objects
-from ops.bench_report import Report, Row
+from ops.bench_report import Report, Row, p50_p90_p99
 from ops.bench_requests import BenchRequest, RequestTiming, summarize
 from ops.ceilings import copy_bandwidth, gemm_flops
 from ops.shapes import SHAPES
@@ -221,18 +221,32 @@ class InProcessBench:
         return [BenchRequest(self.prompt(int(p)), int(o)) for p, o in drawn]
 
     def throughput(self, name: str, requests: list[BenchRequest]) -> dict:
-        """All of `requests` submitted at once and run to the end; returns the details."""
+        """All of `requests` submitted at once and run to the end, each token timed when its step is
+        booked, as a client would see it arrive; returns the details."""
         engine = self.engine()
-        for i, request in enumerate(requests):
-            engine.submit(f"{name}-{i}", request.prompt_ids, self.args.sampling.params(request.output_tokens))
+        request_ids = [f"{name}-{i}" for i in range(len(requests))]
+        for request_id, request in zip(request_ids, requests):
+            engine.submit(request_id, request.prompt_ids, self.args.sampling.params(request.output_tokens))
+        # Booking a step's arrivals costs tens of microseconds of host time, spent while the GPU runs
+        # the step launched after it; keeping the step outputs to book later would hold them all
+        # in memory for the garbage collector to walk.
+        chunks: dict[str, list[tuple[float, int]]] = {request_id: [] for request_id in request_ids}
         started = time.perf_counter()
-        engine.run()
+        while engine.busy:
+            output = engine.step()
+            booked = time.perf_counter()
+            for update in output.updates:
+                if update.token_ids:
+                    chunks[update.request_id].append((booked, len(update.token_ids)))
         seconds = time.perf_counter() - started
-        produced = sum(map(len, engine.outputs.values()))
-        self.report.add(Row(f"{name}: offline, {len(requests)} requests, ours", f"{produced / seconds:,.0f} out tok/s",
-                            f"{seconds:.1f} s, {produced} tokens", ""))
-        details = self.report.details[name] = {"seconds": seconds, "output_tokens": produced, "steps": engine.steps,
-                                               "output_tok_s": produced / seconds}
+        timings = [RequestTiming.from_chunks(started, chunks[request_id]) for request_id in request_ids]
+        details = summarize(timings, seconds, len(requests), sum(len(r.prompt_ids) for r in requests))
+        details["steps"] = engine.steps
+        self.report.add(Row(f"{name}: offline, {len(requests)} requests, ours", f"{details['output_tok_s']:,.0f} out tok/s",
+                            f"{details['input_tok_s']:,.0f} in tok/s; {seconds:.1f} s, {details['output_tokens']} tokens", ""))
+        self.report.add(Row(f"{name}:   TTFT p50 / p90 / p99", p50_p90_p99(details["ttft_ms"]), "", ""))
+        self.report.add(Row(f"{name}:   ITL p50 / p90 / p99", p50_p90_p99(details["itl_ms"]), "", ""))
+        self.report.details[name] = details
         return details
 
     def low_load(self, name: str, requests: list[BenchRequest]) -> dict:
@@ -252,7 +266,7 @@ class InProcessBench:
                     chunks.append((time.perf_counter(), produced - seen))
                     seen = produced
             timings.append(RequestTiming.from_chunks(started, chunks))
-        summary = summarize(timings, sum(t.latency_s for t in timings), concurrency=1)
+        summary = summarize(timings, sum(t.latency_s for t in timings), 1, sum(len(r.prompt_ids) for r in requests))
         ttft, itl = summary["ttft_ms"], summary["itl_ms"]
         prompt, output = len(requests[0].prompt_ids), requests[0].output_tokens
         self.report.add(Row(f"{name}: low load, {len(requests)} single {prompt}+{output}-token requests, TTFT p50",

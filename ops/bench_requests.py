@@ -78,14 +78,17 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
     return {"p50": p50, "p90": p90, "p99": p99, "mean": float(np.mean(seconds) * 1e3)}
 
 
-def summarize(timings: list[RequestTiming], seconds: float, concurrency: int) -> dict:
-    """One run's figures: output tokens/s over the whole run, TTFT and ITL percentiles in ms."""
+def summarize(timings: list[RequestTiming], seconds: float, concurrency: int, prompt_tokens: int) -> dict:
+    """One run's figures: prompt (`prompt_tokens` in all) and output tokens/s over the whole run,
+    TTFT and ITL percentiles in ms."""
     produced = sum(t.output_tokens for t in timings)
     return {
         "concurrency": concurrency,
         "requests": len(timings),
+        "input_tokens": prompt_tokens,
         "output_tokens": produced,
         "seconds": seconds,
+        "input_tok_s": prompt_tokens / seconds,
         "output_tok_s": produced / seconds,
         "ttft_ms": percentiles_ms([t.ttft_s for t in timings]),
         "itl_ms": percentiles_ms([gap for t in timings for gap in t.itl_s]),

@@ -116,7 +116,7 @@ class SystemBench:
                             f"{run['output_tok_s']:,.0f} out tok/s",
                             f"in-process {reference['output_tok_s']:,.0f} out tok/s", f"{ratio:.3f}", ">= 0.95"))
         self.report.add(Row("d over HTTP:   TTFT p50 / p90 / p99", p50_p90_p99(run["ttft_ms"]),
-                            f"{run['seconds']:.1f} s, {run['output_tokens']} tokens", ""))
+                            f"{run['input_tok_s']:,.0f} in tok/s; {run['seconds']:.1f} s, {run['output_tokens']} tokens", ""))
         self.report.add(Row("d over HTTP:   ITL p50 / p90 / p99", p50_p90_p99(run["itl_ms"]), "", ""))
         self.report.add(Row("d over HTTP:   requests taken (response headers) p50 / last",
                             f"{run['taken_ms']['p50']:.1f} / {run['last_taken_ms']:.1f} ms", "", ""))

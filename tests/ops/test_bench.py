@@ -50,6 +50,9 @@ def test_table_shows_http_figures_beside_in_process_ones(bench_run):
     assert rows["d over HTTP:   requests taken (response headers) p50 / last"][0].endswith(" ms")
     assert "executor " in rows["d over HTTP:   CPU busy, cores"][0]
     assert "d: offline, 6 requests, ours" in rows  # the in-process twins ran, e although not asked for
+    for name in ("d: offline, 6 requests, ours", "d over HTTP:   TTFT p50 / p90 / p99"):
+        assert " in tok/s; " in rows[name][1]
+    assert rows["d:   TTFT p50 / p90 / p99"][0].endswith(" ms") and rows["d:   ITL p50 / p90 / p99"][0].endswith(" ms")
     assert any(name.startswith("e: low load, 3 single 40+4-token requests") for name in rows)
     for level in (1, 2):
         assert rows[f"sweep over HTTP: concurrency {level}, 4 requests"][0].endswith("out tok/s")
@@ -61,6 +64,7 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
     offline = details["d-http"]
     assert offline["output_tok_s"] > 0 and offline["ratio_to_in_process"] > 0
     assert offline["output_tokens"] == details["d"]["output_tokens"]  # the same requests, every token back
+    assert offline["input_tokens"] == details["d"]["input_tokens"] > 0 and offline["input_tok_s"] > 0
     assert offline["requests"] == offline["concurrency"] == 6
     # Each request is taken before its first token comes.
     assert 0 < offline["taken_ms"]["p50"] <= offline["ttft_ms"]["p50"]
@@ -74,7 +78,7 @@ def test_json_holds_throughput_ratio_and_ordered_percentiles(bench_run):
         assert "added_ttft_p50_ms" in details[name] and details[name]["requests"] == 3
         assert details[name]["cache_hit_tokens"] == 0
     assert [run["concurrency"] for run in details["sweep"]] == [1, 2]
-    for run in [offline, details["e-http"], details["e-ids-http"], details["e"], *details["sweep"]]:
+    for run in [offline, details["d"], details["e-http"], details["e-ids-http"], details["e"], *details["sweep"]]:
         assert run["output_tok_s"] > 0
         assert_ordered(run["ttft_ms"])
         assert_ordered(run["itl_ms"])
