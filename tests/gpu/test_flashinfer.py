@@ -5,9 +5,6 @@ chosen token must be in the other's top 5, and greedy outputs must agree whereve
 The models have head_dim 128, the size FlashInfer's prebuilt kernels serve.
 """
 
-import dataclasses
-
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -18,7 +15,7 @@ from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from tests.devices import needs_cuda
-from tests.gpu.decoding import generate, random_prompt, shuffled_tables
+from tests.gpu.decoding import assert_decoding_tracks, generate, random_prompt, shuffled_tables
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +24,6 @@ pytestmark = [
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 BACKENDS = ("torch", "flashinfer", "triton")
 NUM_BLOCKS, BLOCK_SIZE = 64, 16
-TOP = 5
 
 
 def needs(backend: str) -> None:
@@ -73,33 +69,6 @@ def runner_for(model_dir, backend: str, cuda_graphs: bool = False, sizes=(1, 2, 
                        cuda_graph_token_counts=(64, 128))
 
 
-def our_logits_at_every_position(runner: ModelRunner, tokens: list[int]) -> torch.Tensor:
-    """One prefill of `tokens` returning the logits of every position: [len(tokens), vocab]."""
-    host = HostBatch.build([tokens], [0], shuffled_tables([len(tokens)], seed=7), BLOCK_SIZE)
-    host = dataclasses.replace(host, logits_index=np.arange(len(tokens), dtype=np.int32))
-    batch, _ = ForwardBatch.from_host(host, Staging(runner.device))
-    with torch.inference_mode():
-        return runner.model(batch, runner.kv)
-
-
-def hf_logits_at_every_position(hf, tokens: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return hf(torch.tensor([tokens], device="cuda")).logits[0].float()
-
-
-def hf_greedy(hf, prompt: list[int], max_new_tokens: int) -> list[int]:
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def in_top(logits: torch.Tensor, tokens: list[int]) -> list[bool]:
-    # logits: [n, vocab] at the positions that chose `tokens`
-    top = logits.topk(TOP, dim=-1).indices
-    return [token in row for token, row in zip(tokens, top.tolist())]
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_decoding_tracks_transformers(arch, backend, hd128_model, hf_bf16):
@@ -107,21 +76,7 @@ def test_bf16_decoding_tracks_transformers(arch, backend, hd128_model, hf_bf16):
     model_dir = hd128_model(arch)
     runner, hf = runner_for(model_dir, backend), hf_bf16(model_dir)
     prompts = [random_prompt(n, seed=n) for n in (5, 17, 40)]
-    new = 12
-    ours = generate(runner, prompts, new, chunk_size=16, arrivals=[0, 1, 2])  # chunked prefill beside decodes
-    for prompt, our_tokens in zip(prompts, ours):
-        theirs = hf_greedy(hf, prompt, new)
-        # Each side's choice is among the other's top 5, judged on the side's own history.
-        their_logits = hf_logits_at_every_position(hf, prompt + our_tokens)[len(prompt) - 1 : -1]
-        assert all(in_top(their_logits, our_tokens)), (our_tokens, theirs)
-        our_logits = our_logits_at_every_position(runner, prompt + theirs)[len(prompt) - 1 : -1]
-        assert all(in_top(our_logits, theirs)), (our_tokens, theirs)
-        # Greedy outputs agree up to a near-tie, if any.
-        diverged = next((i for i, (a, b) in enumerate(zip(our_tokens, theirs)) if a != b), None)
-        if diverged is not None:
-            row = their_logits[diverged]
-            margin = (row[theirs[diverged]] - row[our_tokens[diverged]]).abs().item()
-            assert margin < 0.05 * row.std().item(), (diverged, our_tokens, theirs)
+    assert_decoding_tracks(runner, hf, prompts, 12)
 
 
 def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model, tensor_core_decode):
