@@ -77,7 +77,7 @@ async def run_clients(
             for _ in range(clients):
                 group.create_task(client(session))
         seconds = time.perf_counter() - started
-    return summarize(timings, seconds, concurrency, sum(len(r.prompt_ids) for r in requests))
+    return summarize(timings, seconds, concurrency, requests)
 
 
 async def open_connections(session: aiohttp.ClientSession, base_url: str, count: int) -> None:

@@ -240,7 +240,7 @@ class InProcessBench:
                     chunks[update.request_id].append((booked, len(update.token_ids)))
         seconds = time.perf_counter() - started
         timings = [RequestTiming.from_chunks(started, chunks[request_id]) for request_id in request_ids]
-        details = summarize(timings, seconds, len(requests), sum(len(r.prompt_ids) for r in requests))
+        details = summarize(timings, seconds, len(requests), requests)
         details["steps"] = engine.steps
         self.report.add(Row(f"{name}: offline, {len(requests)} requests, ours", f"{details['output_tok_s']:,.0f} out tok/s",
                             f"{details['input_tok_s']:,.0f} in tok/s; {seconds:.1f} s, {details['output_tokens']} tokens", ""))
@@ -266,7 +266,7 @@ class InProcessBench:
                     chunks.append((time.perf_counter(), produced - seen))
                     seen = produced
             timings.append(RequestTiming.from_chunks(started, chunks))
-        summary = summarize(timings, sum(t.latency_s for t in timings), 1, sum(len(r.prompt_ids) for r in requests))
+        summary = summarize(timings, sum(t.latency_s for t in timings), 1, requests)
         ttft, itl = summary["ttft_ms"], summary["itl_ms"]
         prompt, output = len(requests[0].prompt_ids), requests[0].output_tokens
         self.report.add(Row(f"{name}: low load, {len(requests)} single {prompt}+{output}-token requests, TTFT p50",

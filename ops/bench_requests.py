@@ -78,10 +78,11 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
     return {"p50": p50, "p90": p90, "p99": p99, "mean": float(np.mean(seconds) * 1e3)}
 
 
-def summarize(timings: list[RequestTiming], seconds: float, concurrency: int, prompt_tokens: int) -> dict:
-    """One run's figures: prompt (`prompt_tokens` in all) and output tokens/s over the whole run,
-    TTFT and ITL percentiles in ms."""
+def summarize(timings: list[RequestTiming], seconds: float, concurrency: int, requests: list[BenchRequest]) -> dict:
+    """One run's figures, `timings` those of `requests`: prompt and output tokens/s over the whole
+    run, TTFT and ITL percentiles in ms."""
     produced = sum(t.output_tokens for t in timings)
+    prompt_tokens = sum(len(r.prompt_ids) for r in requests)
     return {
         "concurrency": concurrency,
         "requests": len(timings),

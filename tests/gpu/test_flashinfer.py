@@ -15,7 +15,7 @@ from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from tests.devices import needs_cuda
-from tests.gpu.decoding import assert_decoding_tracks, generate, random_prompt, shuffled_tables
+from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, assert_decoding_tracks, generate, random_prompt, shuffled_tables
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,7 +23,6 @@ pytestmark = [
 ]
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 BACKENDS = ("torch", "flashinfer", "triton")
-NUM_BLOCKS, BLOCK_SIZE = 64, 16
 
 
 def needs(backend: str) -> None:
