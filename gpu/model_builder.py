@@ -1,7 +1,7 @@
 """Builds Hugging Face model directories with seeded random weights and a locally trained tokenizer.
 
-The demo model the supervisor serves and the tiny models the tests use come from here, so nothing
-is ever downloaded. Weights come from transformers' own classes, so the directories are real
+The random `demo` model (`--model demo`) and the small models the tests use come from here, so
+nothing is ever downloaded. Weights come from transformers' own classes, so the directories are real
 checkpoints that `AutoModelForCausalLM` loads: the reference our own model code is tested against.
 
     python -m gpu.model_builder --out DIR [--arch llama] [--size demo] [--seed 0]
@@ -9,13 +9,12 @@ checkpoints that `AutoModelForCausalLM` loads: the reference our own model code 
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 import transformers
 
+from gpu.model_dir import write_once
 from gpu.tokenizer_builder import BOS, END_OF_TEXT, EOT, train_tokenizer
 
 # arch -> (transformers config class, model class, what sets the architecture apart)
@@ -26,7 +25,6 @@ _ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
 }
 ARCHS = tuple(_ARCHS)
-COMPLETE_MARKER = ".complete"
 
 # initializer_range: with the usual 0.02 these small random models repeat one token forever; the
 # values below keep greedy output varied, with logits of std ~1.6 and clear top-1 margins (so float
@@ -42,6 +40,12 @@ _SIZES = {
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
         head_dim=128, max_position_embeddings=4096, initializer_range=0.1, vocab=1024,
     ),
+    # The default model's attention (SmolLM2-135M-Instruct: head_dim 64, three query heads to a KV
+    # head, tied embeddings) in four layers: its stand-in where its real weights are not at hand.
+    "smollm2": dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3,
+        head_dim=64, max_position_embeddings=4096, initializer_range=0.1, tie_word_embeddings=True, vocab=2048,
+    ),
     "tiny": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=2048, initializer_range=0.2, vocab=1024,
@@ -53,8 +57,8 @@ def _hf_model(arch: str, size: str, vocab_size: int, bos_id: int, eos_ids: list[
     config_class, model_class, specific = _ARCHS[arch]
     shape = {k: v for k, v in _SIZES[size].items() if k != "vocab"}
     config = getattr(transformers, config_class)(
-        vocab_size=vocab_size, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        bos_token_id=bos_id, eos_token_id=eos_ids, **shape, **specific,
+        vocab_size=vocab_size, rope_theta=10000.0, rms_norm_eps=1e-5, bos_token_id=bos_id, eos_token_id=eos_ids,
+        **({"tie_word_embeddings": False} | shape), **specific,
     )
     return getattr(transformers, model_class)(config)
 
@@ -83,39 +87,14 @@ def save_tokenizer(tokenizer: transformers.PreTrainedTokenizerFast, out: Path) -
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def is_complete(path: str | Path) -> bool:
-    return (Path(path) / COMPLETE_MARKER).is_file()
-
-
 def build_model_dir(path: str | Path, arch: str = "llama", size: str = "demo", seed: int = 0) -> Path:
-    """Writes a complete model directory at `path` and returns it; returns at once if one is there.
-
-    The model is written to a temporary directory beside `path` and renamed into place, so a crash
-    never leaves half a model, and two builders racing for the same path both end with one whole model.
-    """
+    """Writes a complete model directory at `path` and returns it; returns at once if one is there."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in _SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(_SIZES)}")
-    path = Path(path)
-    if is_complete(path):
-        return path
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"{path} exists and does not hold a complete built model; remove it or pick another path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of a shared cache
-    try:
-        _write_model(staging, arch, size, seed)
-        (staging / COMPLETE_MARKER).write_text(json.dumps({"arch": arch, "size": size, "seed": seed}) + "\n")
-        try:
-            staging.rename(path)  # replaces an empty directory; fails on a non-empty one
-        except OSError:
-            if not is_complete(path):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+    description = {"arch": arch, "size": size, "seed": seed}
+    return write_once(path, lambda staging: _write_model(staging, arch, size, seed), description)
 
 
 def main() -> None:

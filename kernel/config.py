@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from kernel.model_source import DEFAULT_MODEL, DEMO_MODEL
+
 MAX_NATS_PAYLOAD_BYTES = 64 * 1024 * 1024  # nats-server refuses to start with a larger max_payload
 
 
@@ -56,9 +58,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The name clients use in the `model` field."""
         if self.served_model_name:
             return self.served_model_name
-        if self.model:
-            return os.path.basename(os.path.normpath(self.model))
-        return "demo"
+        return os.path.basename(os.path.normpath(self.model or DEFAULT_MODEL))
 
 
 HELP = {
@@ -69,9 +69,12 @@ HELP = {
     "bus_max_payload_bytes": "the largest message the embedded NATS server takes (its max_payload, at most 64 MiB; "
                              "an external server has its own): a prompt crosses the bus whole, at up to 5 bytes a "
                              "token, and a longer one gets 400",
-    "data_dir": "where the embedded server, the demo model and other state live",
-    "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral); default: the built-in demo model",
-    "served_model_name": "the model name clients send; default: the model directory's name",
+    "data_dir": "where the embedded server, converted and built models and other state live",
+    "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral), a .gguf file of one (converted once "
+             f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
+             f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",
+    "served_model_name": "the model name clients send; default: the built-in name, the .gguf file's name without "
+                         "the suffix, or the model directory's name",
     "host": "HTTP listen address",
     "port": "HTTP listen port",
     "device": "cpu, cuda, cuda:N, or auto (cuda when available)",

@@ -1,8 +1,8 @@
 """`python -m kernel.supervisor`: starts the bus and every actor, restarts what dies, and
 shuts everything down in order on Ctrl-C or SIGTERM.
 
-With no arguments it builds the demo model into the data dir (once), starts an embedded
-nats-server, and serves on http://127.0.0.1:8000.
+With no arguments it converts the default model into the data dir (once, kernel/model_source.py),
+starts an embedded nats-server, and serves on http://127.0.0.1:8000.
 """
 
 import argparse
@@ -22,6 +22,7 @@ from kernel.children import ChildProcess, RestartBudget
 from kernel.config import KernelConfig
 from kernel.liveness import Liveness
 from kernel.log import configure
+from kernel.model_source import ModelUnavailable, prepare_model
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects
 from schemas.health import Heartbeat
@@ -52,8 +53,10 @@ class Supervisor:
 
     async def run(self, stop_requested: asyncio.Event) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.config.model is None:
-            self.config = msgspec.structs.replace(self.config, model=await self._build_demo_model())
+        model = await prepare_model(self.config.model, self.data_dir)
+        self.config = msgspec.structs.replace(
+            self.config, model=str(model.path), served_model_name=self.config.served_model_name or model.name
+        )
         if self.config.nats_url is None:
             self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(
                 self.data_dir, self.config.namespace, self.config.bus_max_payload_bytes))
@@ -97,16 +100,6 @@ class Supervisor:
             names += [(actor if i == 0 else f"{actor}-{i + 1}", actor) for i in range(copies)]
         return names
 
-    async def _build_demo_model(self) -> str:
-        target = self.data_dir / "models" / "demo"
-        log.info("demo_model", path=str(target))
-        builder = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpu.model_builder", "--out", str(target), "--arch", "llama", "--size", "demo"
-        )
-        if await builder.wait() != 0:
-            raise RuntimeError("building the demo model failed")
-        return str(target)
-
     async def _after_bus_outage(self) -> None:
         self.liveness.forgive_silence()  # silence while the bus was down is not a stuck actor
 
@@ -117,7 +110,8 @@ class Supervisor:
         if not self._announced and self._ready >= set(ACTORS):
             self._announced = True
             url = f"http://{self.config.host}:{self.config.port}"
-            log.info("serving", url=url, model=self.config.model_name, nats_url=self.config.nats_url)
+            log.info("serving", url=url, model=self.config.model_name, model_dir=self.config.model,
+                     nats_url=self.config.nats_url)
 
     async def _watch(self, child: ChildProcess) -> None:
         while True:
@@ -183,6 +177,9 @@ async def _main(config: KernelConfig) -> int:
     supervisor = Supervisor(config)
     try:
         await supervisor.run(stop_requested)
+    except ModelUnavailable as exc:
+        print(f"supervisor: {exc}", file=sys.stderr)
+        return 2
     except BaseExceptionGroup as group:
         await supervisor.shutdown()
         gave_up, others = group.split(GaveUp)

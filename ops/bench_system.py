@@ -36,7 +36,7 @@ class SystemBench:
         identity = {"model": args.model, "seed": args.seed}
         written_s = write_checkpoint(bench.runner.model, bench.raw, self.checkpoint_dir, identity)
         flags = [
-            "--model", str(self.checkpoint_dir), "--device", args.device, "--dtype", "bfloat16",
+            "--device", args.device, "--dtype", "bfloat16",
             "--block-size", str(bench.runner.block_size), "--num-kv-blocks", str(bench.runner.num_kv_blocks),
             "--max-num-seqs", str(MAX_NUM_SEQS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
             "--attention-backend", args.attention_backend,
@@ -47,12 +47,12 @@ class SystemBench:
             free_bytes, total_bytes = torch.cuda.mem_get_info(bench.device)
             free = f"; {free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB of device memory free for it"
         started = time.perf_counter()
-        self.server = start_server(self.work_dir / "server", *flags)
+        self.server = start_server(self.work_dir / "server", *flags, model=str(self.checkpoint_dir))
         startup_s = time.perf_counter() - started
-        self.report.note(f"whole system: python -m kernel.supervisor {' '.join(flags[2:])} (checkpoint written in "
+        self.report.note(f"whole system: python -m kernel.supervisor {' '.join(flags)} (checkpoint written in "
                          f"{written_s:.1f} s{free}; serving after {startup_s:.1f} s)")
         self.report.details["system"] = {
-            "model": args.model, "device": bench.device_name, "flags": flags[2:],
+            "model": args.model, "device": bench.device_name, "flags": flags,
             "checkpoint_s": written_s, "startup_s": startup_s,
         }
 

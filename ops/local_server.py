@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 
 from kernel import bus_auth
+from kernel.model_source import DEMO_MODEL
 
 STARTUP_TIMEOUT_S = 180
 
@@ -53,7 +54,7 @@ class RunningServer:
 
     @property
     def model_dir(self) -> Path:
-        return self.data_dir / "models" / "demo"
+        return Path(self.wait_for("serving")["model_dir"])
 
     def _read_logs(self) -> None:
         for line in self.process.stderr:
@@ -109,9 +110,12 @@ def json_objects(line: str) -> list[dict] | None:
     return events or None
 
 
-def start_server(data_dir: Path, *flags: str) -> RunningServer:
+def start_server(data_dir: Path, *flags: str, model: str | None = DEMO_MODEL) -> RunningServer:
+    """The supervisor serving `model` (None: the default chat model) with `flags`; returns once it serves."""
     port = free_port()
-    command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(port), *flags]
+    model_flags = ["--model", model] if model else []
+    command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(port),
+               *model_flags, *flags]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = RunningServer(process, data_dir, port)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from gpu.model_builder import build_model_dir, is_complete
+from gpu.model_builder import build_model_dir
+from gpu.model_dir import is_complete
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from gpu.tokenizer_builder import train_tokenizer

@@ -26,8 +26,8 @@ def model_dir(build_tiny_model):
 @pytest.fixture(scope="module")
 def cuda_server(tmp_path_factory, model_dir):
     running = start_server(
-        tmp_path_factory.mktemp("cuda-system"), "--model", str(model_dir), "--device", "cuda", "--dtype", "float32",
-        "--num-kv-blocks", "256",
+        tmp_path_factory.mktemp("cuda-system"), "--device", "cuda", "--dtype", "float32", "--num-kv-blocks", "256",
+        model=str(model_dir),
     )
     yield running
     running.stop()

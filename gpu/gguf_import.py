@@ -1,0 +1,117 @@
+"""Turns a GGUF file (llama.cpp's format, which many people keep their models in) into a Hugging
+Face model directory that the server loads like any other.
+
+Transformers' GGUF support reads the file: it dequantizes every tensor to float32 and rebuilds
+config.json, generation_config.json and the tokenizer with its chat template. The directory is
+named by the file's SHA-256, so each file is converted once and a changed file again.
+
+    python -m gpu.gguf_import FILE.gguf --models-dir DIR    # prints the model directory
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import gguf
+from tqdm import tqdm
+
+from gpu.config import ModelConfig
+from gpu.model_dir import is_complete, write_once
+
+# GGUF's names for the architectures our model code runs; Mistral's GGUF files say "llama".
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+Q = gguf.GGMLQuantizationType
+SUPPORTED_TYPES = (
+    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+    Q.IQ4_NL, Q.IQ4_XS,
+)
+UNSUPPORTED_EXIT_CODE = 2
+_HASH_CHUNK_BYTES = 16 << 20
+
+
+class UnsupportedGguf(ValueError):
+    """The file is not a GGUF file, or holds a model this server cannot convert or run."""
+
+
+def check_supported(path: Path) -> None:
+    """Reads the file's header (not its tensors) and raises UnsupportedGguf naming what is supported."""
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise UnsupportedGguf(f"{path} is not a readable GGUF file ({exc})") from None
+    field = reader.get_field("general.architecture")
+    architecture = field.contents() if field is not None else None
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedGguf(
+            f"{path.name}: architecture {architecture!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (Mistral models are stored as llama)"
+        )
+    unsupported = [t for t in reader.tensors if t.tensor_type not in SUPPORTED_TYPES]
+    if unsupported:
+        kinds = sorted({t.tensor_type.name for t in unsupported})
+        raise UnsupportedGguf(
+            f"{path.name}: tensors of type {', '.join(kinds)} ({unsupported[0].name} and {len(unsupported) - 1} more) "
+            f"cannot be dequantized; supported: {', '.join(t.name for t in SUPPORTED_TYPES)}"
+        )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, desc="Hashing GGUF", unit="B", unit_scale=True,
+                                     disable=None) as progress:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            progress.update(len(chunk))
+    return digest.hexdigest()
+
+
+def import_gguf(path: str | Path, models_dir: str | Path) -> Path:
+    """The model directory converted from `path` under `models_dir`, converting it if this file
+    (by content) was never converted there."""
+    path = Path(path).resolve()
+    digest = file_sha256(path)
+    target = Path(models_dir) / f"gguf-{digest[:16]}"  # a copy under another name is the same model
+    if is_complete(target):
+        return target
+    check_supported(path)
+    return write_once(target, lambda staging: _convert(path, staging), {"gguf": str(path), "sha256": digest})
+
+
+def _convert(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # Transformers marks a model read from GGUF as quantized and will not save it, though what it
+    # holds are plain float32 tensors: drop the mark, and the checkpoint is an ordinary one.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out, save_jinja_files=False)  # the template inside, as older transformers read it
+    tokenizer_config_path = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text())
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # a name every transformers version knows
+    tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+    try:
+        ModelConfig.from_pretrained(out)  # our model code's own check, before the directory is kept
+    except ValueError as exc:
+        raise UnsupportedGguf(f"{path.name} converts, but the server cannot run it: {exc}") from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Convert a GGUF file into a Hugging Face model directory, once.")
+    parser.add_argument("gguf", type=Path, help="the .gguf file")
+    parser.add_argument("--models-dir", type=Path, required=True, help="where converted models are kept")
+    args = parser.parse_args()
+    try:
+        print(import_gguf(args.gguf, args.models_dir))
+    except (UnsupportedGguf, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(UNSUPPORTED_EXIT_CODE)
+
+
+if __name__ == "__main__":
+    main()
