@@ -28,3 +28,18 @@ def hf_greedy():
         return out[0, len(prompt):].tolist()
 
     return generate
+
+
+@pytest.fixture(scope="session")
+def hf_bf16():
+    """transformers' own model of a directory in bf16 on CUDA, EOS disabled: the GPU tests' reference."""
+    models = {}
+
+    def get(model_dir):
+        if model_dir not in models:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+            model.generation_config.eos_token_id = None
+            models[model_dir] = model
+        return models[model_dir]
+
+    return get

@@ -7,7 +7,6 @@ The models have head_dim 128, the size FlashInfer's prebuilt kernels serve.
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.staging import Staging
@@ -46,20 +45,6 @@ def tensor_core_decode(request, monkeypatch):
 def hd128_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("hd128-models")
     return lambda arch: build_model_dir(root / arch, arch=arch, size="hd128", seed=5)
-
-
-@pytest.fixture(scope="session")
-def hf_bf16():
-    models = {}
-
-    def get(model_dir):
-        if model_dir not in models:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-            model.generation_config.eos_token_id = None
-            models[model_dir] = model
-        return models[model_dir]
-
-    return get
 
 
 def runner_for(model_dir, backend: str, cuda_graphs: bool = False, sizes=(1, 2, 4, 8)) -> ModelRunner:
