@@ -1,4 +1,4 @@
-"""Seeds of the n choices of one prompt (DESIGN.md, "Randomness").
+"""Seeds of the n choices of one prompt (docs/design.md, "Randomness").
 
 The sampler draws each token from (seed, output position). Choice 0 keeps the request's seed, so
 n = 1 is the plain request; choice i > 0 gets a seed derived from (seed, i), so the choices differ,

@@ -1,4 +1,4 @@
-"""New fields get defaults (DESIGN.md, "Messages"), so a restarted actor of a newer build still
+"""New fields get defaults (docs/design.md, "Subjects"), so a restarted actor of a newer build still
 talks to the others: sampling parameters at their defaults are left off the wire."""
 
 import msgspec
