@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -35,14 +36,24 @@ class UnsupportedGguf(ValueError):
     """The file is not a GGUF file, or holds a model this server cannot convert or run."""
 
 
-def check_supported(path: Path) -> None:
-    """Reads the file's header (not its tensors) and raises UnsupportedGguf naming what is supported."""
+@dataclass(frozen=True)
+class GgufHeader:
+    """What the conversion takes from the file's header besides what transformers reads."""
+
+    architecture: str
+    head_dim: int | None  # <arch>.attention.key_length: transformers' reader leaves it out
+    # Every token that ends generation: end of sequence, of turn, of message. GGUF keeps each in a
+    # key of its own, and transformers reads only the first.
+    end_token_ids: tuple[int, ...]
+
+
+def read_header(path: Path) -> GgufHeader:
+    """Reads the file's header (not its tensors); raises UnsupportedGguf naming what is supported."""
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise UnsupportedGguf(f"{path} is not a readable GGUF file ({exc})") from None
-    field = reader.get_field("general.architecture")
-    architecture = field.contents() if field is not None else None
+    architecture = _field(reader, gguf.Keys.General.ARCHITECTURE)
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedGguf(
             f"{path.name}: architecture {architecture!r} is not supported; supported: "
@@ -55,6 +66,18 @@ def check_supported(path: Path) -> None:
             f"{path.name}: tensors of type {', '.join(kinds)} ({unsupported[0].name} and {len(unsupported) - 1} more) "
             f"cannot be dequantized; supported: {', '.join(t.name for t in SUPPORTED_TYPES)}"
         )
+    ends = [_field(reader, key) for key in (gguf.Keys.Tokenizer.EOS_ID, gguf.Keys.Tokenizer.EOT_ID,
+                                            gguf.Keys.Tokenizer.EOM_ID)]
+    return GgufHeader(
+        architecture,
+        _field(reader, gguf.Keys.Attention.KEY_LENGTH.format(arch=architecture)),
+        tuple(dict.fromkeys(token for token in ends if token is not None)),
+    )
+
+
+def _field(reader: gguf.GGUFReader, key: str):
+    field = reader.get_field(key)
+    return field.contents() if field is not None else None
 
 
 def file_sha256(path: Path) -> str:
@@ -75,20 +98,29 @@ def import_gguf(path: str | Path, models_dir: str | Path) -> Path:
     target = Path(models_dir) / f"gguf-{digest[:16]}"  # a copy under another name is the same model
     if is_complete(target):
         return target
-    check_supported(path)
-    return write_once(target, lambda staging: _convert(path, staging), {"gguf": str(path), "sha256": digest})
+    header = read_header(path)
+    return write_once(target, lambda staging: _convert(path, header, staging), {"gguf": str(path), "sha256": digest})
 
 
-def _convert(path: Path, out: Path) -> None:
+def _convert(path: Path, header: GgufHeader, out: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        if header.head_dim and hasattr(config, "head_dim"):  # Qwen2's is always hidden_size / heads
+            config.head_dim = header.head_dim
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
+                                                     dtype=torch.float32)
+    except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
+        raise UnsupportedGguf(f"{path.name}: transformers could not read it: {exc}") from None
     # Transformers marks a model read from GGUF as quantized and will not save it, though what it
     # holds are plain float32 tensors: drop the mark, and the checkpoint is an ordinary one.
     model.hf_quantizer = None
     del model.config.quantization_config
+    if header.end_token_ids:
+        model.generation_config.eos_token_id = list(header.end_token_ids)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out, save_jinja_files=False)  # the template inside, as older transformers read it
     tokenizer_config_path = out / "tokenizer_config.json"

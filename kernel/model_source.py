@@ -8,6 +8,7 @@ a name. Conversions and builds run as child processes, so the supervisor never i
 
 import asyncio
 import importlib.metadata
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ async def prepare_model(value: str | None, data_dir: Path) -> PreparedModel:
     value = value or DEFAULT_MODEL
     given = Path(value).expanduser()
     if given.is_dir():
-        return PreparedModel(given, given.resolve().name)
+        return PreparedModel(given, Path(os.path.abspath(given)).name)
     if given.is_file():
         if given.suffix != ".gguf":
             raise ModelUnavailable(f"--model {value}: a file, but not a .gguf file; give a model directory or a GGUF file")
