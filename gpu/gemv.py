@@ -2,7 +2,7 @@
 
 With one token a layer's products are pure weight reads, and cuBLAS reads bf16 weights at 71-96% of
 the device's copy rate on the llama-3.1-8b shapes where this kernel reads them at 89-106% (H100,
-docs/benchmarks.md). `linear` takes this path for a single row on the GPU in bf16/fp16 and leaves
+docs/journal/benchmarks.md). `linear` takes this path for a single row on the GPU in bf16/fp16 and leaves
 everything else to `F.linear`. `silu_mul_linear` also folds SwiGLU's activation into the down
 projection's reads, saving a kernel per layer. TRITON_INTERPRET=1 runs the kernel on the CPU for tests.
 """

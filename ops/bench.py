@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ops.bench_inprocess import InProcessBench
-from ops.bench_report import Report
+from ops.bench_report import Report, run_identity
 from ops.bench_requests import BenchRequest, Sampling, random_requests
 from ops.shapes import SHAPES
 
@@ -121,6 +121,7 @@ def main() -> None:
     workloads = args.workloads
     report = Report()
     bench = InProcessBench(args, report)
+    report.details["run"] = run_identity(args.model, bench.device_name)
     bench.measure_ceilings()
     bench.build_runner()
     if "a" in workloads:

@@ -2,8 +2,17 @@
 then one table under the run's conditions, and the details as JSON for `ops.bench_plot`.
 """
 
+import datetime
 import json
+import platform
+import shlex
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+SOFTWARE = ("torch", "triton", "flashinfer-python", "transformers", "nats-py", "msgspec")
 
 
 @dataclass
@@ -49,6 +58,39 @@ class Report:
     def write_json(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump(self.as_json(), f, indent=2)
+
+
+def run_identity(model: str, device: str) -> dict:
+    """What a results page needs to say where a figure came from: the command that made it, the
+    commit it ran on, when, on what device and with which software."""
+    return {
+        "command": shlex.join(["python", "-m", "ops.bench", *sys.argv[1:]]),
+        "commit": _commit(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "model": model,
+        "device": device,
+        "software": {"python": platform.python_version()} | {name: _version(name) for name in SOFTWARE},
+    }
+
+
+def _commit() -> str:
+    """HEAD's hash, marked when the tree differs from it: such figures are of no commit."""
+    repo = Path(__file__).parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" with uncommitted changes" if dirty else "")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
 
 
 def p50_p90_p99(figures: dict[str, float]) -> str:

@@ -96,6 +96,24 @@ def test_plot_is_made_from_the_json(bench_run, tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_performance_page_shows_every_row_where_and_how_it_ran(bench_run, tmp_path):
+    _, results = bench_run
+    run = results["details"]["run"]
+    assert run["command"].startswith("python -m ops.bench --model toy-llama --device cpu --mode http")
+    assert run["device"] == "cpu" and run["model"] == "toy-llama" and run["software"]["torch"] != "absent"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "toy-llama.json").write_text(json.dumps(results))
+    page = tmp_path / "performance.md"
+    done = subprocess.run([sys.executable, "-m", "ops.performance_page", "--results", str(tmp_path / "results"),
+                           "--out", str(page)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "## toy-llama on cpu" in text and f"Commit {run['commit']}, {run['date']}" in text
+    assert f"Command: `{run['command']}`" in text
+    for row in results["rows"]:
+        assert f"| {row['workload'].strip()} | {row['measured']} |" in text
+
+
 def test_written_tokenizer_decodes_every_token_id_of_the_model(tmp_path):
     from transformers import AutoTokenizer
 
