@@ -15,7 +15,7 @@ import msgspec
 import structlog
 import uvloop
 
-from kernel import bus_auth
+from kernel import bus_auth, tenants
 from kernel import config as config_module
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> None:
             bus_auth.load_credentials(config.nats_credentials)
         except bus_auth.CredentialsError as exc:
             parser.error(f"--nats-credentials: {exc}")
+    if config.api_keys:
+        try:
+            tenants.read_api_keys(config.api_keys)
+        except tenants.KeysFileError as exc:
+            parser.error(f"--api-keys: {exc}")
     configure("supervisor", config.log_format, config.log_level)
     sys.exit(uvloop.run(_main(config)))
 

@@ -1,12 +1,12 @@
 """Who is asking, over HTTP. With API keys configured, the tenant comes from the key and a client
 never chooses it; the OpenAI `user` field only narrows within that tenant. With no keys, the
-server trusts the network and `user` names the tenant. The tenant scopes the prefix cache."""
+server trusts the network and `user` names the tenant. The tenant scopes the prefix cache; the
+rule is kernel/tenants.py's, which the bus follows too."""
 
 import hmac
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from kernel import tenants
 from schemas.errors import Error
 
 PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/openapi.json"})
@@ -25,13 +25,10 @@ class Tenants:
 
     @classmethod
     def from_config(cls, api_keys_file: str | None, admin_key: str | None) -> "Tenants":
-        """Reads the keys file: a JSON object mapping each API key to its tenant name."""
+        """Reads the keys file (`kernel.tenants.read_api_keys`), which the supervisor checked before starting us."""
         if api_keys_file is None:
             return cls(None, admin_key)
-        keys = json.loads(Path(api_keys_file).read_text())
-        if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in keys.items()):
-            raise ValueError(f"{api_keys_file}: expected a JSON object of API key -> tenant name")
-        return cls(keys, admin_key)
+        return cls(tenants.read_api_keys(api_keys_file), admin_key)
 
     def identify(self, path: str, authorization: str | None) -> Identity | Error:
         """The caller's identity, or a 401 when the route needs a key it did not give."""
@@ -51,6 +48,4 @@ class Tenants:
         return Identity(tenant, admin)
 
     def cache_namespace(self, identity: Identity, user: str) -> str:
-        if identity.tenant is None:
-            return user
-        return f"{identity.tenant}/{user}" if user else identity.tenant
+        return tenants.cache_namespace(identity.tenant, user)

@@ -1,0 +1,41 @@
+"""Tenants, the same at every door (HTTP, the bus): the API keys file that names them, what a
+tenant's name may be, and the scope a request runs in, on which the prefix cache and sessions key.
+With keys the server derives the tenant (from the HTTP key, or from the bus subject that only the
+tenant's NATS user may publish on); without keys it trusts the network and `user` names the tenant.
+"""
+
+import json
+import re
+from pathlib import Path
+
+# A tenant's name is a token of its bus subjects and the name of its credential file, and it is
+# the part before the `/` of a scope: so no dots, wildcards, slashes or spaces.
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class KeysFileError(Exception):
+    """An API keys file that cannot be read, or is not an object of key -> valid tenant name."""
+
+
+def read_api_keys(path: str | Path) -> dict[str, str]:
+    """The keys file: a JSON object mapping each API key to its tenant's name."""
+    try:
+        keys = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise KeysFileError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise KeysFileError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(v, str) and k for k, v in keys.items()):
+        raise KeysFileError(f"{path}: expected a JSON object of API key -> tenant name")
+    bad = sorted({t for t in keys.values() if not TENANT_NAME.fullmatch(t)})
+    if bad:
+        raise KeysFileError(f"{path}: tenant names are 1 to 64 letters, digits, '_' or '-', not {', '.join(map(repr, bad))}")
+    return keys
+
+
+def cache_namespace(tenant: str | None, user: str) -> str:
+    """The scope of a request: the tenant, narrowed by the OpenAI `user` field (`tenant/user`);
+    without keys (`tenant` None) `user` alone names the tenant."""
+    if tenant is None:
+        return user
+    return f"{tenant}/{user}" if user else tenant
