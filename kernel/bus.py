@@ -25,6 +25,7 @@ log = structlog.get_logger()
 # A handler gets the decoded message and the reply subject (None for plain publishes); what it
 # returns, if anything, is sent back as the reply.
 Handler = Callable[[Any, str | None], Awaitable[msgspec.Struct | None]]
+TokenHandler = Callable[[Any, str | None, str], Awaitable[msgspec.Struct | None]]  # and the subject's last token
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[Any, msgspec.msgpack.Decoder] = {}
@@ -171,6 +172,21 @@ class Bus:
         A handler that raises gets an `internal` Error sent back and the exception logged; the
         subscription keeps serving, since one bad message must not stop the others.
         """
+        return await self._subscribe(subject, message_type,
+                                     lambda message, reply_to, _subject: handler(message, reply_to), queue)
+
+    async def subscribe_under(self, subject: str, message_type: Any, handler: TokenHandler, queue: str = "") -> Subscription:
+        """As `subscribe`, to every subject one token below `subject` (`<subject>.*`); `handler`
+        gets that token too. Where each user may publish only below its own token (the per-tenant
+        subjects), the token says who sent the message, whatever the message itself claims."""
+        start = len(subject) + 1
+        return await self._subscribe(f"{subject}.*", message_type,
+                                     lambda message, reply_to, received: handler(message, reply_to, received[start:]), queue)
+
+    async def _subscribe(
+        self, subject: str, message_type: Any, call: Callable[[Any, str | None, str], Awaitable[msgspec.Struct | None]], queue: str
+    ) -> Subscription:
+        """`call` gets the message, the reply subject and the subject it came on."""
 
         async def on_message(msg) -> None:
             reply_to = msg.reply or None
@@ -182,7 +198,7 @@ class Bus:
                 return
             self._note_traffic(message)
             try:
-                result = await handler(message, reply_to)
+                result = await call(message, reply_to, msg.subject)
             except Exception as exc:
                 log.exception("handler_failed", subject=subject)
                 await self._reply(reply_to, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))

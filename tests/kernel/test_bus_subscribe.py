@@ -49,3 +49,27 @@ async def test_a_message_published_right_after_subscribe_returns_is_delivered(tm
         raw.close()
         await bus.close()
         await server.stop()
+
+
+async def test_a_subscription_under_a_subject_hands_the_handler_the_token_it_came_on(tmp_path):
+    server = EmbeddedNats(tmp_path / "nats")
+    await server.start()
+    bus = await Bus.connect(server.url, "subscriber")
+    received: list[tuple[str, str]] = []
+    done = asyncio.Event()
+
+    async def handler(message: Error, _reply_to, token: str) -> None:
+        received.append((token, message.message))
+        if message.message == "last":
+            done.set()
+
+    try:
+        await bus.subscribe_under("test.generate", Error, handler)
+        for subject, text in [("test.generate", "bare"), ("test.generate.alpha", "from alpha"),
+                              ("test.generate.a.b", "too deep"), ("test.generate.beta", "last")]:
+            await bus.publish(subject, Error("test", text))
+        await asyncio.wait_for(done.wait(), 5)
+        assert received == [("alpha", "from alpha"), ("beta", "last")]
+    finally:
+        await bus.close()
+        await server.stop()
