@@ -1,11 +1,15 @@
 """Who may say what on the bus: one NATS user per actor, allowed only the subjects of that actor,
-and a `client` user for other services. The supervisor writes every user's credential file and
-the embedded nats-server's config into `<data_dir>/bus/`; a process needs only its credential file.
+and users for other services: without API keys one `client` user, which the network is trusted
+with as over HTTP; with keys one user per tenant, on its own subjects and inboxes alone. An admin
+key adds an `admin` user, then the only service user that may call the admin subjects. The
+supervisor writes every user's credential file and the embedded nats-server's config into
+`<data_dir>/bus/`; a process needs only its credential file.
 """
 
 import json
 import os
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,8 +18,11 @@ import msgspec
 from kernel.subjects import Subjects
 
 BUS_DIR = "bus"
+TENANTS_DIR = "tenants"  # a credential file per tenant, named after it: the file to hand to each
 SERVER_CONFIG = "nats-server.conf"
-CLIENT_INBOXES = "_INBOX.>"  # where nats-py clients receive replies, unless they choose another prefix
+CLIENT_INBOX = "_INBOX"  # nats-py's default inbox prefix, the `client` user's
+TENANT = "tenant"  # tenant users are `tenant.<name>`, so no tenant name can be an actor's
+ADMIN = "admin"
 
 
 class BusCredentials(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -23,8 +30,8 @@ class BusCredentials(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
 
     user: str
     password: str
-    # Where this user's reply inboxes live; each actor has its own, so no user can read another's
-    # replies. None: nats-py's default, `_INBOX`.
+    # Where this user's reply inboxes live (nats-py's `inbox_prefix`): each user has its own, which
+    # no other user may read. None (in files for an external server): nats-py's default, `_INBOX`.
     inbox_prefix: str | None = None
 
 
@@ -39,10 +46,21 @@ class Grant:
     answers_requests: bool = False  # may send one reply to each request it receives (`allow_responses`)
 
 
-def grants(s: Subjects) -> dict[str, Grant]:
+def tenant_user(tenant: str) -> str:
+    return f"{TENANT}.{tenant}"
+
+
+def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = False) -> dict[str, Grant]:
     """What each user may publish and subscribe to: the one table to extend with a new actor.
-    Every user may also subscribe to its own inbox (see `inbox_prefix`)."""
-    return {
+    Every user may also subscribe to its own inbox (see `inbox_prefix`). `tenants`: the tenants of
+    the API keys, None without keys; `admin`: whether an admin key is set."""
+    keyed = tenants is not None
+    # With keys, the gateway and the scheduler serve only the per-tenant subjects, whose last token
+    # is the tenant: a tenant's user may publish only on its own, so none can speak for another.
+    generate, sessions = (s.tenant_generate("*"), s.tenant_sessions("*")) if keyed else (s.generate, s.sessions)
+    public_inboxes = f"{inbox_prefix(s.namespace, TENANT)}.>" if keyed else f"{CLIENT_INBOX}.>"
+    admin_subjects = f"{s.namespace}.admin.>"
+    table = {
         "executor": Grant(
             publish=[s.step_outputs, s.executor_info, s.heartbeat("executor")],
             subscribe=[s.executor_commands, s.executor_describe],
@@ -50,7 +68,7 @@ def grants(s: Subjects) -> dict[str, Grant]:
         ),
         "scheduler": Grant(
             publish=[s.executor_commands, s.executor_describe, s.heartbeat("scheduler")],
-            subscribe=[s.scheduler, s.sessions, s.executor_info, s.step_outputs, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
+            subscribe=[s.scheduler, sessions, s.executor_info, s.step_outputs, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
                        s.heartbeat("frontdoor"), s.heartbeat("gateway")],
             answers_requests=True,
         ),
@@ -61,9 +79,9 @@ def grants(s: Subjects) -> dict[str, Grant]:
         ),
         "gateway": Grant(
             # A stream is many replies, sent again to a new inbox on resume and after a bus outage
-            # (which forgets one-reply grants): the gateway may publish to every client inbox.
-            publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.heartbeat("gateway"), CLIENT_INBOXES],
-            subscribe=[s.generate, s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
+            # (which forgets one-reply grants): the gateway may publish to every client's (tenant's) inbox.
+            publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.heartbeat("gateway"), public_inboxes],
+            subscribe=[generate, s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
             answers_requests=True,
         ),
         "frontdoor": Grant(
@@ -72,16 +90,27 @@ def grants(s: Subjects) -> dict[str, Grant]:
             subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
         ),
         "supervisor": Grant(publish=[], subscribe=[s.all_heartbeats]),
-        "client": Grant(publish=[s.generate, s.sessions, f"{s.namespace}.admin.>"], subscribe=[CLIENT_INBOXES]),
     }
+    if keyed:
+        table |= {tenant_user(t): Grant(publish=[s.tenant_generate(t), s.tenant_sessions(t)], subscribe=[])
+                  for t in sorted(tenants)}
+    else:  # as over HTTP, the admin subjects are open without keys until an admin key closes them
+        table["client"] = Grant(publish=[s.generate, s.sessions] + ([] if admin else [admin_subjects]), subscribe=[])
+    if admin:
+        table[ADMIN] = Grant(publish=[admin_subjects], subscribe=[])
+    return table
 
 
-def inbox_prefix(namespace: str, user: str) -> str | None:
-    """Actors receive replies under `<ns>.inbox.<user>`, out of clients' reach; clients keep nats-py's default."""
-    return None if user == "client" else f"{namespace}.inbox.{user}"
+def inbox_prefix(namespace: str, user: str) -> str:
+    """Users receive replies under `<ns>.inbox.<user>`, each only its own; the `client` user,
+    which every service shares without keys, keeps nats-py's default."""
+    return CLIENT_INBOX if user == "client" else f"{namespace}.inbox.{user}"
 
 
 def credentials_path(data_dir: Path, user: str) -> Path:
+    kind, _, tenant = user.partition(".")
+    if kind == TENANT and tenant:
+        return Path(data_dir) / BUS_DIR / TENANTS_DIR / f"{tenant}.json"
     return Path(data_dir) / BUS_DIR / f"{user}.json"
 
 
@@ -94,16 +123,23 @@ def load_credentials(path: str | Path) -> BusCredentials:
         raise CredentialsError(f'{path} is not a credential file ({{"user": ..., "password": ...}}): {exc}') from None
 
 
-def prepare(data_dir: Path, namespace: str, max_payload: int | None = None) -> Path:
-    """Makes sure every user has credentials in `<data_dir>/bus/` (reusing those already there, so
-    running actors and clients keep working across restarts) and writes the server config from
-    the table above, with the largest message the server takes (its own default if None); returns
+def prepare(
+    data_dir: Path, namespace: str, max_payload: int | None = None, tenants: Collection[str] | None = None,
+    admin: bool = False,
+) -> Path:
+    """Makes sure every user of `grants(..., tenants, admin)` has credentials in `<data_dir>/bus/`
+    (reusing those already there, so running actors and clients keep working across restarts),
+    removes the files of users no longer in the table (a tenant whose keys went), and writes the
+    server config, with the largest message the server takes (its own default if None); returns
     the config's path."""
     bus_dir = Path(data_dir) / BUS_DIR
-    bus_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    bus_dir.chmod(0o700)
-    table = grants(Subjects(namespace))
-    users = {user: _ensure_credentials(bus_dir / f"{user}.json", user, namespace) for user in table}
+    table = grants(Subjects(namespace), tenants, admin)
+    paths = {user: credentials_path(data_dir, user) for user in table}
+    for folder in sorted({bus_dir, *(path.parent for path in paths.values())}):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+    users = {user: _ensure_credentials(path, user, namespace) for user, path in paths.items()}
+    _remove_other_files(bus_dir, set(paths.values()))
     config = bus_dir / SERVER_CONFIG
     server = server_config(users, table)
     if max_payload is not None:
@@ -117,8 +153,7 @@ def server_config(users: dict[str, BusCredentials], table: dict[str, Grant]) -> 
     entries = []
     for user, credentials in users.items():
         grant = table[user]
-        inbox = credentials.inbox_prefix or CLIENT_INBOXES.removesuffix(".>")
-        subscribe = list(dict.fromkeys([*grant.subscribe, f"{inbox}.>"]))
+        subscribe = list(dict.fromkeys([*grant.subscribe, f"{credentials.inbox_prefix}.>"]))
         # Nothing to publish is said as a deny of everything, never as an empty (easily misread) allow list.
         publish = {"allow": grant.publish} if grant.publish else {"deny": [">"]}
         permissions = {"publish": publish, "subscribe": {"allow": subscribe}}
@@ -141,6 +176,17 @@ def _ensure_credentials(path: Path, user: str, namespace: str) -> BusCredentials
     credentials = BusCredentials(user, password, prefix)
     _write_private(path, msgspec.json.encode(credentials).decode())
     return credentials
+
+
+def _remove_other_files(bus_dir: Path, kept: set[Path]) -> None:
+    """The server config no longer admits a user left out of the table: its file goes too, so the
+    folder shows exactly who may connect."""
+    tenants_dir = bus_dir / TENANTS_DIR
+    for path in [*bus_dir.glob("*.json"), *tenants_dir.glob("*.json")]:
+        if path not in kept:
+            path.unlink()
+    if tenants_dir.exists() and not any(tenants_dir.iterdir()):
+        tenants_dir.rmdir()
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -18,6 +18,14 @@ class Subjects:
     def sessions(self) -> str:  # public: OpenSession, CloseSession (the scheduler answers)
         return self._("sessions")
 
+    # With API keys, the public subjects are per tenant, and only the tenant's NATS user may publish
+    # on its own (kernel/bus_auth.py): the listener reads the tenant from the subject.
+    def tenant_generate(self, tenant: str) -> str:
+        return self._("generate", tenant)
+
+    def tenant_sessions(self, tenant: str) -> str:
+        return self._("sessions", tenant)
+
     @property
     def tokenizer(self) -> str:  # Encode, Track (queue group)
         return self._("tokenizer", "requests")

@@ -58,8 +58,10 @@ class Supervisor:
             self.config, model=str(model.path), served_model_name=self.config.served_model_name or model.name
         )
         if self.config.nats_url is None:
+            keys = tenants.read_api_keys(self.config.api_keys) if self.config.api_keys else None
             self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(
-                self.data_dir, self.config.namespace, self.config.bus_max_payload_bytes))
+                self.data_dir, self.config.namespace, self.config.bus_max_payload_bytes,
+                tenants=None if keys is None else set(keys.values()), admin=self.config.admin_key is not None))
             await self.nats.start()
             self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
         own_credentials = self._credentials_file("supervisor")

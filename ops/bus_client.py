@@ -2,24 +2,36 @@
 that survives a nats-server restart: it numbers what it has, and when chunks go missing or the
 stream falls silent it sends the request again with `resume_from`, so the gateway replays the rest.
 
-    credentials = json.loads(Path(".kernel/bus/client.json").read_text())  # written by the supervisor
-    nc = await nats.connect(url, user=credentials["user"], password=credentials["password"])
+    nc = await connect(url, ".kernel/bus/client.json")  # with --api-keys: .kernel/bus/tenants/<tenant>.json
     async for reply in stream_generate(nc, GenerateRequest(text="Hi", params=SamplingParams(seed=1))):
         ...  # GenerateChunk, GenerateChunk, ..., then one GenerateResult per choice
+
+With API keys, a tenant sends on its own subject: `stream_generate(nc, request, subject="llm.generate.<tenant>")`.
 """
 
+import json
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
+import nats
 import nats.errors
 
 from schemas.errors import Error
 from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
 
 Reply = GenerateChunk | GenerateResult | Error
+
+
+async def connect(url: str, credentials_file: str | Path, **options) -> nats.NATS:
+    """Connects as the user of a credential file the supervisor wrote, with replies at the inbox
+    prefix the file names: the only inboxes that user may read, so no other client reads its replies."""
+    credentials = json.loads(Path(credentials_file).read_text())
+    return await nats.connect(url, user=credentials["user"], password=credentials["password"],
+                              inbox_prefix=credentials["inbox_prefix"], **options)
 
 
 class GenerateFailed(Exception):

@@ -16,6 +16,7 @@ import nats
 
 from kernel import bus_auth
 from kernel.model_source import DEMO_MODEL
+from ops.bus_client import connect
 
 STARTUP_TIMEOUT_S = 180
 
@@ -47,10 +48,9 @@ class RunningServer:
         """The `client` user's, which other services get: the public subjects and their replies."""
         return bus_auth.load_credentials(bus_auth.credentials_path(self.data_dir, "client"))
 
-    async def connect_nats(self, **options) -> nats.NATS:
-        """A plain nats-py connection as the `client` user."""
-        credentials = self.client_credentials
-        return await nats.connect(self.nats_url, user=credentials.user, password=credentials.password, **options)
+    async def connect_nats(self, user: str = "client", **options) -> nats.NATS:
+        """A plain nats-py connection as `user` (`bus_auth.tenant_user(name)` for a tenant), as ops/bus_client.py connects."""
+        return await connect(self.nats_url, bus_auth.credentials_path(self.data_dir, user), **options)
 
     @property
     def model_dir(self) -> Path:

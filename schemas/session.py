@@ -1,9 +1,10 @@
 """Sessions for multi-turn work: opening and closing them, and the turns an origin runs in one.
 
 The scheduler owns the sessions table. Anyone may open and close a session on the public
-`<ns>.sessions`; the turns themselves come from the origins (the frontdoor, the gateway) on the
-scheduler's request subject: `BeginTurn` before a turn's request is submitted, to learn what its
-prompt continues, and `RecordTurn` when it has finished, with exactly the tokens its client got.
+`<ns>.sessions` (with API keys, a tenant on `<ns>.sessions.<tenant>`); the turns themselves come
+from the origins (the frontdoor, the gateway) on the scheduler's request subject: `BeginTurn`
+before a turn's request is submitted, to learn what its prompt continues, and `RecordTurn` when it
+has finished, with exactly the tokens its client got.
 A session unknown to the scheduler, or opened by another user, is answered `Error("not_found")`.
 """
 
@@ -19,7 +20,7 @@ IdleTimeout = Annotated[float, msgspec.Meta(gt=0, le=MAX_IDLE_TIMEOUT_S)]
 
 
 class OpenSession(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="open_session"):
-    user: str = ""  # who owns it (the tenant, over HTTP): only requests of the same user may use it
+    user: str = ""  # who owns it (kernel/tenants.py:cache_namespace): only requests of the same user may use it
     capacity_tokens: TokenCount | None = None  # most KV tokens kept pinned for it; None: the global budget
     idle_timeout_s: IdleTimeout | None = None  # it closes itself after this long unused; None: the default
 

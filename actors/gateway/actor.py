@@ -1,4 +1,5 @@
-"""The gateway actor: the origin of the requests that other services send on `<ns>.generate`.
+"""The gateway actor: the origin of the requests that other services send on `<ns>.generate`
+(with API keys, `<ns>.generate.<tenant>`).
 
 It runs apart from the HTTP frontdoor, so a frontdoor crash leaves bus clients untouched, and a
 bus outage costs them nothing: a client that missed chunks asks again and gets them replayed.
@@ -25,7 +26,10 @@ class GatewayActor(Actor):
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
-        await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
+        if cfg.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
+            await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
+        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
+            await self.bus.subscribe_under(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
 
     async def stop(self) -> None:
         await self.bus_api.close()

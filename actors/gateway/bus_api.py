@@ -1,4 +1,5 @@
-"""The public bus API: `<ns>.generate` request/reply for other services.
+"""The public bus API: `<ns>.generate` request/reply for other services; with API keys,
+`<ns>.generate.<tenant>`, where the subject names the tenant and `user` only narrows within it.
 
 A request with `stream` set gets `GenerateChunk`s at its reply inbox, numbered 0, 1, 2..., then a
 `GenerateResult` for each of its n choices; otherwise just the results. A failure is one `Error`.
@@ -19,6 +20,7 @@ import structlog
 
 from actors.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
+from kernel.tenants import cache_namespace
 from schemas.errors import Error
 from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
 
@@ -35,6 +37,7 @@ class BusStream:
     chunks: list[GenerateChunk] = field(default_factory=list)
     finals: list[GenerateResult] | list[Error] = field(default_factory=list)  # a result per choice, or one error
     finished_at: float | None = None
+    tenant: str | None = None  # whose request it is (None without API keys): only that tenant may resume it
 
 
 class BusApi:
@@ -45,12 +48,16 @@ class BusApi:
         self.streams: dict[str, BusStream] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    async def on_generate(self, request: GenerateRequest, reply_to: str | None) -> Error | None:
+    async def on_generate(self, request: GenerateRequest, reply_to: str | None, tenant: str | None = None) -> Error | None:
+        """`tenant`: with API keys, the last token of the subject it came on; None without them."""
         if reply_to is None:
             return None  # nobody to answer
         if request.model is not None and request.model != self.model_name:
             return Error("not_found", f"The model `{request.model}` does not exist.", param="model")
         known = self.streams.get(request.request_id) if request.request_id else None
+        if known is not None and known.tenant != tenant:
+            # Another tenant's request: neither its replies nor its id are this tenant's.
+            return Error("invalid_request", f"request_id {request.request_id!r} is taken; choose another", param="request_id")
         if known is not None:
             await self._resume(known, request.resume_from, reply_to)
             return None
@@ -58,7 +65,7 @@ class BusApi:
             return Error("not_found", f"no request {request.request_id!r} to resume here; send it again from the start",
                          param="request_id", retriable=True)
         request_id = request.request_id or uuid.uuid4().hex
-        stream = self.streams[request_id] = BusStream(reply_to)
+        stream = self.streams[request_id] = BusStream(reply_to, tenant=tenant)
         # Generation outlives this callback: the subscription must go on to the next request.
         task = asyncio.create_task(self._serve(request, request_id, stream))
         self._tasks.add(task)
@@ -79,7 +86,8 @@ class BusApi:
             await self._finish(stream, [Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)])
 
     async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
-        group = await self.pipeline.submit(request, cache_namespace=request.user, request_id=request_id)
+        group = await self.pipeline.submit(request, cache_namespace=cache_namespace(stream.tenant, request.user),
+                                           request_id=request_id)
         if isinstance(group, Error):
             await self._finish(stream, [group])
             return

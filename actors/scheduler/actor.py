@@ -9,12 +9,15 @@ out, published as one message per scheduling round without waiting for a reply. 
 import asyncio
 import uuid
 
+import msgspec
+
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_visibility import Publication
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
+from kernel.tenants import cache_namespace
 from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
 )
@@ -53,7 +56,10 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
-        await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
+        if self.config.api_keys is None:  # the network is trusted: `user` names the tenant
+            await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
+        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
+            await self.bus.subscribe_under(self.subjects.sessions, PublicSessionRequest, self._on_session)
         await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
         await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
         await self.bus.subscribe(self.subjects.admin_cache, GetCache, self._on_cache_report)
@@ -134,9 +140,12 @@ class SchedulerActor(Actor):
             case OpenSession() | CloseSession() | BeginTurn() | RecordTurn():
                 return await self._on_session(message, reply_to)
 
-    async def _on_session(self, message: SessionRequest, _reply_to: str | None) -> SessionReply:
+    async def _on_session(self, message: SessionRequest, _reply_to: str | None, tenant: str | None = None) -> SessionReply:
+        """`tenant`: from a tenant's own subject, with API keys; the owner is then the tenant, narrowed by `user`."""
         if self.sessions is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
+        if tenant is not None:
+            message = msgspec.structs.replace(message, user=cache_namespace(tenant, message.user))
         match message:
             case OpenSession():
                 opened = self.sessions.open(message)

@@ -20,37 +20,9 @@ from ops.local_server import start_server
 from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
+from tests.e2e.nats_probe import PROBE, Connection
 
 ACTORS = ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")
-PROBE = "bus-auth-probe"  # the name of this file's connections, which break the rules on purpose
-
-
-class Connection:
-    """A nats-py connection that keeps the errors the server reported to it."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.nc = None
-
-    @classmethod
-    async def open(cls, url: str, credentials: bus_auth.BusCredentials) -> "Connection":
-        connection = cls()
-
-        async def on_error(exc: Exception) -> None:
-            connection.errors.append(str(exc))
-
-        options = {"inbox_prefix": credentials.inbox_prefix} if credentials.inbox_prefix else {}
-        connection.nc = await nats.connect(url, name=PROBE, user=credentials.user, password=credentials.password,
-                                           error_cb=on_error, allow_reconnect=False, **options)
-        return connection
-
-    async def settle(self) -> None:
-        """A round trip to the server, so its answer to what we sent before has arrived."""
-        await self.nc.flush(timeout=5)
-        await asyncio.sleep(0.2)
-
-    async def close(self) -> None:
-        await self.nc.close()
 
 
 def credentials(server, user: str) -> bus_auth.BusCredentials:

@@ -1,13 +1,25 @@
-"""API keys and tenants through HTTP with the openai SDK: the tenant comes from the key, cached
-prefixes never cross tenants, and a client cannot borrow another tenant's name."""
+"""API keys and tenants, through HTTP with the openai SDK and on the bus with each tenant's NATS
+credentials: the tenant comes from the key (over HTTP) or from the subject only its user may
+publish on (the bus), cached prefixes and replies never cross tenants, a client cannot borrow
+another tenant's name, and only the admin key or the admin credentials reach the admin API."""
 
 import json
+import stat
 
 import httpx
+import msgspec
+import nats.errors
 import openai
 import pytest
 
+from kernel import bus_auth
+from ops.bus_client import stream_generate
 from ops.local_server import start_server
+from schemas.admin import GetStats, SchedulerStats
+from schemas.errors import Error
+from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, SessionTurn
+from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
+from tests.e2e.nats_probe import Connection
 
 PROMPT = "Our company handbook, chapter one: the principles we hold and the way we work together. " * 5
 KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
@@ -28,9 +40,9 @@ def client(server, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0, timeout=60)
 
 
-def cached(server, key: str, user: str | None = None) -> int:
+def cached(server, key: str, user: str | None = None, prompt: str = PROMPT) -> int:
     extra = {"user": user} if user else {}
-    reply = client(server, key).completions.create(model="demo", prompt=PROMPT, max_tokens=2, temperature=0, **extra)
+    reply = client(server, key).completions.create(model="demo", prompt=prompt, max_tokens=2, temperature=0, **extra)
     return reply.usage.prompt_tokens_details.cached_tokens
 
 
@@ -54,3 +66,114 @@ def test_admin_routes_need_the_admin_key(keyed_server):
     assert httpx.get(url, headers={"Authorization": "Bearer key-alpha"}).status_code == 401
     response = httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert response.status_code == 200 and response.json()["total_blocks"] == 256
+
+
+BUS_PROMPT = "Beta's quarterly figures, which alpha must never learn of, nor their mere existence. " * 5
+
+
+def tenant_credentials(server, tenant: str) -> bus_auth.BusCredentials:
+    return bus_auth.load_credentials(bus_auth.credentials_path(server.data_dir, bus_auth.tenant_user(tenant)))
+
+
+async def ask(nc, subject: str, message, reply_type, timeout_s: float = 60):
+    reply = await nc.request(subject, msgspec.msgpack.encode(message), timeout=timeout_s)
+    return msgspec.msgpack.decode(reply.data, type=reply_type | Error)
+
+
+async def bus_cached(server, tenant: str, user: str = "") -> int:
+    """Sends BUS_PROMPT as `tenant`, with its own credentials on its own subject, as `user`."""
+    nc = await server.connect_nats(bus_auth.tenant_user(tenant))
+    try:
+        request = GenerateRequest(text=BUS_PROMPT, params=SamplingParams(max_tokens=2, temperature=0), user=user)
+        result = await ask(nc, f"llm.generate.{tenant}", request, GenerateResult)
+        assert isinstance(result, GenerateResult), result
+        return result.cached_tokens
+    finally:
+        await nc.drain()
+
+
+def test_each_tenant_and_the_admin_get_a_credential_file_and_the_client_none(keyed_server):
+    bus_dir = keyed_server.data_dir / "bus"
+    assert sorted(p.name for p in (bus_dir / "tenants").iterdir()) == ["alpha.json", "beta.json"]
+    assert (bus_dir / "admin.json").exists() and not (bus_dir / "client.json").exists()
+    assert stat.S_IMODE((bus_dir / "tenants").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (bus_dir / "tenants").iterdir())
+    assert tenant_credentials(keyed_server, "alpha").inbox_prefix == "llm.inbox.tenant.alpha"
+
+
+async def test_on_the_bus_the_tenant_comes_from_the_subject_and_user_only_narrows(keyed_server):
+    assert await bus_cached(keyed_server, "beta") == 0
+    assert await bus_cached(keyed_server, "beta") > 0
+    assert await bus_cached(keyed_server, "alpha", user="beta") == 0  # nothing of beta's private prefix
+    assert cached(keyed_server, "key-beta", prompt=BUS_PROMPT) > 0  # the same tenant as beta's HTTP key
+
+
+async def test_a_tenant_publishes_only_on_its_own_subjects_and_reads_only_its_own_replies(keyed_server):
+    alpha = await Connection.open(keyed_server.nats_url, tenant_credentials(keyed_server, "alpha"))
+    spy = await alpha.nc.subscribe("llm.inbox.tenant.beta.>")
+    await alpha.nc.subscribe("_INBOX.>")
+    for subject in ("llm.generate.beta", "llm.sessions.beta", "llm.generate", "llm.sessions"):
+        await alpha.nc.publish(subject, b"\x80")
+    await alpha.settle()
+    assert 'nats: permissions violation for subscription to "llm.inbox.tenant.beta.>"' in alpha.errors
+    assert 'nats: permissions violation for subscription to "_inbox.>"' in alpha.errors  # nats-py lowercases errors
+    for subject in ("llm.generate.beta", "llm.sessions.beta", "llm.generate", "llm.sessions"):
+        assert f'nats: permissions violation for publish to "{subject}"' in alpha.errors
+    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    request = GenerateRequest(text="Hello", params=SamplingParams(max_tokens=4, ignore_eos=True), stream=True)
+    replies = [reply async for reply in stream_generate(beta, request, subject="llm.generate.beta")]
+    assert isinstance(replies[0], GenerateChunk) and replies[-1].completion_tokens == 4
+    await beta.drain()
+    with pytest.raises(nats.errors.TimeoutError):
+        await spy.next_msg(timeout=0.5)
+    await alpha.close()
+
+
+async def test_a_tenant_cannot_resume_another_tenants_stream(keyed_server):
+    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = GenerateRequest(text="Hello", params=params, request_id="beta-run")
+    done = await ask(beta, "llm.generate.beta", first, GenerateResult)
+    assert isinstance(done, GenerateResult)
+    await beta.drain()
+    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
+    replay = GenerateRequest(text="Hello", request_id="beta-run", resume_from=0)
+    refused = await ask(alpha, "llm.generate.alpha", replay, GenerateResult)
+    assert isinstance(refused, Error) and refused.param == "request_id"
+    await alpha.drain()
+
+
+async def test_a_session_opened_on_the_bus_belongs_to_the_subjects_tenant(keyed_server):
+    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
+    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    opened = await ask(alpha, "llm.sessions.alpha", OpenSession(capacity_tokens=256), SessionOpened)
+    assert isinstance(opened, SessionOpened), opened
+    turn = GenerateRequest(text="Hello", params=SamplingParams(max_tokens=2), session=SessionTurn(opened.session_id))
+    as_alpha = await ask(beta, "llm.generate.beta", msgspec.structs.replace(turn, user="alpha"), GenerateResult)
+    assert isinstance(as_alpha, Error) and as_alpha.code == "not_found"  # beta/alpha is not alpha
+    with pytest.raises(openai.NotFoundError):
+        client(keyed_server, "key-beta").completions.create(
+            model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id})
+    assert isinstance(await ask(alpha, "llm.generate.alpha", turn, GenerateResult), GenerateResult)
+    reply = client(keyed_server, "key-alpha").completions.create(
+        model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id})
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    refused = await ask(beta, "llm.sessions.beta", CloseSession(opened.session_id, user="alpha"), SessionClosed)
+    assert isinstance(refused, Error) and refused.code == "not_found"
+    closed = await ask(alpha, "llm.sessions.alpha", CloseSession(opened.session_id), SessionClosed)
+    assert closed == SessionClosed(opened.session_id)
+    await alpha.drain()
+    await beta.drain()
+
+
+async def test_tenants_cannot_call_the_admin_subjects_and_the_admin_credentials_can(keyed_server):
+    alpha = await Connection.open(keyed_server.nats_url, tenant_credentials(keyed_server, "alpha"))
+    with pytest.raises(nats.errors.TimeoutError):  # the server drops the request: no scheduler sees it
+        await alpha.nc.request("llm.admin.stats", msgspec.msgpack.encode(GetStats()), timeout=1)
+    await alpha.settle()
+    assert 'nats: permissions violation for publish to "llm.admin.stats"' in alpha.errors
+    await alpha.close()
+    admin = await keyed_server.connect_nats(bus_auth.ADMIN)
+    stats = await ask(admin, "llm.admin.stats", GetStats(), SchedulerStats, timeout_s=10)
+    assert isinstance(stats, SchedulerStats) and stats.total_blocks == 256
+    await admin.drain()

@@ -63,6 +63,7 @@ def test_the_client_may_only_request_the_public_subjects_and_read_replies(tmp_pa
     assert client["publish"] == {"allow": ["llm.generate", "llm.sessions", "llm.admin.>"]}
     assert client["subscribe"] == {"allow": ["_INBOX.>"]}
     assert "allow_responses" not in client
+    assert bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "client")).inbox_prefix == "_INBOX"
 
 
 def test_each_actor_reads_replies_only_at_its_own_inbox(tmp_path):
@@ -72,6 +73,47 @@ def test_each_actor_reads_replies_only_at_its_own_inbox(tmp_path):
         assert f"llm.inbox.{user}.>" in subscribe
         assert not [s for s in subscribe if ".inbox." in s and s != f"llm.inbox.{user}.>"]
         assert "_INBOX.>" not in subscribe
+
+
+def test_with_keys_each_tenant_gets_a_user_of_its_own_subjects_and_inbox_instead_of_the_client(tmp_path):
+    entries = users(bus_auth.prepare(tmp_path, "llm", tenants={"alpha", "beta"}))
+    assert set(entries) == ACTOR_USERS | {"tenant.alpha", "tenant.beta"}
+    alpha = entries["tenant.alpha"]["permissions"]
+    assert alpha["publish"] == {"allow": ["llm.generate.alpha", "llm.sessions.alpha"]}
+    assert alpha["subscribe"] == {"allow": ["llm.inbox.tenant.alpha.>"]}
+    assert "allow_responses" not in alpha
+    path = bus_auth.credentials_path(tmp_path, "tenant.alpha")
+    assert path == tmp_path / "bus" / "tenants" / "alpha.json"
+    assert mode(path) == 0o600 and mode(path.parent) == 0o700
+    assert bus_auth.load_credentials(path).inbox_prefix == "llm.inbox.tenant.alpha"
+    # The listeners take the tenant from the subject: none serves the subjects without one.
+    gateway, scheduler = (entries[u]["permissions"]["subscribe"]["allow"] for u in ("gateway", "scheduler"))
+    assert "llm.generate.*" in gateway and "llm.generate" not in gateway
+    assert "llm.sessions.*" in scheduler and "llm.sessions" not in scheduler
+
+
+def test_an_admin_key_gives_the_admin_subjects_to_an_admin_user_alone(tmp_path):
+    entries = users(bus_auth.prepare(tmp_path, "llm", admin=True))
+    assert entries["client"]["permissions"]["publish"] == {"allow": ["llm.generate", "llm.sessions"]}
+    assert entries["admin"]["permissions"]["publish"] == {"allow": ["llm.admin.>"]}
+    assert entries["admin"]["permissions"]["subscribe"] == {"allow": ["llm.inbox.admin.>"]}
+    keyed = users(bus_auth.prepare(tmp_path, "llm", tenants={"alpha"}, admin=True))
+    assert [u for u, e in keyed.items() if "llm.admin.>" in e["permissions"]["publish"].get("allow", [])] == ["admin"]
+
+
+def test_a_user_left_out_of_the_table_loses_its_file(tmp_path):
+    """A tenant whose keys went, or the client once keys are on: the folder shows exactly who may connect."""
+    bus_auth.prepare(tmp_path, "llm")
+    bus_auth.prepare(tmp_path, "llm", tenants={"alpha", "beta"})
+    alpha = bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "tenant.alpha"))
+    assert not bus_auth.credentials_path(tmp_path, "client").exists()
+    entries = users(bus_auth.prepare(tmp_path, "llm", tenants={"alpha"}))
+    assert "tenant.beta" not in entries
+    assert sorted(p.name for p in (tmp_path / "bus" / "tenants").iterdir()) == ["alpha.json"]
+    assert bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "tenant.alpha")) == alpha
+    bus_auth.prepare(tmp_path, "llm")
+    assert not (tmp_path / "bus" / "tenants").exists()
+    assert bus_auth.credentials_path(tmp_path, "client").exists()
 
 
 def test_a_user_with_nothing_to_publish_is_denied_every_publish(tmp_path):
