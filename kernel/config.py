@@ -102,8 +102,9 @@ HELP = {
                     "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
                     "each bus hop is about 0.1 ms quicker, for a core each while requests flow (default: 50 where the "
                     "model runs on a GPU and the machine has at least 8 cores, else 0; at most 60000)",
-    "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key",
-    "admin_key": "the key for /admin/ routes (with --api-keys, required for them)",
+    "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key and bus "
+                "clients their tenant's credentials (<data-dir>/bus/tenants/)",
+    "admin_key": "the key for /admin/ routes (with --api-keys, required for them); on the bus, admin.json's user",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
     "log_format": "json (one object per line) or console (human-readable)",
     "log_level": "debug, info, warning or error",
