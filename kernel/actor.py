@@ -134,8 +134,7 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
     )
     config_module.add_arguments(parser)
     actor_class.add_arguments(parser)
-    args = parser.parse_args(argv)
-    config = config_module.from_args(args)
+    config, args = config_module.parse(parser, argv)
     if not config.nats_url:
         parser.error("--nats-url is required when an actor runs on its own")
     try:

@@ -1,15 +1,18 @@
 """One configuration for the whole deployment, shared by the supervisor and every actor.
 
 Values come from CLI flags, then the environment (`KERNEL_<FIELD>`), then an optional TOML file
-(`--config`), then the defaults below. The supervisor hands its settings to each child as flags,
-so an actor started by hand on another machine takes exactly the same flags.
+(`--config`), then the defaults below; each is checked against its field's range or choices as it
+is read, so a bad value stops the program before anything starts. The supervisor hands its
+settings to each child as flags, so an actor started by hand on another machine takes exactly the
+same flags.
 """
 
 import argparse
 import os
 import tomllib
 import typing
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -18,40 +21,49 @@ from kernel.model_source import DEFAULT_MODEL, DEMO_MODEL
 MAX_NATS_PAYLOAD_BYTES = 64 * 1024 * 1024  # nats-server refuses to start with a larger max_payload
 
 
+# Ranges shared by several settings; msgspec checks each value against its own, whatever its source.
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# bus_auth builds every permission from the namespace, so it must be plain subject tokens (no wildcards).
+SUBJECT_TOKENS = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
 class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    nats_url: str | None = None
-    nats_credentials: str | None = None
-    namespace: str = "llm"
+    nats_url: Annotated[str, msgspec.Meta(pattern=r"^\S+$")] | None = None
+    nats_credentials: NonEmpty | None = None
+    namespace: Annotated[str, msgspec.Meta(pattern=SUBJECT_TOKENS)] = "llm"
     bus_max_payload_bytes: Annotated[int, msgspec.Meta(gt=0, le=MAX_NATS_PAYLOAD_BYTES)] = 1024 * 1024
-    data_dir: str = ".kernel"
-    model: str | None = None
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "auto"
-    dtype: str = "auto"
-    attention_backend: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_num_seqs: int = 256
-    tokenizers: int = 1
-    max_prefill_tokens: int = 2048
+    data_dir: NonEmpty = ".kernel"
+    model: NonEmpty | None = None
+    served_model_name: NonEmpty | None = None
+    host: NonEmpty = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
+    device: Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attention_backend: Literal["auto", "flashinfer", "triton", "torch"] = "auto"
+    max_model_len: AtLeastOne | None = None
+    block_size: AtLeastOne = 16
+    num_kv_blocks: AtLeastOne | None = None
+    max_num_seqs: AtLeastOne = 256
+    tokenizers: AtLeastOne = 1
+    max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
-    public_prefix_tenants: int = 5
-    public_prefix_window_s: float = 3600.0
-    session_budget_tokens: int | None = None
-    max_restarts: int = 5
-    restart_period_s: float = 60.0
-    request_timeout_s: float = 600.0
-    max_migrations: int = 3
-    api_keys: str | None = None
-    admin_key: str | None = None
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_concurrent_requests: int = 2048
+    public_prefix_tenants: AtLeastOne = 5
+    public_prefix_window_s: PositiveSeconds = 3600.0
+    session_budget_tokens: AtLeastZero | None = None
+    max_restarts: AtLeastZero = 5
+    restart_period_s: PositiveSeconds = 60.0
+    request_timeout_s: PositiveSeconds = 600.0
+    max_migrations: AtLeastZero = 3
+    api_keys: NonEmpty | None = None
+    admin_key: NonEmpty | None = None
+    max_body_bytes: AtLeastOne = 4 * 1024 * 1024
+    max_concurrent_requests: AtLeastOne = 2048
     busy_poll_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] | None = None
-    log_format: str = "json"
-    log_level: str = "info"
+    log_format: Literal["json", "console"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @property
     def model_name(self) -> str:
@@ -109,17 +121,51 @@ HELP = {
     "log_format": "json (one object per line) or console (human-readable)",
     "log_level": "debug, info, warning or error",
 }
-CHOICES = {
-    "log_format": ["json", "console"],
-    "log_level": ["debug", "info", "warning", "error"],
-    "dtype": ["auto", "float32", "bfloat16", "float16"],
-    "attention_backend": ["auto", "flashinfer", "triton", "torch"],
-}
 ENV_PREFIX = "KERNEL_"
+
+
+class ConfigError(SystemExit):
+    """A setting from the environment or the TOML file outside its range or choices. A SystemExit,
+    so a caller that lets it pass still exits with the message; `parse` makes it a usage error."""
 
 
 def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
+
+
+def _check(field: msgspec.structs.FieldInfo, value: Any) -> Any:
+    """`value` as the field's type, or ValueError saying, in argparse's words, what is wrong.
+    None is left out of the type: no flag, variable or TOML value can give it."""
+    members = typing.get_args(field.type)
+    value_type = next(m for m in members if m is not type(None)) if type(None) in members else field.type
+    try:
+        return msgspec.convert(value, value_type, strict=False)
+    except msgspec.ValidationError as exc:
+        if choices := _choices(field.type):
+            raise ValueError(f"invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})") from None
+        reason = str(exc)
+        raise ValueError(f"invalid value: {value!r} ({reason[0].lower()}{reason[1:]})") from None
+
+
+def _flag_type(field: msgspec.structs.FieldInfo) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return _check(field, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None  # argparse names the flag
+
+    return convert
+
+
+def _setting(field: msgspec.structs.FieldInfo, value: Any, source: str) -> Any:
+    try:
+        return _check(field, value)
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration: {source} ({_flag(field.name)}): {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,37 +180,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             _flag(field.name),
             dest=field.name,
-            type=_scalar_type(field.type),
+            type=_flag_type(field),
             default=None,
-            choices=CHOICES.get(field.name),
+            choices=_choices(field.type) or None,
             help=help_text,
         )
 
 
-def _scalar_type(annotation: Any) -> type:
-    """int for `int`, `int | None` and `Annotated[int, ...] | None`, and so on."""
-    members = typing.get_args(annotation) or (annotation,)
-    members = [typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m for m in members]
-    return next(t for t in (int, float, str) if t in members)
-
-
 def from_args(args: argparse.Namespace) -> KernelConfig:
-    """Flags win over the environment, which wins over the TOML file."""
+    """Flags win over the environment, which wins over the TOML file. The flags were checked as
+    argparse read them; a bad value from the other two raises ConfigError."""
+    fields = {field.name: field for field in msgspec.structs.fields(KernelConfig)}
     values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        with open(args.config, "rb") as f:
-            values.update(tomllib.load(f))
-    for field in KernelConfig.__struct_fields__:
-        env = os.environ.get(ENV_PREFIX + field.upper())
+    toml = _read_toml(args.config) if getattr(args, "config", None) else {}
+    for key, value in toml.items():
+        if key not in fields:
+            raise ConfigError(f"invalid configuration: {args.config}: unknown setting {key!r}")
+        values[key] = _setting(fields[key], value, f"{args.config}: {key}")
+    for name, field in fields.items():
+        env = os.environ.get(ENV_PREFIX + name.upper())
         if env is not None:
-            values[field] = env
-        given = getattr(args, field, None)
+            values[name] = _setting(field, env, ENV_PREFIX + name.upper())
+        given = getattr(args, name, None)
         if given is not None:
-            values[field] = given
+            values[name] = given
+    return KernelConfig(**values)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
     try:
-        return msgspec.convert(values, KernelConfig, strict=False)
-    except msgspec.ValidationError as exc:
-        raise SystemExit(f"invalid configuration: {exc}") from None
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"invalid configuration: --config {path}: {exc}") from None
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> tuple[KernelConfig, argparse.Namespace]:
+    """The entry points' parse: a value out of range or choices, from any source, is argparse's
+    usage error (exit 2) naming its flag, before anything starts."""
+    args = parser.parse_args(argv)
+    try:
+        return from_args(args), args
+    except ConfigError as exc:
+        parser.error(str(exc))
 
 
 def to_argv(config: KernelConfig) -> list[str]:

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Serve a Hugging Face causal LM over HTTP (OpenAI-compatible) and NATS.",
     )
     config_module.add_arguments(parser)
-    config = config_module.from_args(parser.parse_args(argv))
+    config, _ = config_module.parse(parser, argv)
     if config.nats_url and config.nats_credentials:
         try:
             bus_auth.load_credentials(config.nats_credentials)

@@ -1,8 +1,15 @@
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from kernel import config
+
+REPO = Path(__file__).parents[2]
 
 
 def parse(argv, env=None, monkeypatch=None):
@@ -40,3 +47,72 @@ def test_a_switch_turns_off_by_flag_environment_or_toml(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_PREFIX_CACHING", "false")
     assert parse([]).prefix_caching is False
     assert parse(["--prefix-caching"]).prefix_caching is True
+
+
+def test_the_defaults_are_within_their_ranges():
+    defaults = config.KernelConfig()
+    assert msgspec.convert(msgspec.to_builtins(defaults), config.KernelConfig) == defaults
+
+
+def run_cli(tmp_path, *flags, env=None, module="kernel.supervisor") -> subprocess.CompletedProcess:
+    """The real command line; a bad setting must stop it before it makes its data dir."""
+    data_dir = tmp_path / "data"
+    done = subprocess.run([sys.executable, "-m", module, "--data-dir", str(data_dir), *flags], capture_output=True,
+                          text=True, timeout=120, cwd=REPO, env={**os.environ, **(env or {})})
+    assert not data_dir.exists(), "it started before checking its settings"
+    return done
+
+
+def assert_usage_error(done: subprocess.CompletedProcess, message: str, prog="python -m kernel.supervisor") -> None:
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"usage: {prog}")
+    assert f"{prog}: error: {message}" in done.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--block-size", "0"], "argument --block-size: invalid value: '0' (expected `int` >= 1)"),
+    (["--tokenizers", "0"], "argument --tokenizers: invalid value: '0' (expected `int` >= 1)"),
+    (["--port", "70000"], "argument --port: invalid value: '70000' (expected `int` <= 65535)"),
+    (["--restart-period-s", "0"], "argument --restart-period-s: invalid value: '0' (expected `float` > 0.0)"),
+    (["--num-kv-blocks", "0"], "argument --num-kv-blocks: invalid value: '0' (expected `int` >= 1)"),
+    (["--max-model-len", "many"], "argument --max-model-len: invalid value: 'many' (expected `int`, got `str`)"),
+    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', 'warning', 'error')"),
+    (["--device", "gpu"], "argument --device: invalid value: 'gpu' (expected `str` matching regex"),
+    (["--namespace", "llm.>"], "argument --namespace: invalid value: 'llm.>' (expected `str` matching regex"),
+])
+def test_a_flag_out_of_its_range_or_choices_is_a_usage_error(tmp_path, flags, message):
+    assert_usage_error(run_cli(tmp_path, *flags), message)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"KERNEL_TOKENIZERS": "0"}, "KERNEL_TOKENIZERS (--tokenizers): invalid value: '0' (expected `int` >= 1)"),
+    ({"KERNEL_PUBLIC_PREFIX_WINDOW_S": "-1"},
+     "KERNEL_PUBLIC_PREFIX_WINDOW_S (--public-prefix-window-s): invalid value: '-1' (expected `float` > 0.0)"),
+    ({"KERNEL_LOG_FORMAT": "xml"},
+     "KERNEL_LOG_FORMAT (--log-format): invalid choice: 'xml' (choose from 'json', 'console')"),
+])
+def test_an_environment_variable_out_of_range_names_itself_and_its_flag(tmp_path, env, message):
+    assert_usage_error(run_cli(tmp_path, env=env), f"invalid configuration: {message}")
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("block_size = 0\n", "block_size (--block-size): invalid value: 0 (expected `int` >= 1)"),
+    ('attention_backend = "cudnn"\n', "attention_backend (--attention-backend): invalid choice: 'cudnn' "
+                                      "(choose from 'auto', 'flashinfer', 'triton', 'torch')"),
+    ("blok_size = 16\n", "unknown setting 'blok_size'"),
+])
+def test_a_toml_setting_out_of_range_names_the_file_and_its_flag(tmp_path, toml, message):
+    path = tmp_path / "kernel.toml"
+    path.write_text(toml)
+    assert_usage_error(run_cli(tmp_path, "--config", str(path)), f"invalid configuration: {path}: {message}")
+
+
+def test_a_missing_toml_file_is_a_usage_error(tmp_path):
+    missing = tmp_path / "missing.toml"
+    assert_usage_error(run_cli(tmp_path, "--config", str(missing)), f"invalid configuration: --config {missing}: ")
+
+
+def test_an_actor_started_by_hand_checks_its_flags_too(tmp_path):
+    done = run_cli(tmp_path, "--nats-url", "nats://127.0.0.1:1", "--max-num-seqs", "0", module="actors.scheduler")
+    assert_usage_error(done, "argument --max-num-seqs: invalid value: '0' (expected `int` >= 1)",
+                       prog="python -m actors.scheduler")
