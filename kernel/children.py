@@ -1,4 +1,4 @@
-"""Child processes of the supervisor, and the OTP-style limit on how often they may restart."""
+"""Child processes of the supervisor, and the limit on how often each may restart."""
 
 import asyncio
 import ctypes
@@ -61,7 +61,6 @@ class ChildProcess:
         self.actor = actor
         self.argv = argv
         self.process: asyncio.subprocess.Process | None = None
-        self.restarts = 0
 
     @property
     def pid(self) -> int | None:

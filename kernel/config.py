@@ -105,7 +105,9 @@ HELP = {
     "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
                              "oldest pins become evictable like any cached prefix (default: half the KV cache)",
-    "max_restarts": "restarts of one actor allowed within --restart-period-s before giving up",
+    "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "
+                    "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
+                    "counts its own",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",

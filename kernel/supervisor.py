@@ -36,7 +36,7 @@ log = structlog.get_logger()
 
 
 class GaveUp(Exception):
-    """An actor crashed more often than the restart budget allows."""
+    """A child crashed more often than its restart budget allows."""
 
 
 class Supervisor:
@@ -45,7 +45,7 @@ class Supervisor:
         self.data_dir = Path(config.data_dir).resolve()
         self.nats: EmbeddedNats | None = None
         self.children: dict[str, ChildProcess] = {}
-        self.budget = RestartBudget(config.max_restarts, config.restart_period_s)
+        self.budgets: dict[str, RestartBudget] = {}
         self.stopping = False
         self._ready: set[str] = set()
         self._announced = False
@@ -121,15 +121,21 @@ class Supervisor:
             if self.stopping:
                 return
             log.error("child_exited", child=child.name, code=code, pid=child.pid)
-            if not self.budget.allow():
-                message = (
-                    f"{child.name} crashed; more than {self.budget.max_restarts} restarts within "
-                    f"{self.budget.period_s:g} s, giving up"
-                )
-                log.critical("giving_up", child=child.name, message=message)
-                raise GaveUp(message)
-            child.restarts += 1
+            self._count_restart(child.name)
             await child.start()
+
+    def _count_restart(self, name: str) -> None:
+        """Counts a restart of `name` against its own budget, and raises GaveUp past it. Each child
+        (an actor process, each tokenizer replica, the nats-server) has its own: one child in a
+        crash loop ends the deployment, while occasional restarts of several do not add up to that."""
+        budget = self.budgets.setdefault(name, RestartBudget(self.config.max_restarts, self.config.restart_period_s))
+        if not budget.allow():
+            message = (
+                f"{name} crashed; more than {budget.max_restarts} restarts of it within "
+                f"{budget.period_s:g} s, giving up"
+            )
+            log.critical("giving_up", child=name, message=message)
+            raise GaveUp(message)
 
     async def _kill_stuck_actors(self) -> None:
         """A child whose process lives but whose heartbeats stopped is stuck (a deadlock, a hung
@@ -149,8 +155,7 @@ class Supervisor:
             if self.stopping:
                 return
             log.error("nats_exited", code=code)
-            if not self.budget.allow():
-                raise GaveUp("nats-server keeps dying, giving up")
+            self._count_restart("nats-server")
             await self.nats.start()
 
     async def _stop_on(self, stop_requested: asyncio.Event) -> None:

@@ -98,6 +98,20 @@ def test_gives_up_after_too_many_restarts(tmp_path):
     assert server.find("giving_up", child="tokenizer")
 
 
+def test_each_child_has_its_own_restart_budget(tmp_path):
+    server = start_server(tmp_path / "data", "--num-kv-blocks", "32", "--tokenizers", "2",
+                          "--max-restarts", "2", "--restart-period-s", "600")
+    for child in ("tokenizer", "tokenizer-2", "gateway"):
+        for starts in (2, 3):
+            os.kill(server.child_pid(child), signal.SIGKILL)
+            wait_for_ready_restart(server, child, starts=starts)
+    assert not server.find("giving_up"), "six restarts, but none past its own child's budget of two"
+    assert complete(server).status_code == 200
+    os.kill(server.child_pid("gateway"), signal.SIGKILL)
+    assert server.process.wait(60) == 1
+    assert server.find("giving_up", child="gateway")
+
+
 def test_help_explains_every_flag():
     out = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--model", "--nats-url", "--port", "--log-format", "--max-restarts", "--max-prefill-tokens"):
