@@ -40,7 +40,7 @@ class Actor:
         self.config = config
         self.bus = bus
         self.args = args
-        self.subjects = Subjects(config.namespace)
+        self.subjects = Subjects(config.bus.namespace)
         self.instance_id = uuid.uuid4().hex[:12]
         self.log = structlog.get_logger().bind(instance=self.instance_id)
         self._tasks: set[asyncio.Task] = set()
@@ -91,7 +91,7 @@ class Actor:
         await self.start()
         freeze_startup_objects()
         self.spawn(self._heartbeat_loop(), "heartbeat")
-        window_s = window_s_for(self.config.busy_poll_ms, self.config.device) if self.polls_bus else 0.0
+        window_s = window_s_for(self.config.bus.busy_poll_ms, self.config.engine.device) if self.polls_bus else 0.0
         if window_s > 0:
             self.spawn(self.bus.poll_after_traffic(window_s), "busy_poll")
         self.log.info("actor_started", pid=os.getpid(), busy_poll_ms=window_s * 1000)
@@ -135,13 +135,13 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
     config_module.add_arguments(parser)
     actor_class.add_arguments(parser)
     config, args = config_module.parse(parser, argv)
-    if not config.nats_url:
+    if not config.bus.nats_url:
         parser.error("--nats-url is required when an actor runs on its own")
     try:
-        credentials = bus_auth.load_credentials(config.nats_credentials) if config.nats_credentials else None
+        credentials = bus_auth.load_credentials(config.bus.nats_credentials) if config.bus.nats_credentials else None
     except bus_auth.CredentialsError as exc:
         parser.error(f"--nats-credentials: {exc}")
-    log = configure(actor_class.name, config.log_format, config.log_level)
+    log = configure(actor_class.name, config.logging.log_format, config.logging.log_level)
     try:
         uvloop.run(_serve(actor_class, config, args, credentials))
     except Exception:
@@ -157,7 +157,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
-    bus = await Bus.connect(config.nats_url, name=actor_class.name, credentials=credentials)
+    bus = await Bus.connect(config.bus.nats_url, name=actor_class.name, credentials=credentials)
     try:
         actor = actor_class(config, bus, args)
         await actor.run_until_stopped(stop_requested)

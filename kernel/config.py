@@ -1,4 +1,5 @@
-"""One configuration for the whole deployment, shared by the supervisor and every actor.
+"""One configuration for the whole deployment, shared by the supervisor and every actor, grouped
+by component (`config.bus`, `config.engine`, ...) while each setting stays one flat flag.
 
 Values come from CLI flags, then the environment (`KERNEL_<FIELD>`), then an optional TOML file
 (`--config`), then the defaults below; each is checked against its field's range or choices as it
@@ -11,7 +12,7 @@ import argparse
 import os
 import tomllib
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -30,16 +31,21 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 SUBJECT_TOKENS = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 
 
-class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class BusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The NATS bus: which server, as whom, under which subjects, and how actors wait on it."""
+
     nats_url: Annotated[str, msgspec.Meta(pattern=r"^\S+$")] | None = None
     nats_credentials: NonEmpty | None = None
     namespace: Annotated[str, msgspec.Meta(pattern=SUBJECT_TOKENS)] = "llm"
     bus_max_payload_bytes: Annotated[int, msgspec.Meta(gt=0, le=MAX_NATS_PAYLOAD_BYTES)] = 1024 * 1024
-    data_dir: NonEmpty = ".kernel"
+    busy_poll_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] | None = None
+
+
+class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The model and how the scheduler and executor run it."""
+
     model: NonEmpty | None = None
     served_model_name: NonEmpty | None = None
-    host: NonEmpty = "127.0.0.1"
-    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
     device: Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: Literal["auto", "flashinfer", "triton", "torch"] = "auto"
@@ -47,23 +53,9 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_size: AtLeastOne = 16
     num_kv_blocks: AtLeastOne | None = None
     max_num_seqs: AtLeastOne = 256
-    tokenizers: AtLeastOne = 1
     max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
-    public_prefix_tenants: AtLeastOne = 5
-    public_prefix_window_s: PositiveSeconds = 3600.0
     session_budget_tokens: AtLeastZero | None = None
-    max_restarts: AtLeastZero = 5
-    restart_period_s: PositiveSeconds = 60.0
-    request_timeout_s: PositiveSeconds = 600.0
-    max_migrations: AtLeastZero = 3
-    api_keys: NonEmpty | None = None
-    admin_key: NonEmpty | None = None
-    max_body_bytes: AtLeastOne = 4 * 1024 * 1024
-    max_concurrent_requests: AtLeastOne = 2048
-    busy_poll_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] | None = None
-    log_format: Literal["json", "console"] = "json"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @property
     def model_name(self) -> str:
@@ -71,6 +63,60 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.served_model_name:
             return self.served_model_name
         return os.path.basename(os.path.normpath(self.model or DEFAULT_MODEL))
+
+
+class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The frontdoor's HTTP server."""
+
+    host: NonEmpty = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
+    max_body_bytes: AtLeastOne = 4 * 1024 * 1024
+    max_concurrent_requests: AtLeastOne = 2048
+
+
+class RequestsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How long the origins (frontdoor, gateway) keep a request alive."""
+
+    request_timeout_s: PositiveSeconds = 600.0
+    max_migrations: AtLeastZero = 3
+
+
+class TenancyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Who asks, and what tenants share of the prefix cache."""
+
+    api_keys: NonEmpty | None = None
+    admin_key: NonEmpty | None = None
+    public_prefix_tenants: AtLeastOne = 5
+    public_prefix_window_s: PositiveSeconds = 3600.0
+
+
+class SupervisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the supervisor starts, where it keeps state, and how often a child may restart."""
+
+    data_dir: NonEmpty = ".kernel"
+    tokenizers: AtLeastOne = 1
+    max_restarts: AtLeastZero = 5
+    restart_period_s: PositiveSeconds = 60.0
+
+
+class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Every process's log lines."""
+
+    log_format: Literal["json", "console"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole deployment's settings, one sub-struct per component; field names are unique across
+    them, so each stays one flag (`--max-num-seqs` is `engine.max_num_seqs`)."""
+
+    bus: BusConfig = msgspec.field(default_factory=BusConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    requests: RequestsConfig = msgspec.field(default_factory=RequestsConfig)
+    tenancy: TenancyConfig = msgspec.field(default_factory=TenancyConfig)
+    supervision: SupervisionConfig = msgspec.field(default_factory=SupervisionConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
 
 
 HELP = {
@@ -170,16 +216,26 @@ def _setting(field: msgspec.structs.FieldInfo, value: Any, source: str) -> Any:
         raise ConfigError(f"invalid configuration: {source} ({_flag(field.name)}): {exc}") from None
 
 
+def _settings() -> Iterator[tuple[str, msgspec.structs.FieldInfo]]:
+    """(group, field) for every setting, in the order of KernelConfig and its sub-structs."""
+    for group in msgspec.structs.fields(KernelConfig):
+        for field in msgspec.structs.fields(group.type):
+            yield group.name, field
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds one flag per config field; every default is None so we can tell what was given."""
+    """Adds one flag per setting, under a heading per component; every default is None so we can
+    tell what was given."""
     parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file")
-    for field in msgspec.structs.fields(KernelConfig):
+    headings = {group.name: parser.add_argument_group(group.name, group.type.__doc__)
+                for group in msgspec.structs.fields(KernelConfig)}
+    for group, field in _settings():
         help_text = f"{HELP[field.name]} (default: {field.default})"
         if field.type is bool:  # --name / --no-name
-            parser.add_argument(_flag(field.name), dest=field.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)
+            headings[group].add_argument(_flag(field.name), dest=field.name, default=None, help=help_text,
+                                         action=argparse.BooleanOptionalAction)
             continue
-        parser.add_argument(
+        headings[group].add_argument(
             _flag(field.name),
             dest=field.name,
             type=_flag_type(field),
@@ -190,23 +246,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> KernelConfig:
-    """Flags win over the environment, which wins over the TOML file. The flags were checked as
-    argparse read them; a bad value from the other two raises ConfigError."""
-    fields = {field.name: field for field in msgspec.structs.fields(KernelConfig)}
-    values: dict[str, Any] = {}
+    """Flags win over the environment, which wins over the TOML file (flat: one key per flag). The
+    flags were checked as argparse read them; a bad value from the other two raises ConfigError."""
+    settings = {field.name: (group, field) for group, field in _settings()}
+    groups = {group.name: group.type for group in msgspec.structs.fields(KernelConfig)}
+    values: dict[str, dict[str, Any]] = {group: {} for group in groups}
     toml = _read_toml(args.config) if getattr(args, "config", None) else {}
     for key, value in toml.items():
-        if key not in fields:
+        if key not in settings:
             raise ConfigError(f"invalid configuration: {args.config}: unknown setting {key!r}")
-        values[key] = _setting(fields[key], value, f"{args.config}: {key}")
-    for name, field in fields.items():
+        group, field = settings[key]
+        values[group][key] = _setting(field, value, f"{args.config}: {key}")
+    for name, (group, field) in settings.items():
         env = os.environ.get(ENV_PREFIX + name.upper())
         if env is not None:
-            values[name] = _setting(field, env, ENV_PREFIX + name.upper())
+            values[group][name] = _setting(field, env, ENV_PREFIX + name.upper())
         given = getattr(args, name, None)
         if given is not None:
-            values[name] = given
-    return KernelConfig(**values)
+            values[group][name] = given
+    return KernelConfig(**{group: struct(**values[group]) for group, struct in groups.items()})
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -230,11 +288,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> tup
 def to_argv(config: KernelConfig) -> list[str]:
     """The flags that reproduce `config` in a child process (defaults are left out)."""
     argv: list[str] = []
-    defaults = KernelConfig()
-    for field in KernelConfig.__struct_fields__:
-        value = getattr(config, field)
+    for group, field in _settings():
+        value = getattr(getattr(config, group), field.name)
         if isinstance(value, bool):
-            argv += [] if value == getattr(defaults, field) else [_flag(field) if value else "--no-" + _flag(field)[2:]]
-        elif value is not None and value != getattr(defaults, field):
-            argv += [_flag(field), str(value)]
+            argv += [] if value == field.default else [_flag(field.name) if value else "--no-" + _flag(field.name)[2:]]
+        elif value is not None and value != field.default:
+            argv += [_flag(field.name), str(value)]
     return argv

@@ -42,7 +42,7 @@ class GaveUp(Exception):
 class Supervisor:
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
-        self.data_dir = Path(config.data_dir).resolve()
+        self.data_dir = Path(config.supervision.data_dir).resolve()
         self.nats: EmbeddedNats | None = None
         self.children: dict[str, ChildProcess] = {}
         self.budgets: dict[str, RestartBudget] = {}
@@ -53,21 +53,23 @@ class Supervisor:
 
     async def run(self, stop_requested: asyncio.Event) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        model = await prepare_model(self.config.model, self.data_dir)
-        self.config = msgspec.structs.replace(
-            self.config, model=str(model.path), served_model_name=self.config.served_model_name or model.name
-        )
-        if self.config.nats_url is None:
-            keys = tenants.read_api_keys(self.config.api_keys) if self.config.api_keys else None
+        model = await prepare_model(self.config.engine.model, self.data_dir)
+        engine = msgspec.structs.replace(self.config.engine, model=str(model.path),
+                                         served_model_name=self.config.engine.served_model_name or model.name)
+        self.config = msgspec.structs.replace(self.config, engine=engine)
+        if self.config.bus.nats_url is None:
+            tenancy = self.config.tenancy
+            keys = tenants.read_api_keys(tenancy.api_keys) if tenancy.api_keys else None
             self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(
-                self.data_dir, self.config.namespace, self.config.bus_max_payload_bytes,
-                tenants=None if keys is None else set(keys.values()), admin=self.config.admin_key is not None))
+                self.data_dir, self.config.bus.namespace, self.config.bus.bus_max_payload_bytes,
+                tenants=None if keys is None else set(keys.values()), admin=tenancy.admin_key is not None))
             await self.nats.start()
-            self.config = msgspec.structs.replace(self.config, nats_url=self.nats.url)
+            self.config = msgspec.structs.replace(
+                self.config, bus=msgspec.structs.replace(self.config.bus, nats_url=self.nats.url))
         own_credentials = self._credentials_file("supervisor")
         credentials = bus_auth.load_credentials(own_credentials) if own_credentials else None
-        bus = await Bus.connect(self.config.nats_url, name="supervisor", credentials=credentials)
-        await bus.subscribe(Subjects(self.config.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
+        bus = await Bus.connect(self.config.bus.nats_url, name="supervisor", credentials=credentials)
+        await bus.subscribe(Subjects(self.config.bus.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
         bus.on_reconnect(self._after_bus_outage)
         try:
             async with asyncio.TaskGroup() as group:
@@ -87,18 +89,18 @@ class Supervisor:
         given for an external server, if any, serve every actor."""
         if self.nats:
             return str(bus_auth.credentials_path(self.data_dir, user))
-        return self.config.nats_credentials
+        return self.config.bus.nats_credentials
 
     def _child_argv(self, actor: str) -> list[str]:
         # The path of the credentials goes on the command line, never the password: argv shows in `ps`.
-        own = msgspec.structs.replace(self.config, nats_credentials=self._credentials_file(actor))
-        return config_module.to_argv(own)
+        own = msgspec.structs.replace(self.config.bus, nats_credentials=self._credentials_file(actor))
+        return config_module.to_argv(msgspec.structs.replace(self.config, bus=own))
 
     def _child_names(self) -> list[tuple[str, str]]:
         """(name, actor) in start order; tokenizer replicas are tokenizer, tokenizer-2, ..."""
         names = []
         for actor in ACTORS:
-            copies = self.config.tokenizers if actor == "tokenizer" else 1
+            copies = self.config.supervision.tokenizers if actor == "tokenizer" else 1
             names += [(actor if i == 0 else f"{actor}-{i + 1}", actor) for i in range(copies)]
         return names
 
@@ -111,9 +113,9 @@ class Supervisor:
             self._ready.add(beat.actor)
         if not self._announced and self._ready >= set(ACTORS):
             self._announced = True
-            url = f"http://{self.config.host}:{self.config.port}"
-            log.info("serving", url=url, model=self.config.model_name, model_dir=self.config.model,
-                     nats_url=self.config.nats_url)
+            url = f"http://{self.config.http.host}:{self.config.http.port}"
+            log.info("serving", url=url, model=self.config.engine.model_name, model_dir=self.config.engine.model,
+                     nats_url=self.config.bus.nats_url)
 
     async def _watch(self, child: ChildProcess) -> None:
         while True:
@@ -128,7 +130,8 @@ class Supervisor:
         """Counts a restart of `name` against its own budget, and raises GaveUp past it. Each child
         (an actor process, each tokenizer replica, the nats-server) has its own: one child in a
         crash loop ends the deployment, while occasional restarts of several do not add up to that."""
-        budget = self.budgets.setdefault(name, RestartBudget(self.config.max_restarts, self.config.restart_period_s))
+        limits = self.config.supervision
+        budget = self.budgets.setdefault(name, RestartBudget(limits.max_restarts, limits.restart_period_s))
         if not budget.allow():
             message = (
                 f"{name} crashed; more than {budget.max_restarts} restarts of it within "
@@ -204,17 +207,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     config_module.add_arguments(parser)
     config, _ = config_module.parse(parser, argv)
-    if config.nats_url and config.nats_credentials:
+    if config.bus.nats_url and config.bus.nats_credentials:
         try:
-            bus_auth.load_credentials(config.nats_credentials)
+            bus_auth.load_credentials(config.bus.nats_credentials)
         except bus_auth.CredentialsError as exc:
             parser.error(f"--nats-credentials: {exc}")
-    if config.api_keys:
+    if config.tenancy.api_keys:
         try:
-            tenants.read_api_keys(config.api_keys)
+            tenants.read_api_keys(config.tenancy.api_keys)
         except tenants.KeysFileError as exc:
             parser.error(f"--api-keys: {exc}")
-    configure("supervisor", config.log_format, config.log_level)
+    configure("supervisor", config.logging.log_format, config.logging.log_level)
     sys.exit(uvloop.run(_main(config)))
 
 

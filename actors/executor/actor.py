@@ -37,7 +37,7 @@ class ExecutorActor(Actor):
     on_request_path = True
 
     async def start(self) -> None:
-        cfg = self.config
+        cfg = self.config.engine
         self.executor_id = uuid.uuid4().hex[:12]
         self.runner = await asyncio.to_thread(
             ModelRunner, cfg.model, device=pick_device(cfg.device), dtype=cfg.dtype,
@@ -121,7 +121,7 @@ class ExecutorActor(Actor):
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
-            inputs, plan = self.batch.plan_step(self.config.max_prefill_tokens)
+            inputs, plan = self.batch.plan_step(self.config.engine.max_prefill_tokens)
             copies = self.batch.take_copies()
             updates = []
             if inputs or copies or in_flight:

@@ -23,17 +23,19 @@ class FrontdoorActor(Actor):
 
     async def start(self) -> None:
         cfg = self.config
-        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.request_timeout_s, cfg.max_migrations)
+        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s,
+                                        cfg.requests.max_migrations)
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
-        tenants = Tenants.from_config(cfg.api_keys, cfg.admin_key)
-        app = HttpApi(self.pipeline, cfg.model_name, cfg.max_body_bytes, cfg.max_concurrent_requests, tenants).build_app()
+        tenants = Tenants.from_config(cfg.tenancy.api_keys, cfg.tenancy.admin_key)
+        app = HttpApi(self.pipeline, cfg.engine.model_name, cfg.http.max_body_bytes, cfg.http.max_concurrent_requests,
+                      tenants).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True, backlog=LISTEN_BACKLOG)
+        site = web.TCPSite(self.runner, cfg.http.host, cfg.http.port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
-        self.log.info("http_listening", url=f"http://{cfg.host}:{cfg.port}")
+        self.log.info("http_listening", url=f"http://{cfg.http.host}:{cfg.http.port}")
 
     async def stop(self) -> None:
         await self.runner.cleanup()

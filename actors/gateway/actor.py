@@ -21,10 +21,11 @@ class GatewayActor(Actor):
 
     async def start(self) -> None:
         cfg = self.config
-        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.request_timeout_s, cfg.max_migrations)
+        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s,
+                                        cfg.requests.max_migrations)
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
-        self.bus_api = BusApi(self.bus, self.pipeline, cfg.model_name)
+        self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
             await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)

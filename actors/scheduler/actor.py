@@ -96,16 +96,17 @@ class SchedulerActor(Actor):
         if info.executor_id == self.executor_id:
             return
         if self.batcher is None:
+            engine, tenancy = self.config.engine, self.config.tenancy
             self.batcher = ContinuousBatcher(
                 info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
-                self.config.max_num_seqs, self.config.max_prefill_tokens, prefix_caching=self.config.prefix_caching,
-                publication=Publication(self.config.public_prefix_tenants, self.config.public_prefix_window_s),
+                engine.max_num_seqs, engine.max_prefill_tokens, prefix_caching=engine.prefix_caching,
+                publication=Publication(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
             )
         else:
             self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,
                              requeued=len(self.batcher.sequences))
             self.batcher.reset_executor(info.num_blocks, info.block_size, info.max_model_len, info.vocab_size)
-        budget = self.config.session_budget_tokens
+        budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
         if self.sessions is None:
             self.sessions = SessionTable(self.batcher.cache, budget)

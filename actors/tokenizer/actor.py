@@ -46,7 +46,7 @@ class TokenizerActor(Actor):
     on_request_path = True
 
     async def start(self) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.engine.model)
         self.tracked: dict[str, TrackedRequest] = {}
         self.untracked_starts = UntrackedStarts(UNTRACKED_START_KEEP_S)
         await self.bus.subscribe(self.subjects.tokenizer, TokenizerRequest, self._on_request, queue=QUEUE_GROUP)

@@ -11,7 +11,7 @@ import pytest
 
 from actors.scheduler.actor import SchedulerActor
 from kernel.bus import Bus, encode
-from kernel.config import KernelConfig
+from kernel.config import BusConfig, KernelConfig
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects
 from schemas.step import Commands, DropSequence, PrefillChunk, StartSequence
@@ -28,13 +28,13 @@ async def started_scheduler(tmp_path, request):
     await server.start()
     scheduler_bus = await Bus.connect(server.url, "scheduler")
     executor_bus = await Bus.connect(server.url, "executor")
-    config = KernelConfig(nats_url=server.url)
+    config = KernelConfig(bus=BusConfig(nats_url=server.url))
     received: list[Commands] = []
 
     async def on_commands(message: Commands, _reply_to) -> None:
         received.append(message)
 
-    await executor_bus.subscribe(Subjects(config.namespace).executor_commands, Commands, on_commands)
+    await executor_bus.subscribe(Subjects(config.bus.namespace).executor_commands, Commands, on_commands)
     scheduler = SchedulerActor(config, scheduler_bus, argparse.Namespace())
     stop = asyncio.Event()
     running = asyncio.create_task(scheduler.run_until_stopped(stop))

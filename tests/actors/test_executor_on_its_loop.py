@@ -20,7 +20,7 @@ from actors.scheduler.batching import ContinuousBatcher
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
 from kernel.bus import Bus
-from kernel.config import KernelConfig
+from kernel.config import EngineConfig, KernelConfig
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects
 from schemas.step import Commands, StepOutput
@@ -105,10 +105,10 @@ async def serve_through_executor(
     await nats_server.start()
     executor_bus = await Bus.connect(nats_server.url, "executor")
     scheduler_bus = await Bus.connect(nats_server.url, "test-scheduler")
-    config = KernelConfig(model=str(model_dir), device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE,
-                          max_prefill_tokens=MAX_PREFILL_TOKENS)
+    config = KernelConfig(engine=EngineConfig(model=str(model_dir), device="cpu", num_kv_blocks=BLOCKS,
+                                              block_size=BLOCK_SIZE, max_prefill_tokens=MAX_PREFILL_TOKENS))
     executor = ExecutorActor(config, executor_bus, argparse.Namespace())
-    subjects = Subjects(config.namespace)
+    subjects = Subjects(config.bus.namespace)
     round_trips = round_trips or RoundTrips()
     round_trips.executor = executor
     outputs, step_outputs, finished = defaultdict(list), [], asyncio.Event()

@@ -10,7 +10,7 @@ import weakref
 
 from kernel.actor import Actor
 from kernel.bus import Bus
-from kernel.config import KernelConfig
+from kernel.config import BusConfig, KernelConfig
 from kernel.nats_server import EmbeddedNats
 
 
@@ -48,7 +48,7 @@ async def test_start_up_objects_are_frozen_while_serving_and_given_back_on_stop(
     bus = await Bus.connect(server.url, "probe")
     gc.unfreeze()
     try:
-        probe = Probe(KernelConfig(nats_url=server.url), bus, argparse.Namespace())
+        probe = Probe(KernelConfig(bus=BusConfig(nats_url=server.url)), bus, argparse.Namespace())
         stop = asyncio.Event()
         running = asyncio.create_task(probe.run_until_stopped(stop))
         await asyncio.wait_for(probe.served.wait(), 10)

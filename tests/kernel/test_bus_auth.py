@@ -134,10 +134,10 @@ def test_the_credentials_flag_round_trips_and_reads_the_environment(monkeypatch)
     parser = argparse.ArgumentParser()
     config_module.add_arguments(parser)
     cfg = config_module.from_args(parser.parse_args(["--nats-credentials", "/data/bus/tokenizer.json"]))
-    assert cfg.nats_credentials == "/data/bus/tokenizer.json"
+    assert cfg.bus.nats_credentials == "/data/bus/tokenizer.json"
     assert config_module.from_args(parser.parse_args(config_module.to_argv(cfg))) == cfg
     monkeypatch.setenv("KERNEL_NATS_CREDENTIALS", "/etc/llm/bus.json")
-    assert config_module.from_args(parser.parse_args([])).nats_credentials == "/etc/llm/bus.json"
+    assert config_module.from_args(parser.parse_args([])).bus.nats_credentials == "/etc/llm/bus.json"
 
 
 class Idle(Actor):

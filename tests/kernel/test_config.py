@@ -1,5 +1,6 @@
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,13 @@ def test_flags_override_environment_which_overrides_toml(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_NAMESPACE", "from-env")
     monkeypatch.setenv("KERNEL_MAX_NUM_SEQS", "5")
     cfg = parse(["--config", str(toml), "--max-num-seqs", "9"])
-    assert (cfg.port, cfg.namespace, cfg.max_num_seqs) == (7000, "from-env", 9)
+    assert (cfg.http.port, cfg.bus.namespace, cfg.engine.max_num_seqs) == (7000, "from-env", 9)
 
 
 def test_to_argv_round_trips():
     cfg = parse(["--port", "9001", "--model", "/m/qwen", "--restart-period-s", "2.5"])
     assert parse(config.to_argv(cfg)) == cfg
-    assert cfg.model_name == "qwen"
+    assert cfg.engine.model_name == "qwen"
 
 
 def test_bad_value_is_a_clear_exit(monkeypatch):
@@ -40,13 +41,13 @@ def test_bad_value_is_a_clear_exit(monkeypatch):
 
 
 def test_a_switch_turns_off_by_flag_environment_or_toml(tmp_path, monkeypatch):
-    assert parse([]).prefix_caching is True
-    assert parse(["--no-prefix-caching"]).prefix_caching is False
+    assert parse([]).engine.prefix_caching is True
+    assert parse(["--no-prefix-caching"]).engine.prefix_caching is False
     cfg = parse(["--no-prefix-caching"])
     assert config.to_argv(cfg) == ["--no-prefix-caching"] and parse(config.to_argv(cfg)) == cfg
     monkeypatch.setenv("KERNEL_PREFIX_CACHING", "false")
-    assert parse([]).prefix_caching is False
-    assert parse(["--prefix-caching"]).prefix_caching is True
+    assert parse([]).engine.prefix_caching is False
+    assert parse(["--prefix-caching"]).engine.prefix_caching is True
 
 
 def test_the_defaults_are_within_their_ranges():
@@ -116,3 +117,28 @@ def test_an_actor_started_by_hand_checks_its_flags_too(tmp_path):
     done = run_cli(tmp_path, "--nats-url", "nats://127.0.0.1:1", "--max-num-seqs", "0", module="actors.scheduler")
     assert_usage_error(done, "argument --max-num-seqs: invalid value: '0' (expected `int` >= 1)",
                        prog="python -m actors.scheduler")
+
+
+def test_help_groups_the_same_flags_by_component():
+    """`--help` shows a heading per component of the config, and the flags are those users always had."""
+    out = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout
+    sections, heading = {}, None
+    for line in out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line[:-1]
+            sections[heading] = []
+        elif heading and (flag := re.match(r"  (--?[a-z-]+)", line)):
+            sections[heading].append(flag.group(1))
+    assert sections == {
+        "options": ["-h", "--config"],
+        "bus": ["--nats-url", "--nats-credentials", "--namespace", "--bus-max-payload-bytes", "--busy-poll-ms"],
+        "engine": ["--model", "--served-model-name", "--device", "--dtype", "--attention-backend", "--max-model-len",
+                   "--block-size", "--num-kv-blocks", "--max-num-seqs", "--max-prefill-tokens", "--prefix-caching",
+                   "--session-budget-tokens"],
+        "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests"],
+        "requests": ["--request-timeout-s", "--max-migrations"],
+        "tenancy": ["--api-keys", "--admin-key", "--public-prefix-tenants", "--public-prefix-window-s"],
+        "supervision": ["--data-dir", "--tokenizers", "--max-restarts", "--restart-period-s"],
+        "logging": ["--log-format", "--log-level"],
+    }
