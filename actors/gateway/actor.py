@@ -27,7 +27,7 @@ class GatewayActor(Actor):
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
-        if cfg.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
+        if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
             await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)

@@ -56,7 +56,7 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
-        if self.config.api_keys is None:  # the network is trusted: `user` names the tenant
+        if self.config.tenancy.api_keys is None:  # the network is trusted: `user` names the tenant
             await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(self.subjects.sessions, PublicSessionRequest, self._on_session)
