@@ -24,9 +24,6 @@ from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, StartSequence, StepOutput
 
-# The radix cache's namespace: one model and weight version per deployment for now; a weight update
-# will key a new one, so KV of different weights can never mix.
-MODEL_NAMESPACE = ""
 # Prompt tokens sent ahead of what the executor has reported computed, in steps' budgets. The
 # executor plans a step as soon as it publishes the output of the step before last, so the commands
 # answering an output reach it two plans later: the chunks it needs meanwhile, for the step on the
@@ -211,7 +208,7 @@ class ContinuousBatcher:
         )
 
     def publish_prefix(self, tokens: list[int]) -> PrefixPublished:
-        opened = self.cache.publish(MODEL_NAMESPACE, tokens)
+        opened = self.cache.publish(tokens)
         return PrefixPublished(len(tokens) // self.block_size * self.block_size, opened)
 
     def flush_cache(self) -> int:
@@ -251,7 +248,7 @@ class ContinuousBatcher:
         if seq.fork_of or not self.cache.enabled or not peers:
             return False  # and no tree walk beside _admit's, in the common case
         tokens = seq.prompt_ids + seq.output_ids
-        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant, count=False)
+        cached = self.cache.match(tokens, tenant=seq.tenant, count=False)
         end = (len(cached.blocks) + 1) * self.block_size  # one block past what the cache has
         if end >= len(tokens):
             return False
@@ -267,9 +264,9 @@ class ContinuousBatcher:
         if full <= len(seq.cached.blocks):
             return
         tokens = seq.prefill_ids[: full * self.block_size]
-        self.cache.insert(MODEL_NAMESPACE, tokens, seq.blocks[:full], tenant=seq.tenant)
+        self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
         # match leaves the last token it is given uncached: give one past the stored blocks.
-        stored = self.cache.match(MODEL_NAMESPACE, tokens + [0], tenant=seq.tenant, count=False)
+        stored = self.cache.match(tokens + [0], tenant=seq.tenant, count=False)
         if stored.blocks != seq.blocks[: len(stored.blocks)]:
             return
         self.cache.lock(stored.node)
@@ -306,7 +303,7 @@ class ContinuousBatcher:
             return self._admit_fork(seq, parent)
         tokens = seq.prompt_ids + seq.output_ids
         # One request is one lookup in the hit figures, however often it waits for blocks or is readmitted.
-        cached = self.cache.match(MODEL_NAMESPACE, tokens, tenant=seq.tenant, count=not seq.looked_up)
+        cached = self.cache.match(tokens, tenant=seq.tenant, count=not seq.looked_up)
         seq.looked_up = True
         self.cache.lock(cached.node)  # so that _allocate cannot evict it
         blocks = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
@@ -392,7 +389,7 @@ class ContinuousBatcher:
             return  # released already: a finish that follows a drop
         full = min(seq.computed_len // self.block_size, len(seq.blocks))
         tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
-        self.cache.insert(MODEL_NAMESPACE, tokens, seq.blocks[:full], tenant=seq.tenant)
+        self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
         self.cache.unlock(seq.cached.node)
         self.pool.release(seq.blocks)
         seq.blocks, seq.cached = [], None

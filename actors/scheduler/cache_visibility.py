@@ -12,7 +12,7 @@ Key = tuple[int, ...]
 class Visibility:
     """Who may read one node of the tree."""
 
-    public: bool = False  # every tenant of the namespace may read it; never reverts
+    public: bool = False  # every tenant may read it; never reverts
     owners: set[str] = field(default_factory=set)  # tenants that stored these tokens themselves
     senders: dict[str, float] = field(default_factory=dict)  # tenant -> when it last sent them; private only
 
@@ -42,7 +42,7 @@ class Publication:
             raise ValueError(f"window_s must be positive, not {window_s}")
         self.min_tenants = min_tenants
         self.window_s = window_s
-        self._published: dict[str, set[Key]] = {}  # namespace -> token prefixes, as given
+        self._published: set[Key] = set()  # token prefixes, as given
 
     def sent(self, visibility: Visibility, tenant: str, now: float) -> bool:
         """Records that `tenant` sent the node's tokens at `now`; True if that made it public."""
@@ -58,14 +58,14 @@ class Publication:
         senders.clear()
         return True
 
-    def publish(self, namespace: str, tokens: Key) -> None:
+    def publish(self, tokens: Key) -> None:
         """Every whole block of `tokens`, from the start, is public from now on."""
-        self._published.setdefault(namespace, set()).add(tokens)
+        self._published.add(tokens)
 
-    def published_tokens(self, namespace: str, key: Key, block_size: int) -> int:
+    def published_tokens(self, key: Key, block_size: int) -> int:
         """How many leading tokens of `key`, in whole blocks, an admin published."""
         longest, bs = 0, block_size
-        for prefix in self._published.get(namespace, ()):
+        for prefix in self._published:
             end = min(len(prefix), len(key)) // bs * bs
             same = 0
             while same < end and prefix[same : same + bs] == key[same : same + bs]:

@@ -2,8 +2,8 @@
 
 The scheduler owns it beside the block pool. Finished, aborted and preempted requests leave their
 computed full blocks here; a new request takes the longest cached prefix of its tokens and
-computes only the rest. One tree per namespace (model and weight version), so requests share KV
-only within one; within it a node is read only by the tenants it is visible to (cache_visibility.py).
+computes only the rest. One tree per deployment (one model and weight version); a node is read
+only by the tenants it is visible to (cache_visibility.py).
 """
 
 import heapq
@@ -56,14 +56,14 @@ class CacheUsage(NamedTuple):
     cached_blocks: int  # held by the tree
     evictable_blocks: int  # held by the tree and read by no running request
     locked_blocks: int  # held by the tree and read by running requests
-    public_blocks: int  # cached, readable by every tenant of their namespace
+    public_blocks: int  # cached, readable by every tenant
     private_blocks: dict[str, int]  # tenant -> its cached blocks not public (one of two owners counts for both)
     hit_tokens: int
     queried_tokens: int
 
 
 class RadixCache:
-    """Full KV blocks keyed by (namespace, the tokens of the whole prefix up to them), each node
+    """Full KV blocks keyed by the tokens of the whole prefix up to them, each node
     readable by the tenants it is visible to: its owners, or all once it is public.
 
     Invariants: the tree holds exactly one `BlockPool` reference for every block it stores, and a
@@ -95,8 +95,7 @@ class RadixCache:
         self.publication = publication if publication is not None else Publication()
         self.hit_half_life_s = hit_half_life_s
         self._clock = clock
-        self._roots: dict[str, Node] = {}
-        self._nowhere = Node((), [], None)  # the match of a namespace with no tree
+        self._root = Node((), [], None)
         self._leaves: set[Node] = set()  # the evictable ones: unlocked, with no children
         self._ticks = itertools.count(1)
         self._evictable = 0
@@ -104,7 +103,7 @@ class RadixCache:
         self._hit_tokens = 0
         self._queried_tokens = 0
 
-    def match(self, namespace: str, tokens: list[int], tenant: str = "", *, count: bool = True) -> MatchResult:
+    def match(self, tokens: list[int], tenant: str = "", *, count: bool = True) -> MatchResult:
         """The longest cached prefix of `tokens` that `tenant` may read, in whole blocks, leaving
         at least one token uncached so that computing the rest yields the last position's logits.
 
@@ -114,16 +113,13 @@ class RadixCache:
         neither a send nor a hit, so eviction and the hit rate weigh only what requests read.
         """
         if not self.enabled:
-            return MatchResult(self._nowhere, [], 0)
+            return MatchResult(self._root, [], 0)
         if count:
             self._queried_tokens += len(tokens)
-        root = self._roots.get(namespace)
-        if root is None:
-            return MatchResult(self._nowhere, [], 0)
         tick, now = next(self._ticks), self._clock()
         key = tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
-        node, hit, blocks, readable = root, 0, [], True
-        for child, end in self._descend(root, key):
+        node, hit, blocks, readable = self._root, 0, [], True
+        for child, end in self._descend(self._root, key):
             if count:
                 self._sent(child, tenant, now)
             readable = readable and child.visibility.visible_to(tenant)
@@ -137,7 +133,7 @@ class RadixCache:
             self._hit_tokens += hit
         return MatchResult(node, blocks, hit)
 
-    def insert(self, namespace: str, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
+    def insert(self, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
         """Stores the full blocks `blocks` holding the KV of `tokens` (block_size tokens each) for
         `tenant`, who owns them from now on, and returns how many the tree did not have. Where the
         tree already has a block for the same tokens it keeps its own, even one `tenant` could not
@@ -149,9 +145,8 @@ class RadixCache:
         if not self.enabled or not blocks:
             return 0
         key, tick, now = tuple(tokens), next(self._ticks), self._clock()
-        node = root = self._roots.setdefault(namespace, Node((), [], None))
-        pos = 0
-        for node, pos in self._descend(root, key):
+        node, pos = self._root, 0
+        for node, pos in self._descend(self._root, key):
             node.visibility.owners.add(tenant)
             node.last_access = tick
             self._sent(node, tenant, now)
@@ -166,22 +161,20 @@ class RadixCache:
         self.pool.retain(new_blocks)
         self._evictable += len(new_blocks)
         self._sent(leaf, tenant, now)
-        published = (self.publication.published_tokens(namespace, key, bs) - pos) // bs
+        published = (self.publication.published_tokens(key, bs) - pos) // bs
         if published > 0:
             self._make_public(self._split(leaf, published) if published < len(new_blocks) else leaf)
         return len(new_blocks)
 
-    def publish(self, namespace: str, tokens: list[int]) -> int:
+    def publish(self, tokens: list[int]) -> int:
         """Makes every whole block of `tokens`, from the start, public: the cached ones now, and
         those stored later (a shared system prompt). Returns how many cached blocks it opened."""
         if not self.enabled:
             return 0
-        self.publication.publish(namespace, tuple(tokens))
+        self.publication.publish(tuple(tokens))
         key = tuple(tokens[: len(tokens) // self.block_size * self.block_size])
-        node = self._roots.get(namespace)
-        if node is None:
-            return 0
-        for node, _ in self._descend(node, key):
+        node = self._root
+        for node, _ in self._descend(self._root, key):
             pass  # down to the node that ends where the published tokens leave the tree
         return self._make_public(node)
 
@@ -228,8 +221,6 @@ class RadixCache:
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._leaves.add(parent)
                 heapq.heappush(leaves, (self._score(parent, now), parent.last_access, next(tie), parent))
-        if freed:
-            self._roots = {ns: root for ns, root in self._roots.items() if root.children}
         return freed
 
     def flush(self) -> int:
@@ -255,7 +246,7 @@ class RadixCache:
         return [b for node in self._nodes() for b in node.blocks]
 
     def _nodes(self) -> list[Node]:
-        stack = list(self._roots.values())
+        stack = [self._root]
         nodes = []
         while stack:
             node = stack.pop()

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from actors.scheduler.batching import MODEL_NAMESPACE
 from actors.scheduler.radix_cache import Node, RadixCache
 from schemas.errors import Error
 from schemas.session import (
@@ -190,7 +189,7 @@ class SessionTable:
         limit = min(session.capacity_tokens, self.budget_tokens) // bs * bs
         # As the batcher matches the turn's next request, but uncounted: no request reads it now. The
         # match leaves the last token out: one more keeps `limit` tokens within its reach.
-        match = self.cache.match(MODEL_NAMESPACE, turn.token_ids[: limit + 1], tenant=session.user, count=False)
+        match = self.cache.match(turn.token_ids[: limit + 1], tenant=session.user, count=False)
         if not match.blocks:
             return
         self.cache.lock(match.node)

@@ -18,15 +18,15 @@ def make(k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0,
     return pool, cache, clock
 
 
-def ask(cache: RadixCache, tenant: str, tokens: list[int], namespace: str = "") -> int:
+def ask(cache: RadixCache, tenant: str, tokens: list[int]) -> int:
     """A request of `tenant` for `tokens` and one token more: it sends them, and gets back how many
     come from the cache."""
-    return cache.match(namespace, tokens + [0], tenant).num_tokens
+    return cache.match(tokens + [0], tenant).num_tokens
 
 
 def test_a_prefix_stays_private_until_k_tenants_sent_it():
     pool, cache, _ = make(k=3)
-    finish(pool, cache, "", PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
     assert ask(cache, "a", PROMPT) == 12
     assert ask(cache, "b", PROMPT) == 0
     assert ask(cache, "b", PROMPT) == 0  # the same tenant again is still two tenants
@@ -39,7 +39,7 @@ def test_a_prefix_stays_private_until_k_tenants_sent_it():
 
 def test_senders_outside_the_window_do_not_count():
     pool, cache, clock = make(k=3, window_s=100.0)
-    finish(pool, cache, "", PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
     clock.now = 50.0
     assert ask(cache, "b", PROMPT) == 0
     clock.now = 120.0  # a sent it 120 s ago: three tenants ever, two within the window
@@ -52,8 +52,8 @@ def test_senders_outside_the_window_do_not_count():
 def test_a_tenant_reads_nothing_of_a_prefix_it_does_not_own():
     pool, cache, _ = make(k=3)
     blocks = pool.allocate(3)
-    finish(pool, cache, "", PROMPT, blocks, tenant="a")
-    hit = cache.match("", PROMPT + [0], "b")
+    finish(pool, cache, PROMPT, blocks, tenant="a")
+    hit = cache.match(PROMPT + [0], "b")
     assert (hit.blocks, hit.num_tokens) == ([], 0)
     assert cache.stats().hit_tokens == 0
     cache.lock(hit.node)  # what the scheduler does with any match: it protects nothing of a's
@@ -65,10 +65,10 @@ def test_a_tenant_reads_nothing_of_a_prefix_it_does_not_own():
 def test_a_tenant_reads_the_public_stem_but_not_anothers_private_tail():
     pool, cache, _ = make(k=3)
     system, question = list(range(8)), [50, 51, 52, 53, 54, 55, 56, 57]
-    cache.publish("", system)
+    cache.publish(system)
     blocks = pool.allocate(4)
-    finish(pool, cache, "", system + question, blocks, tenant="a")
-    hit = cache.match("", system + question + [0], "b")
+    finish(pool, cache, system + question, blocks, tenant="a")
+    hit = cache.match(system + question + [0], "b")
     assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
     assert ask(cache, "a", system + question) == 16
     assert cache.usage().public_blocks == 2 and cache.usage().private_blocks == {"a": 2}
@@ -76,20 +76,20 @@ def test_a_tenant_reads_the_public_stem_but_not_anothers_private_tail():
 
 def test_publish_opens_a_cached_prefix_in_whole_blocks():
     pool, cache, _ = make(k=5)
-    finish(pool, cache, "", PROMPT, pool.allocate(3), tenant="a")
-    assert cache.publish("", PROMPT[:10]) == 2  # the third block is not whole in the published text
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    assert cache.publish(PROMPT[:10]) == 2  # the third block is not whole in the published text
     assert ask(cache, "b", PROMPT) == 8
-    assert cache.publish("", PROMPT[:10]) == 0  # already public
+    assert cache.publish(PROMPT[:10]) == 0  # already public
     assert cache.usage().private_blocks == {"a": 1}
     check_refs(pool, cache)
 
 
 def test_publish_opens_prefixes_cached_later_too():
     pool, cache, _ = make(k=5)
-    assert cache.publish("", PROMPT) == 0  # nothing cached yet: remembered
-    finish(pool, cache, "", PROMPT[:4], pool.allocate(1), tenant="a")
+    assert cache.publish(PROMPT) == 0  # nothing cached yet: remembered
+    finish(pool, cache, PROMPT[:4], pool.allocate(1), tenant="a")
     assert ask(cache, "b", PROMPT) == 4
-    finish(pool, cache, "", PROMPT + [1, 2, 3, 4], pool.allocate(4), tenant="c")  # the rest, and beyond
+    finish(pool, cache, PROMPT + [1, 2, 3, 4], pool.allocate(4), tenant="c")  # the rest, and beyond
     assert ask(cache, "d", PROMPT + [1, 2, 3, 4]) == 12  # the published three blocks, not c's fourth
     assert cache.usage().public_blocks == 3 and cache.usage().private_blocks == {"c": 1}
     check_refs(pool, cache)
@@ -97,10 +97,10 @@ def test_publish_opens_prefixes_cached_later_too():
 
 def test_publication_outlives_a_rebuilt_cache_of_another_block_size():
     publication = Publication(5, 100.0)
-    RadixCache(BlockPool(8), BS, publication=publication).publish("", list(range(16)))
+    RadixCache(BlockPool(8), BS, publication=publication).publish(list(range(16)))
     pool = BlockPool(8)
     cache = RadixCache(pool, 8, publication=publication)  # a new executor: blocks of 8 tokens
-    finish(pool, cache, "", list(range(16)), pool.allocate(2), tenant="a")
+    finish(pool, cache, list(range(16)), pool.allocate(2), tenant="a")
     assert ask(cache, "b", list(range(16))) == 16
 
 
@@ -108,31 +108,21 @@ def test_merging_a_tenants_copy_keeps_one_copy_of_the_blocks():
     pool, cache, _ = make(k=5, num_blocks=8)
     stem, tail = PROMPT[:8], [7, 7, 7, 7]
     first = pool.allocate(2)
-    assert finish(pool, cache, "", stem, first, tenant="a") == 2
+    assert finish(pool, cache, stem, first, tenant="a") == 2
     assert ask(cache, "b", stem + tail) == 0  # b cannot read a's stem: it computes its own
     second = pool.allocate(3)
-    assert finish(pool, cache, "", stem + tail, second, tenant="b") == 1  # only the tail is new
+    assert finish(pool, cache, stem + tail, second, tenant="b") == 1  # only the tail is new
     check_refs(pool, cache)
     assert pool.num_free == 5  # b's copy of the stem went back
-    assert cache.match("", stem + tail + [0], "b").blocks == first + second[2:]
+    assert cache.match(stem + tail + [0], "b").blocks == first + second[2:]
     assert cache.usage().private_blocks == {"a": 2, "b": 3}
     assert ask(cache, "a", stem + tail) == 8  # the tail is b's alone
     assert ask(cache, "c", stem + tail) == 0
 
 
-def test_namespaces_never_share_whatever_the_tenant_rules_say():
-    pool, cache, _ = make(k=1)  # every prefix public at once, within its namespace
-    finish(pool, cache, "model-v1", PROMPT, pool.allocate(3), tenant="a")
-    cache.publish("model-v1", PROMPT)
-    assert ask(cache, "b", PROMPT, namespace="model-v1") == 12
-    assert ask(cache, "a", PROMPT, namespace="model-v2") == 0
-    assert finish(pool, cache, "model-v2", PROMPT, pool.allocate(3), tenant="a") == 3  # its own copy
-    check_refs(pool, cache)
-
-
 def test_splitting_a_node_keeps_its_owners_senders_and_publicity():
     pool, cache, _ = make(k=3)
-    finish(pool, cache, "", PROMPT, pool.allocate(3), tenant="a")  # one node of three blocks
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")  # one node of three blocks
     assert ask(cache, "b", PROMPT[:8]) == 0  # splits it after two blocks; b sent only those
     assert cache.usage().private_blocks == {"a": 3}  # a owns both parts
     assert ask(cache, "c", PROMPT) == 8  # the third sender of the first two blocks (a's before the split)
@@ -141,8 +131,8 @@ def test_splitting_a_node_keeps_its_owners_senders_and_publicity():
     assert ask(cache, "d", PROMPT) == 12  # the third sender of the last block
 
     other = [7] * 12
-    finish(pool, cache, "", other, pool.allocate(3), tenant="x")
-    assert cache.publish("", other) == 3
+    finish(pool, cache, other, pool.allocate(3), tenant="x")
+    assert cache.publish(other) == 3
     assert ask(cache, "y", other[:4] + [5] * 4) == 4  # splits the public node after one block
     assert ask(cache, "z", other) == 12
     assert cache.usage().public_blocks == 6
@@ -154,8 +144,8 @@ def eviction_survivor(seconds_between: float) -> str:
     later (half-life 60 s); which one a one-node eviction leaves."""
     pool, cache, clock = make(half_life_s=60.0)
     old, new = [1] * 8, [2] * 8
-    finish(pool, cache, "", old, pool.allocate(2), tenant="a")
-    finish(pool, cache, "", new, pool.allocate(2), tenant="a")
+    finish(pool, cache, old, pool.allocate(2), tenant="a")
+    finish(pool, cache, new, pool.allocate(2), tenant="a")
     for _ in range(3):
         ask(cache, "a", old)
     clock.now = seconds_between
@@ -171,10 +161,10 @@ def test_decayed_hit_counts_decide_what_is_evicted():
 
 def test_cache_usage_counts_blocks_by_holder_and_tenant():
     pool, cache, _ = make(k=5, num_blocks=16)
-    finish(pool, cache, "", PROMPT, pool.allocate(3), tenant="a")
-    finish(pool, cache, "", [9] * 8, pool.allocate(2), tenant="b")
-    cache.publish("", [9] * 8)
-    hit = cache.match("", PROMPT + [0], "a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, [9] * 8, pool.allocate(2), tenant="b")
+    cache.publish([9] * 8)
+    hit = cache.match(PROMPT + [0], "a")
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     usage = cache.usage()
@@ -190,7 +180,7 @@ def test_cache_usage_counts_blocks_by_holder_and_tenant():
 def test_disabled_cache_publishes_nothing():
     pool = BlockPool(8)
     cache = RadixCache(pool, BS, enabled=False)
-    assert cache.publish("", PROMPT) == 0
+    assert cache.publish(PROMPT) == 0
     assert cache.usage() == (8, 0, 0, 0, 0, {}, 0, 0)
 
 

@@ -18,10 +18,9 @@ def make(num_blocks: int = 32) -> tuple[BlockPool, RadixCache]:
     return pool, RadixCache(pool, BS)
 
 
-def finish(pool: BlockPool, cache: RadixCache, namespace: str, tokens: list[int], blocks: list[int],
-           tenant: str = "") -> int:
+def finish(pool: BlockPool, cache: RadixCache, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
     """What the scheduler does when a request ends: offer its blocks, then drop its own references."""
-    new = cache.insert(namespace, tokens, blocks, tenant=tenant)
+    new = cache.insert(tokens, blocks, tenant=tenant)
     pool.release(blocks)
     return new
 
@@ -40,37 +39,37 @@ def test_match_returns_the_longest_cached_prefix_in_whole_blocks():
     pool, cache = make()
     tokens = list(range(100, 112))  # three blocks
     blocks = pool.allocate(3)
-    assert finish(pool, cache, "", tokens, blocks) == 3
+    assert finish(pool, cache, tokens, blocks) == 3
     check_refs(pool, cache)
 
-    hit = cache.match("", tokens + [7, 8])
+    hit = cache.match(tokens + [7, 8])
     assert (hit.blocks, hit.num_tokens) == (blocks, 12)
-    hit = cache.match("", tokens[:10] + [0, 0, 0])  # diverges inside the third block
+    hit = cache.match(tokens[:10] + [0, 0, 0])  # diverges inside the third block
     assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
-    assert cache.match("", [1, 2, 3, 4, 5]).num_tokens == 0
-    assert cache.match("", [100, 101, 102]).num_tokens == 0  # less than one block
+    assert cache.match([1, 2, 3, 4, 5]).num_tokens == 0
+    assert cache.match([100, 101, 102]).num_tokens == 0  # less than one block
 
 
 def test_match_always_leaves_a_token_to_compute():
     pool, cache = make()
     tokens = list(range(8))
-    finish(pool, cache, "", tokens, pool.allocate(2))
-    assert cache.match("", tokens).num_tokens == 4  # not 8: the last position must yield logits
-    assert cache.match("", tokens + [9]).num_tokens == 8
-    assert cache.match("", tokens[:5]).num_tokens == 4
-    assert cache.match("", tokens[:4]).num_tokens == 0
+    finish(pool, cache, tokens, pool.allocate(2))
+    assert cache.match(tokens).num_tokens == 4  # not 8: the last position must yield logits
+    assert cache.match(tokens + [9]).num_tokens == 8
+    assert cache.match(tokens[:5]).num_tokens == 4
+    assert cache.match(tokens[:4]).num_tokens == 0
 
 
 def test_insert_keeps_the_trees_block_and_frees_the_duplicate():
     pool, cache = make(8)
     tokens = list(range(8))
     first, second = pool.allocate(2), pool.allocate(2)
-    assert finish(pool, cache, "", tokens, first) == 2
-    assert finish(pool, cache, "", tokens + [8, 9, 10, 11], second + pool.allocate(1)) == 1
+    assert finish(pool, cache, tokens, first) == 2
+    assert finish(pool, cache, tokens + [8, 9, 10, 11], second + pool.allocate(1)) == 1
     check_refs(pool, cache)
     assert cache.stats().cached_blocks == 3
     assert pool.num_free == 5  # `second` went back: the tree kept `first`
-    assert cache.match("", tokens + [8, 9, 10, 11, 12]).blocks[:2] == first
+    assert cache.match(tokens + [8, 9, 10, 11, 12]).blocks[:2] == first
 
 
 def test_insert_splits_a_node_where_prompts_diverge():
@@ -78,45 +77,31 @@ def test_insert_splits_a_node_where_prompts_diverge():
     stem = list(range(50, 58))
     a, b = stem + [1, 2, 3, 4], stem + [5, 6, 7, 8]
     blocks_a = pool.allocate(3)
-    finish(pool, cache, "", a, blocks_a)
-    hit = cache.match("", b + [0])
+    finish(pool, cache, a, blocks_a)
+    hit = cache.match(b + [0])
     assert hit.blocks == blocks_a[:2]
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     blocks_b = hit.blocks + pool.allocate(1)
     cache.unlock(hit.node)
-    assert finish(pool, cache, "", b, blocks_b) == 1
+    assert finish(pool, cache, b, blocks_b) == 1
     check_refs(pool, cache)
-    assert cache.match("", a + [0]).blocks == blocks_a
-    assert cache.match("", b + [0]).blocks == blocks_b
+    assert cache.match(a + [0]).blocks == blocks_a
+    assert cache.match(b + [0]).blocks == blocks_b
     assert cache.stats().cached_blocks == 4
-
-
-def test_namespaces_never_share():
-    pool, cache = make()
-    tokens = list(range(12))
-    blocks = pool.allocate(3)
-    finish(pool, cache, "tenant-a", tokens, blocks)
-    assert cache.match("tenant-b", tokens + [1]).num_tokens == 0
-    assert cache.match("", tokens + [1]).num_tokens == 0
-    assert cache.match("tenant-a", tokens + [1]).num_tokens == 12
-    other = pool.allocate(3)
-    assert finish(pool, cache, "tenant-b", tokens, other) == 3  # its own copy, not a duplicate
-    assert cache.match("tenant-b", tokens + [1]).blocks == other
-    check_refs(pool, cache)
 
 
 def test_locked_prefixes_are_never_evicted():
     pool, cache = make(8)
     tokens = list(range(16))
-    finish(pool, cache, "", tokens, pool.allocate(4))
-    hit = cache.match("", tokens[:9])
+    finish(pool, cache, tokens, pool.allocate(4))
+    hit = cache.match(tokens[:9])
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     assert cache.stats().evictable_blocks == 2
     assert cache.evict(100) == 2  # only the unlocked tail
     check_refs(pool, cache, hit.blocks)
-    assert cache.match("", tokens + [0]).blocks == hit.blocks
+    assert cache.match(tokens + [0]).blocks == hit.blocks
     cache.unlock(hit.node)
     pool.release(hit.blocks)
     assert cache.flush() == 2
@@ -128,24 +113,24 @@ def test_locked_prefixes_are_never_evicted():
 def test_eviction_takes_the_least_recently_used_leaf_first():
     pool, cache = make()
     old, new = [1] * 8, [2] * 8
-    finish(pool, cache, "", old, pool.allocate(2))
-    finish(pool, cache, "", new, pool.allocate(2))
-    cache.match("", old + [0])  # touched: now the newer one
+    finish(pool, cache, old, pool.allocate(2))
+    finish(pool, cache, new, pool.allocate(2))
+    cache.match(old + [0])  # touched: now the newer one
     assert cache.evict(1) == 2  # a whole node
-    assert cache.match("", old + [0]).num_tokens == 8
-    assert cache.match("", new + [0]).num_tokens == 0
+    assert cache.match(old + [0]).num_tokens == 8
+    assert cache.match(new + [0]).num_tokens == 0
 
 
 def test_eviction_climbs_to_parents_that_become_leaves():
     pool, cache = make()
     stem = [9] * 4
-    finish(pool, cache, "", stem + [1] * 4, pool.allocate(2))
-    hit = cache.match("", stem + [2] * 5)
+    finish(pool, cache, stem + [1] * 4, pool.allocate(2))
+    hit = cache.match(stem + [2] * 5)
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     blocks = hit.blocks + pool.allocate(1)
     cache.unlock(hit.node)
-    finish(pool, cache, "", stem + [2] * 4, blocks)
+    finish(pool, cache, stem + [2] * 4, blocks)
     assert cache.stats() == (3, 3, 4, 9)
     assert cache.evict(3) == 3
     assert pool.num_free == pool.num_blocks
@@ -155,16 +140,16 @@ def test_eviction_climbs_to_parents_that_become_leaves():
 def test_insert_rejects_a_partial_block():
     pool, cache = make()
     with pytest.raises(ValueError):
-        cache.insert("", [1, 2, 3, 4, 5], pool.allocate(2))
+        cache.insert([1, 2, 3, 4, 5], pool.allocate(2))
 
 
 def test_disabled_cache_matches_and_stores_nothing():
     pool = BlockPool(8)
     cache = RadixCache(pool, BS, enabled=False)
     blocks = pool.allocate(2)
-    assert cache.insert("", list(range(8)), blocks) == 0
+    assert cache.insert(list(range(8)), blocks) == 0
     pool.release(blocks)
-    assert cache.match("", list(range(9))).num_tokens == 0
+    assert cache.match(list(range(9))).num_tokens == 0
     assert pool.num_free == 8 and cache.stats() == (0, 0, 0, 0)
 
 
@@ -193,41 +178,41 @@ def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, mi
     clock = Clock()
     pool = BlockPool(num_blocks)
     cache = RadixCache(pool, BS, publication=Publication(min_tenants, WINDOW_S), hit_half_life_s=10.0, clock=clock)
-    holds_prefix: dict[int, tuple] = {}  # block -> (namespace, the tokens up to its end) it was written for
-    # What each tenant may read, by (namespace, a whole-block prefix); never less than the cache lets it.
+    holds_prefix: dict[int, tuple] = {}  # block -> the tokens up to its end it was written for
+    # What each tenant may read, by a whole-block prefix; never less than the cache lets it.
     stored_by: dict[tuple, set[str]] = defaultdict(set)  # tenants that ever stored the prefix
     sent_at: dict[tuple, dict[str, float]] = defaultdict(dict)  # tenant -> its last send of the prefix
     public: set[tuple] = set()  # published by an admin, or sent by enough tenants at some time
 
-    def send(namespace: str, tenant: str, tokens: list[int]) -> None:
+    def send(tenant: str, tokens: list[int]) -> None:
         for end in range(BS, len(tokens) + 1, BS):
-            prefix = (namespace, tuple(tokens[:end]))
+            prefix = tuple(tokens[:end])
             sent_at[prefix][tenant] = clock.now
             if sum(clock.now - at <= WINDOW_S for at in sent_at[prefix].values()) >= min_tenants:
                 public.add(prefix)
 
-    running: list[tuple[str, str, list[int], list[int], object]] = []
+    running: list[tuple[str, list[int], list[int], object]] = []
     stems = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=12), min_size=1, max_size=3))
     for _ in range(data.draw(st.integers(1, 60))):
         actions = ["start"] * 3 + ["finish"] * 3 * bool(running) + ["evict", "publish", "wait"]
         action = data.draw(st.sampled_from(actions))
         if action == "finish":
-            namespace, tenant, tokens, blocks, node = running.pop(data.draw(st.integers(0, len(running) - 1)))
+            tenant, tokens, blocks, node = running.pop(data.draw(st.integers(0, len(running) - 1)))
             full = data.draw(st.integers(0, len(tokens) // BS))  # how far the KV got computed
-            send(namespace, tenant, tokens[: full * BS])
+            send(tenant, tokens[: full * BS])
             for end in range(BS, full * BS + 1, BS):
-                stored_by[namespace, tuple(tokens[:end])].add(tenant)
-            cache.insert(namespace, tokens[: full * BS], blocks[:full], tenant=tenant)
+                stored_by[tuple(tokens[:end])].add(tenant)
+            cache.insert(tokens[: full * BS], blocks[:full], tenant=tenant)
             cache.unlock(node)
             pool.release(blocks)
         elif action == "start":
-            namespace, tenant = data.draw(st.sampled_from(["", "b"])), data.draw(st.sampled_from(TENANTS))
+            tenant = data.draw(st.sampled_from(TENANTS))
             tokens = data.draw(st.sampled_from(stems)) + data.draw(st.lists(st.integers(0, 3), max_size=8))
-            send(namespace, tenant, tokens[: (len(tokens) - 1) // BS * BS])
-            hit = cache.match(namespace, tokens, tenant)
+            send(tenant, tokens[: (len(tokens) - 1) // BS * BS])
+            hit = cache.match(tokens, tenant)
             assert hit.num_tokens == len(hit.blocks) * BS < len(tokens)
             for i, block in enumerate(hit.blocks):
-                prefix = (namespace, tuple(tokens[: (i + 1) * BS]))
+                prefix = tuple(tokens[: (i + 1) * BS])
                 assert holds_prefix[block] == prefix
                 assert tenant in stored_by[prefix] or prefix in public
             cache.lock(hit.node)
@@ -240,18 +225,18 @@ def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, mi
             else:
                 pool.retain(hit.blocks)
                 for i, block in enumerate(fresh, start=len(hit.blocks)):
-                    holds_prefix[block] = (namespace, tuple(tokens[: (i + 1) * BS]))
-                running.append((namespace, tenant, tokens, hit.blocks + fresh, hit.node))
+                    holds_prefix[block] = tuple(tokens[: (i + 1) * BS])
+                running.append((tenant, tokens, hit.blocks + fresh, hit.node))
         elif action == "evict":
             cache.evict(data.draw(st.integers(1, 3)))
         elif action == "publish":
-            namespace, stem = data.draw(st.sampled_from(["", "b"])), data.draw(st.sampled_from(stems))
+            stem = data.draw(st.sampled_from(stems))
             tokens = stem[: data.draw(st.integers(0, len(stem)))]
-            cache.publish(namespace, tokens)
-            public.update((namespace, tuple(tokens[:end])) for end in range(BS, len(tokens) + 1, BS))
+            cache.publish(tokens)
+            public.update(tuple(tokens[:end]) for end in range(BS, len(tokens) + 1, BS))
         else:
             clock.now += data.draw(st.sampled_from([1.0, 5.0, 30.0]))
-        held = [blocks for _, _, _, blocks, _ in running]
+        held = [blocks for _, _, blocks, _ in running]
         check_refs(pool, cache, *held)
         usage = cache.usage()
         assert usage.evictable_blocks == sum(all(b not in h for h in held) for b in cache.cached_blocks())

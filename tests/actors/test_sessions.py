@@ -6,7 +6,6 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.scheduler.batching import MODEL_NAMESPACE
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionTable
@@ -45,7 +44,7 @@ def compute(pool: BlockPool, cache: RadixCache, user: str, tokens: list[int]) ->
     every full block but the one holding the last token, whose KV was never computed."""
     full = (len(tokens) - 1) // BS
     blocks = pool.allocate(full)
-    cache.insert(MODEL_NAMESPACE, tokens[: full * BS], blocks, tenant=user)
+    cache.insert(tokens[: full * BS], blocks, tenant=user)
     pool.release(blocks)
 
 
@@ -149,13 +148,13 @@ def test_pinned_turns_survive_eviction_until_the_session_closes():
     compute(pool, cache, "", list(range(500, 521)))  # another request's prefix, not pinned
     evict_all(cache)
     check(table, pool, cache)
-    assert cache.match(MODEL_NAMESPACE, t1 + [0]).num_tokens == 12
-    assert cache.match(MODEL_NAMESPACE, list(range(500, 521))).num_tokens == 0
+    assert cache.match(t1 + [0]).num_tokens == 12
+    assert cache.match(list(range(500, 521))).num_tokens == 0
 
     t2 = turn(table, pool, cache, sid, "t2", list(range(200, 208)))
     assert [pin.turn_id for pin in table.sessions[sid].pins] == ["t2"]  # t1's pin is covered by t2's
     evict_all(cache)
-    assert cache.match(MODEL_NAMESPACE, t2 + [0]).num_tokens == (len(t2) - 1) // BS * BS
+    assert cache.match(t2 + [0]).num_tokens == (len(t2) - 1) // BS * BS
     check(table, pool, cache)
 
     table.close(CloseSession(sid))
@@ -170,7 +169,7 @@ def test_a_session_pins_no_more_than_its_capacity():
     t1 = turn(table, pool, cache, sid, "t1", list(range(100, 121)))
     assert table.sessions[sid].pinned_tokens == 8
     evict_all(cache)
-    assert cache.match(MODEL_NAMESPACE, t1).num_tokens == 8  # the leading blocks: what the next turn reads first
+    assert cache.match(t1).num_tokens == 8  # the leading blocks: what the next turn reads first
     check(table, pool, cache)
 
     # Two branches that together pass the capacity: the older one's pin goes.
