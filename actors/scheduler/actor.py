@@ -12,7 +12,7 @@ import uuid
 import msgspec
 
 from actors.scheduler.batching import ContinuousBatcher
-from actors.scheduler.cache_visibility import Publication
+from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.bus import PayloadTooLarge
@@ -100,7 +100,7 @@ class SchedulerActor(Actor):
             self.batcher = ContinuousBatcher(
                 info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
                 engine.max_num_seqs, engine.max_prefill_tokens, prefix_caching=engine.prefix_caching,
-                publication=Publication(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
+                tenancy=TenancyPolicy(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
             )
         else:
             self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,

@@ -16,7 +16,7 @@ from collections import Counter, deque
 import msgspec
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.cache_visibility import Publication
+from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.radix_cache import CacheStats, MatchResult, Node, RadixCache
 from actors.scheduler.sequence import Sequence, State
 from schemas.admin import CacheReport, PrefixPublished, SchedulerStats
@@ -45,10 +45,10 @@ class ContinuousBatcher:
         max_prefill_tokens: int = 2048,
         lookahead_tokens: int | None = None,
         prefix_caching: bool = True,
-        publication: Publication | None = None,
+        tenancy: TenancyPolicy | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks)
-        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, publication=publication or Publication())
+        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, tenancy=tenancy or TenancyPolicy())
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -176,7 +176,7 @@ class ContinuousBatcher:
         recomputed from its prompt and the tokens it already produced."""
         self.pool = BlockPool(num_blocks)
         # What admins published outlives the executor: it is kept as tokens, whatever the new block size.
-        self.cache = RadixCache(self.pool, block_size, enabled=self.cache.enabled, publication=self.cache.publication)
+        self.cache = RadixCache(self.pool, block_size, enabled=self.cache.enabled, tenancy=self.cache.tenancy)
         self.block_size, self.max_model_len, self.vocab_size = block_size, max_model_len, vocab_size
         self.lookahead_tokens = 2 * block_size
         for seq in self.running + [s for s in self.sequences.values() if s.state is State.DRAINING]:
@@ -248,7 +248,7 @@ class ContinuousBatcher:
         if seq.fork_of or not self.cache.enabled or not peers:
             return False  # and no tree walk beside _admit's, in the common case
         tokens = seq.prompt_ids + seq.output_ids
-        cached = self.cache.match(tokens, tenant=seq.tenant, count=False)
+        cached = self.cache.match(tokens, tenant=seq.tenant)
         end = (len(cached.blocks) + 1) * self.block_size  # one block past what the cache has
         if end >= len(tokens):
             return False
@@ -266,7 +266,7 @@ class ContinuousBatcher:
         tokens = seq.prefill_ids[: full * self.block_size]
         self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
         # match leaves the last token it is given uncached: give one past the stored blocks.
-        stored = self.cache.match(tokens + [0], tenant=seq.tenant, count=False)
+        stored = self.cache.match(tokens + [0], tenant=seq.tenant)
         if stored.blocks != seq.blocks[: len(stored.blocks)]:
             return
         self.cache.lock(stored.node)
@@ -302,9 +302,10 @@ class ContinuousBatcher:
         if parent is not None and parent.state is State.RUNNING:
             return self._admit_fork(seq, parent)
         tokens = seq.prompt_ids + seq.output_ids
-        # One request is one lookup in the hit figures, however often it waits for blocks or is readmitted.
-        cached = self.cache.match(tokens, tenant=seq.tenant, count=not seq.looked_up)
-        seq.looked_up = True
+        if not seq.looked_up:  # one request is one lookup, however often it waits for blocks or is readmitted
+            self.cache.record_lookup(tokens, tenant=seq.tenant)
+            seq.looked_up = True
+        cached = self.cache.match(tokens, tenant=seq.tenant)
         self.cache.lock(cached.node)  # so that _allocate cannot evict it
         blocks = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if blocks is None:

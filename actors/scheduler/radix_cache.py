@@ -2,8 +2,8 @@
 
 The scheduler owns it beside the block pool. Finished, aborted and preempted requests leave their
 computed full blocks here; a new request takes the longest cached prefix of its tokens and
-computes only the rest. One tree per deployment (one model and weight version); a node is read
-only by the tenants it is visible to (cache_visibility.py).
+computes only the rest. One tree per deployment (one model and weight version); which tenants
+read a node is the tenancy policy's rule (cache_tenancy.py), which the tree consults.
 """
 
 import heapq
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.cache_visibility import Key, Publication, Visibility
+from actors.scheduler.cache_tenancy import Key, TenancyPolicy, Visibility
 
 
 @dataclass(eq=False)
@@ -28,7 +28,7 @@ class Node:
     children: dict[Key, "Node"] = field(default_factory=dict)  # by the tokens of the child's first block
     lock_ref: int = 0  # running requests whose matched prefix runs through this node
     last_access: int = 0  # a tick of the cache's counter: LRU among nodes of equal hits
-    visibility: Visibility = field(default_factory=Visibility)
+    visibility: Visibility = field(default_factory=Visibility)  # what the tenancy policy knows of it
     hits: float = 0.0  # requests that read it, each worth half as much every half-life since...
     hits_at: float = 0.0  # ...this time, when `hits` was last brought up to date
 
@@ -63,18 +63,18 @@ class CacheUsage(NamedTuple):
 
 
 class RadixCache:
-    """Full KV blocks keyed by the tokens of the whole prefix up to them, each node
-    readable by the tenants it is visible to: its owners, or all once it is public.
+    """Full KV blocks keyed by the tokens of the whole prefix up to them, each node readable by
+    the tenants that `tenancy` lets read it.
 
     Invariants: the tree holds exactly one `BlockPool` reference for every block it stores, and a
     block appears in at most one node, whichever tenants read it. A stored block is full and
     read-only. A locked node and its ancestors are never evicted. What a tenant may read is a
     prefix of every path (a public node's ancestors are public; an owner owns the ancestors too),
-    so a match stops at the first node it may not read. Disabled, it matches nothing and stores
-    nothing.
+    so a match stops at the first node it may not read. Only `record_lookup` counts hits and
+    sends; `match` only reads. Disabled, it matches nothing and stores nothing.
 
     Eviction takes the unlocked leaves with the fewest hits first, each hit worth half as much
-    every `hit_half_life_s`; `clock` gives those times and the publication window's.
+    every `hit_half_life_s`; `clock` gives those times and the tenancy window's.
     """
 
     def __init__(
@@ -83,7 +83,7 @@ class RadixCache:
         block_size: int,
         enabled: bool = True,
         *,
-        publication: Publication | None = None,
+        tenancy: TenancyPolicy | None = None,
         hit_half_life_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -92,7 +92,7 @@ class RadixCache:
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
-        self.publication = publication if publication is not None else Publication()
+        self.tenancy = tenancy if tenancy is not None else TenancyPolicy()
         self.hit_half_life_s = hit_half_life_s
         self._clock = clock
         self._root = Node((), [], None)
@@ -103,35 +103,45 @@ class RadixCache:
         self._hit_tokens = 0
         self._queried_tokens = 0
 
-    def match(self, tokens: list[int], tenant: str = "", *, count: bool = True) -> MatchResult:
+    def match(self, tokens: list[int], tenant: str = "") -> MatchResult:
         """The longest cached prefix of `tokens` that `tenant` may read, in whole blocks, leaving
         at least one token uncached so that computing the rest yields the last position's logits.
 
-        `tenant` counts as a sender of every cached node along `tokens`, readable or not, before
-        the cache decides what it may read: the request that makes a node public already reads it.
-        With `count=False` the lookup is no request's (a session finding the KV to pin): it is
-        neither a send nor a hit, so eviction and the hit rate weigh only what requests read.
+        A read: no hit, no send, no visibility changes. Where the prefix ends inside a node, that
+        node is split, so that the match ends on a node that locks exactly its blocks.
+        """
+        node, blocks, readable = self._root, [], True
+        if not self.enabled:
+            return MatchResult(node, blocks, 0)
+        for child, _ in self._descend(self._root, self._lookup_key(tokens)):
+            readable = readable and self.tenancy.may_read(child.visibility, tenant)
+            if readable:
+                node, blocks = child, blocks + child.blocks
+        return MatchResult(node, blocks, len(blocks) * self.block_size)
+
+    def record_lookup(self, tokens: list[int], tenant: str = "") -> None:
+        """Counts one request's lookup of `tokens`: `tenant` sends every cached node along them,
+        readable or not, and each node it may read gets a hit; the hit rate counts the tokens.
+
+        Call it once per request, before its `match`, so that the request whose send makes a
+        node public reads it already. A session finding the KV to pin, or a request matched again
+        after waiting for blocks, records nothing: eviction and the hit rate weigh only what
+        requests read.
         """
         if not self.enabled:
-            return MatchResult(self._root, [], 0)
-        if count:
-            self._queried_tokens += len(tokens)
+            return
         tick, now = next(self._ticks), self._clock()
-        key = tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
-        node, hit, blocks, readable = self._root, 0, [], True
-        for child, end in self._descend(self._root, key):
-            if count:
-                self._sent(child, tenant, now)
-            readable = readable and child.visibility.visible_to(tenant)
+        hit, readable = 0, True
+        for child, end in self._descend(self._root, self._lookup_key(tokens)):
+            if self.tenancy.sent(child.visibility, tenant, now):
+                self._make_public(child.parent)  # see _stored
+            readable = readable and self.tenancy.may_read(child.visibility, tenant)
             if readable:
-                if count:
-                    child.last_access = tick
-                    child.hits, child.hits_at = self._score(child, now) + 1, now
-                blocks += child.blocks
-                node, hit = child, end
-        if count:
-            self._hit_tokens += hit
-        return MatchResult(node, blocks, hit)
+                child.last_access = tick
+                child.hits, child.hits_at = self._score(child, now) + 1, now
+                hit = end
+        self._queried_tokens += len(tokens)
+        self._hit_tokens += hit
 
     def insert(self, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
         """Stores the full blocks `blocks` holding the KV of `tokens` (block_size tokens each) for
@@ -147,21 +157,19 @@ class RadixCache:
         key, tick, now = tuple(tokens), next(self._ticks), self._clock()
         node, pos = self._root, 0
         for node, pos in self._descend(self._root, key):
-            node.visibility.owners.add(tenant)
             node.last_access = tick
-            self._sent(node, tenant, now)
+            self._stored(node, tenant, now)
         if pos == len(key):
             return 0
         new_blocks = blocks[pos // bs :]
-        leaf = Node(key[pos:], new_blocks, node, last_access=tick, hits=1.0, hits_at=now,
-                    visibility=Visibility(owners={tenant}))
+        leaf = Node(key[pos:], new_blocks, node, last_access=tick, hits=1.0, hits_at=now)
         node.children[key[pos : pos + bs]] = leaf
         self._leaves.discard(node)
         self._leaves.add(leaf)
         self.pool.retain(new_blocks)
         self._evictable += len(new_blocks)
-        self._sent(leaf, tenant, now)
-        published = (self.publication.published_tokens(key, bs) - pos) // bs
+        self._stored(leaf, tenant, now)
+        published = (self.tenancy.published_tokens(key, bs) - pos) // bs
         if published > 0:
             self._make_public(self._split(leaf, published) if published < len(new_blocks) else leaf)
         return len(new_blocks)
@@ -171,7 +179,7 @@ class RadixCache:
         those stored later (a shared system prompt). Returns how many cached blocks it opened."""
         if not self.enabled:
             return 0
-        self.publication.publish(tuple(tokens))
+        self.tenancy.publish(tuple(tokens))
         key = tuple(tokens[: len(tokens) // self.block_size * self.block_size])
         node = self._root
         for node, _ in self._descend(self._root, key):
@@ -267,16 +275,19 @@ class RadixCache:
             yield child, pos
             node = child
 
-    def _sent(self, node: Node, tenant: str, now: float) -> None:
-        if self.publication.sent(node.visibility, tenant, now):
+    def _lookup_key(self, tokens: list[int]) -> Key:
+        """The whole blocks of `tokens` a match may cover: never the last token."""
+        return tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
+
+    def _stored(self, node: Node, tenant: str, now: float) -> None:
+        if self.tenancy.stored(node.visibility, tenant, now):
             self._make_public(node.parent)  # public already, or due: they saw every sender of `node`
 
     def _make_public(self, node: Node) -> int:
-        """Makes `node` and its ancestors public; returns how many blocks were private."""
+        """Makes `node` and its ancestors public; returns how many blocks were private. An
+        ancestor of a public node is public, so the walk stops at the first one."""
         opened = 0
-        while node.parent is not None and not node.visibility.public:
-            node.visibility.public = True
-            node.visibility.senders.clear()
+        while node.parent is not None and self.tenancy.open(node.visibility):
             opened += len(node.blocks)
             node = node.parent
         return opened

@@ -187,9 +187,9 @@ class SessionTable:
         """Locks the cached blocks of `turn`'s tokens, as many leading ones as the capacity allows."""
         bs = self.cache.block_size
         limit = min(session.capacity_tokens, self.budget_tokens) // bs * bs
-        # As the batcher matches the turn's next request, but uncounted: no request reads it now. The
-        # match leaves the last token out: one more keeps `limit` tokens within its reach.
-        match = self.cache.match(turn.token_ids[: limit + 1], tenant=session.user, count=False)
+        # As the batcher matches the turn's next request, but unrecorded: no request reads it now.
+        # The match leaves the last token out: one more keeps `limit` tokens within its reach.
+        match = self.cache.match(turn.token_ids[: limit + 1], tenant=session.user)
         if not match.blocks:
             return
         self.cache.lock(match.node)

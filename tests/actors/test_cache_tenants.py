@@ -4,9 +4,9 @@ becomes public, and what merging and decaying hit counts do to the pool and to e
 import pytest
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.cache_visibility import Publication
+from actors.scheduler.cache_tenancy import TenancyPolicy, Visibility
 from actors.scheduler.radix_cache import RadixCache
-from tests.actors.test_radix_cache import BS, Clock, check_refs, finish
+from tests.actors.test_radix_cache import BS, Clock, check_refs, finish, lookup
 
 PROMPT = list(range(100, 112))  # three blocks
 
@@ -14,14 +14,37 @@ PROMPT = list(range(100, 112))  # three blocks
 def make(k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0,
          num_blocks: int = 32) -> tuple[BlockPool, RadixCache, Clock]:
     pool, clock = BlockPool(num_blocks), Clock()
-    cache = RadixCache(pool, BS, publication=Publication(k, window_s), hit_half_life_s=half_life_s, clock=clock)
+    cache = RadixCache(pool, BS, tenancy=TenancyPolicy(k, window_s), hit_half_life_s=half_life_s, clock=clock)
     return pool, cache, clock
 
 
 def ask(cache: RadixCache, tenant: str, tokens: list[int]) -> int:
     """A request of `tenant` for `tokens` and one token more: it sends them, and gets back how many
     come from the cache."""
-    return cache.match(tokens + [0], tenant).num_tokens
+    return lookup(cache, tokens + [0], tenant).num_tokens
+
+
+def test_the_policy_reads_owners_and_public_nodes_and_opens_after_k_senders():
+    policy, node = TenancyPolicy(min_tenants=2, window_s=10.0), Visibility()
+    assert not policy.stored(node, "a", now=0.0)
+    assert policy.may_read(node, "a") and not policy.may_read(node, "b")
+    assert not policy.sent(node, "a", now=5.0)  # the same tenant again
+    assert policy.sent(node, "b", now=12.0)  # a's latest send is 7 s old: two tenants within 10 s
+    assert node.public and node.senders == {} and policy.may_read(node, "anyone")
+    assert not policy.sent(node, "c", now=13.0) and not policy.open(node)  # public already
+
+    late = Visibility()
+    policy.sent(late, "a", now=0.0)
+    assert not policy.sent(late, "b", now=11.0)  # a's send left the window
+    assert late.senders == {"b": 11.0}
+
+
+def test_the_policy_remembers_published_prefixes_in_whole_blocks():
+    policy = TenancyPolicy()
+    policy.publish(tuple(range(10)))
+    assert policy.published_tokens(tuple(range(12)), block_size=4) == 8
+    assert policy.published_tokens((0, 1, 2, 3, 9, 9, 9, 9), block_size=4) == 4
+    assert policy.published_tokens((9,) * 8, block_size=4) == 0
 
 
 def test_a_prefix_stays_private_until_k_tenants_sent_it():
@@ -35,6 +58,15 @@ def test_a_prefix_stays_private_until_k_tenants_sent_it():
     assert ask(cache, "d", PROMPT) == 12
     assert ask(cache, "b", PROMPT) == 12
     assert cache.usage().public_blocks == 3 and cache.usage().private_blocks == {}
+
+
+def test_a_match_alone_sends_nothing():
+    pool, cache, _ = make(k=2)
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    for _ in range(3):
+        assert cache.match(PROMPT + [0], "b").num_tokens == 0  # a read: b is no sender yet
+    assert cache.usage().private_blocks == {"a": 3}
+    assert ask(cache, "b", PROMPT) == 12  # a lookup: b is the second sender
 
 
 def test_senders_outside_the_window_do_not_count():
@@ -53,7 +85,7 @@ def test_a_tenant_reads_nothing_of_a_prefix_it_does_not_own():
     pool, cache, _ = make(k=3)
     blocks = pool.allocate(3)
     finish(pool, cache, PROMPT, blocks, tenant="a")
-    hit = cache.match(PROMPT + [0], "b")
+    hit = lookup(cache, PROMPT + [0], "b")
     assert (hit.blocks, hit.num_tokens) == ([], 0)
     assert cache.stats().hit_tokens == 0
     cache.lock(hit.node)  # what the scheduler does with any match: it protects nothing of a's
@@ -68,7 +100,7 @@ def test_a_tenant_reads_the_public_stem_but_not_anothers_private_tail():
     cache.publish(system)
     blocks = pool.allocate(4)
     finish(pool, cache, system + question, blocks, tenant="a")
-    hit = cache.match(system + question + [0], "b")
+    hit = lookup(cache, system + question + [0], "b")
     assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
     assert ask(cache, "a", system + question) == 16
     assert cache.usage().public_blocks == 2 and cache.usage().private_blocks == {"a": 2}
@@ -96,10 +128,10 @@ def test_publish_opens_prefixes_cached_later_too():
 
 
 def test_publication_outlives_a_rebuilt_cache_of_another_block_size():
-    publication = Publication(5, 100.0)
-    RadixCache(BlockPool(8), BS, publication=publication).publish(list(range(16)))
+    tenancy = TenancyPolicy(5, 100.0)
+    RadixCache(BlockPool(8), BS, tenancy=tenancy).publish(list(range(16)))
     pool = BlockPool(8)
-    cache = RadixCache(pool, 8, publication=publication)  # a new executor: blocks of 8 tokens
+    cache = RadixCache(pool, 8, tenancy=tenancy)  # a new executor: blocks of 8 tokens
     finish(pool, cache, list(range(16)), pool.allocate(2), tenant="a")
     assert ask(cache, "b", list(range(16))) == 16
 
@@ -114,7 +146,7 @@ def test_merging_a_tenants_copy_keeps_one_copy_of_the_blocks():
     assert finish(pool, cache, stem + tail, second, tenant="b") == 1  # only the tail is new
     check_refs(pool, cache)
     assert pool.num_free == 5  # b's copy of the stem went back
-    assert cache.match(stem + tail + [0], "b").blocks == first + second[2:]
+    assert lookup(cache, stem + tail + [0], "b").blocks == first + second[2:]
     assert cache.usage().private_blocks == {"a": 2, "b": 3}
     assert ask(cache, "a", stem + tail) == 8  # the tail is b's alone
     assert ask(cache, "c", stem + tail) == 0
@@ -164,7 +196,7 @@ def test_cache_usage_counts_blocks_by_holder_and_tenant():
     finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
     finish(pool, cache, [9] * 8, pool.allocate(2), tenant="b")
     cache.publish([9] * 8)
-    hit = cache.match(PROMPT + [0], "a")
+    hit = lookup(cache, PROMPT + [0], "a")
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     usage = cache.usage()
@@ -185,9 +217,9 @@ def test_disabled_cache_publishes_nothing():
 
 
 @pytest.mark.parametrize("settings", [{"min_tenants": 0}, {"window_s": 0.0}])
-def test_publication_rejects_meaningless_settings(settings):
+def test_tenancy_policy_rejects_meaningless_settings(settings):
     with pytest.raises(ValueError):
-        Publication(**settings)
+        TenancyPolicy(**settings)
 
 
 def test_cache_rejects_a_half_life_that_is_not_positive():

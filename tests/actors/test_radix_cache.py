@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.cache_visibility import Publication
-from actors.scheduler.radix_cache import RadixCache
+from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.radix_cache import MatchResult, RadixCache
 
 BS = 4
 
@@ -23,6 +23,13 @@ def finish(pool: BlockPool, cache: RadixCache, tokens: list[int], blocks: list[i
     new = cache.insert(tokens, blocks, tenant=tenant)
     pool.release(blocks)
     return new
+
+
+def lookup(cache: RadixCache, tokens: list[int], tenant: str = "") -> MatchResult:
+    """What the scheduler does when a request first looks up its tokens: it records the lookup,
+    then takes the match."""
+    cache.record_lookup(tokens, tenant)
+    return cache.match(tokens, tenant)
 
 
 def check_refs(pool: BlockPool, cache: RadixCache, *held_by_requests: list[int]) -> None:
@@ -42,22 +49,34 @@ def test_match_returns_the_longest_cached_prefix_in_whole_blocks():
     assert finish(pool, cache, tokens, blocks) == 3
     check_refs(pool, cache)
 
-    hit = cache.match(tokens + [7, 8])
+    hit = lookup(cache, tokens + [7, 8])
     assert (hit.blocks, hit.num_tokens) == (blocks, 12)
-    hit = cache.match(tokens[:10] + [0, 0, 0])  # diverges inside the third block
+    hit = lookup(cache, tokens[:10] + [0, 0, 0])  # diverges inside the third block
     assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
-    assert cache.match([1, 2, 3, 4, 5]).num_tokens == 0
-    assert cache.match([100, 101, 102]).num_tokens == 0  # less than one block
+    assert lookup(cache, [1, 2, 3, 4, 5]).num_tokens == 0
+    assert lookup(cache, [100, 101, 102]).num_tokens == 0  # less than one block
 
 
 def test_match_always_leaves_a_token_to_compute():
     pool, cache = make()
     tokens = list(range(8))
     finish(pool, cache, tokens, pool.allocate(2))
-    assert cache.match(tokens).num_tokens == 4  # not 8: the last position must yield logits
-    assert cache.match(tokens + [9]).num_tokens == 8
-    assert cache.match(tokens[:5]).num_tokens == 4
-    assert cache.match(tokens[:4]).num_tokens == 0
+    assert lookup(cache, tokens).num_tokens == 4  # not 8: the last position must yield logits
+    assert lookup(cache, tokens + [9]).num_tokens == 8
+    assert lookup(cache, tokens[:5]).num_tokens == 4
+    assert lookup(cache, tokens[:4]).num_tokens == 0
+
+
+def test_only_a_recorded_lookup_counts_hits():
+    pool, cache = make()
+    tokens = list(range(100, 112))
+    finish(pool, cache, tokens, pool.allocate(3))
+    assert cache.match(tokens + [0]).num_tokens == 12
+    assert cache.stats() == (3, 3, 0, 0)
+    cache.record_lookup(tokens + [0])
+    assert cache.stats() == (3, 3, 12, 13)
+    cache.record_lookup([7] * 8)  # nothing cached: queried, not hit
+    assert cache.stats() == (3, 3, 12, 21)
 
 
 def test_insert_keeps_the_trees_block_and_frees_the_duplicate():
@@ -69,7 +88,7 @@ def test_insert_keeps_the_trees_block_and_frees_the_duplicate():
     check_refs(pool, cache)
     assert cache.stats().cached_blocks == 3
     assert pool.num_free == 5  # `second` went back: the tree kept `first`
-    assert cache.match(tokens + [8, 9, 10, 11, 12]).blocks[:2] == first
+    assert lookup(cache, tokens + [8, 9, 10, 11, 12]).blocks[:2] == first
 
 
 def test_insert_splits_a_node_where_prompts_diverge():
@@ -78,7 +97,7 @@ def test_insert_splits_a_node_where_prompts_diverge():
     a, b = stem + [1, 2, 3, 4], stem + [5, 6, 7, 8]
     blocks_a = pool.allocate(3)
     finish(pool, cache, a, blocks_a)
-    hit = cache.match(b + [0])
+    hit = lookup(cache, b + [0])
     assert hit.blocks == blocks_a[:2]
     cache.lock(hit.node)
     pool.retain(hit.blocks)
@@ -86,8 +105,8 @@ def test_insert_splits_a_node_where_prompts_diverge():
     cache.unlock(hit.node)
     assert finish(pool, cache, b, blocks_b) == 1
     check_refs(pool, cache)
-    assert cache.match(a + [0]).blocks == blocks_a
-    assert cache.match(b + [0]).blocks == blocks_b
+    assert lookup(cache, a + [0]).blocks == blocks_a
+    assert lookup(cache, b + [0]).blocks == blocks_b
     assert cache.stats().cached_blocks == 4
 
 
@@ -95,13 +114,13 @@ def test_locked_prefixes_are_never_evicted():
     pool, cache = make(8)
     tokens = list(range(16))
     finish(pool, cache, tokens, pool.allocate(4))
-    hit = cache.match(tokens[:9])
+    hit = lookup(cache, tokens[:9])
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     assert cache.stats().evictable_blocks == 2
     assert cache.evict(100) == 2  # only the unlocked tail
     check_refs(pool, cache, hit.blocks)
-    assert cache.match(tokens + [0]).blocks == hit.blocks
+    assert lookup(cache, tokens + [0]).blocks == hit.blocks
     cache.unlock(hit.node)
     pool.release(hit.blocks)
     assert cache.flush() == 2
@@ -115,17 +134,17 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     old, new = [1] * 8, [2] * 8
     finish(pool, cache, old, pool.allocate(2))
     finish(pool, cache, new, pool.allocate(2))
-    cache.match(old + [0])  # touched: now the newer one
+    lookup(cache, old + [0])  # touched: now the newer one
     assert cache.evict(1) == 2  # a whole node
-    assert cache.match(old + [0]).num_tokens == 8
-    assert cache.match(new + [0]).num_tokens == 0
+    assert lookup(cache, old + [0]).num_tokens == 8
+    assert lookup(cache, new + [0]).num_tokens == 0
 
 
 def test_eviction_climbs_to_parents_that_become_leaves():
     pool, cache = make()
     stem = [9] * 4
     finish(pool, cache, stem + [1] * 4, pool.allocate(2))
-    hit = cache.match(stem + [2] * 5)
+    hit = lookup(cache, stem + [2] * 5)
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     blocks = hit.blocks + pool.allocate(1)
@@ -149,7 +168,7 @@ def test_disabled_cache_matches_and_stores_nothing():
     blocks = pool.allocate(2)
     assert cache.insert(list(range(8)), blocks) == 0
     pool.release(blocks)
-    assert cache.match(list(range(9))).num_tokens == 0
+    assert lookup(cache, list(range(9))).num_tokens == 0
     assert pool.num_free == 8 and cache.stats() == (0, 0, 0, 0)
 
 
@@ -177,7 +196,7 @@ def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, mi
     `min_tenants` tenants sent it within the window), and every count is its number of holders."""
     clock = Clock()
     pool = BlockPool(num_blocks)
-    cache = RadixCache(pool, BS, publication=Publication(min_tenants, WINDOW_S), hit_half_life_s=10.0, clock=clock)
+    cache = RadixCache(pool, BS, tenancy=TenancyPolicy(min_tenants, WINDOW_S), hit_half_life_s=10.0, clock=clock)
     holds_prefix: dict[int, tuple] = {}  # block -> the tokens up to its end it was written for
     # What each tenant may read, by a whole-block prefix; never less than the cache lets it.
     stored_by: dict[tuple, set[str]] = defaultdict(set)  # tenants that ever stored the prefix
@@ -209,7 +228,7 @@ def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, mi
             tenant = data.draw(st.sampled_from(TENANTS))
             tokens = data.draw(st.sampled_from(stems)) + data.draw(st.lists(st.integers(0, 3), max_size=8))
             send(tenant, tokens[: (len(tokens) - 1) // BS * BS])
-            hit = cache.match(tokens, tenant)
+            hit = lookup(cache, tokens, tenant)
             assert hit.num_tokens == len(hit.blocks) * BS < len(tokens)
             for i, block in enumerate(hit.blocks):
                 prefix = tuple(tokens[: (i + 1) * BS])

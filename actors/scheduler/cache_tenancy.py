@@ -1,6 +1,6 @@
-"""Which tenants may read a cached prefix. The radix cache (radix_cache.py) gives each node a
-`Visibility`: private to the tenants that stored its tokens, public once `min_tenants` distinct
-tenants sent them within a window, or once an admin published a prefix that covers them.
+"""Which tenants may read a cached prefix. The radix cache (radix_cache.py) keeps a `Visibility`
+on each node and consults one `TenancyPolicy` on every read, lookup and store: the policy holds the
+rule, and the prefixes an admin published.
 """
 
 from dataclasses import dataclass, field
@@ -10,26 +10,26 @@ Key = tuple[int, ...]
 
 @dataclass
 class Visibility:
-    """Who may read one node of the tree."""
+    """Who may read one node of the tree: the state the policy keeps per node. A public node
+    remembers no senders."""
 
     public: bool = False  # every tenant may read it; never reverts
     owners: set[str] = field(default_factory=set)  # tenants that stored these tokens themselves
     senders: dict[str, float] = field(default_factory=dict)  # tenant -> when it last sent them; private only
 
-    def visible_to(self, tenant: str) -> bool:
-        return self.public or tenant in self.owners
-
     def copy(self) -> "Visibility":
         return Visibility(self.public, set(self.owners), dict(self.senders))
 
 
-class Publication:
-    """The rule that makes cached prefixes public, and the prefixes an admin published.
+class TenancyPolicy:
+    """The rule of who reads what in the prefix cache.
 
-    A tenant sends a node's tokens when its request's tokens run through the node, whether it may
-    read the node or not, and whether it looks them up or stores them. Once `min_tenants` distinct
-    tenants did so within `window_s` of each other's latest send, the node is public. Only sends
-    while the node is cached count: an evicted node forgets its senders.
+    A node is private to its owners, the tenants that stored its tokens (each computed the same
+    KV). A tenant sends a node's tokens when its request's tokens run through the node, whether it
+    may read the node or not, and whether it looks them up or stores them. Once `min_tenants`
+    distinct tenants did so within `window_s` of each other's latest send, the node is public.
+    Only sends while the node is cached count: an evicted node forgets its senders. Every whole
+    block of a prefix an admin published is public, cached now or later. Public never reverts.
 
     One object per scheduler, it outlives the trees: a cache rebuilt for a new executor (even of
     another block size) takes the same one and keeps what an admin published.
@@ -44,6 +44,9 @@ class Publication:
         self.window_s = window_s
         self._published: set[Key] = set()  # token prefixes, as given
 
+    def may_read(self, visibility: Visibility, tenant: str) -> bool:
+        return visibility.public or tenant in visibility.owners
+
     def sent(self, visibility: Visibility, tenant: str, now: float) -> bool:
         """Records that `tenant` sent the node's tokens at `now`; True if that made it public."""
         if visibility.public:
@@ -54,8 +57,20 @@ class Publication:
             del senders[stale]  # so a private node remembers fewer than min_tenants senders
         if len(senders) < self.min_tenants:
             return False
+        return self.open(visibility)
+
+    def stored(self, visibility: Visibility, tenant: str, now: float) -> bool:
+        """`tenant` stored the node's tokens at `now`: it owns them, and sent them; True if that
+        made the node public."""
+        visibility.owners.add(tenant)
+        return self.sent(visibility, tenant, now)
+
+    def open(self, visibility: Visibility) -> bool:
+        """Makes the node public; False if it was already."""
+        if visibility.public:
+            return False
         visibility.public = True
-        senders.clear()
+        visibility.senders.clear()
         return True
 
     def publish(self, tokens: Key) -> None:
