@@ -3,43 +3,20 @@
 The scheduler owns it beside the block pool. Finished, aborted and preempted requests leave their
 computed full blocks here; a new request takes the longest cached prefix of its tokens and
 computes only the rest. One tree per deployment (one model and weight version); which tenants
-read a node is the tenancy policy's rule (cache_tenancy.py), which the tree consults.
+read a node is the tenancy policy's rule (cache_tenancy.py), which the tree consults; the
+nodes and the walk down a key are in radix_node.py.
 """
 
 import heapq
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import NamedTuple
 
 from actors.scheduler.block_pool import BlockPool
-from actors.scheduler.cache_tenancy import Key, TenancyPolicy, Visibility
-
-
-@dataclass(eq=False)
-class Node:
-    """An edge of the tree: `key` holds a whole number of blocks of tokens, `blocks` their KV."""
-
-    key: Key
-    blocks: list[int]
-    parent: "Node | None"
-    children: dict[Key, "Node"] = field(default_factory=dict)  # by the tokens of the child's first block
-    lock_ref: int = 0  # running requests whose matched prefix runs through this node
-    last_access: int = 0  # a tick of the cache's counter: LRU among nodes of equal hits
-    visibility: Visibility = field(default_factory=Visibility)  # what the tenancy policy knows of it
-    hits: float = 0.0  # requests that read it, each worth half as much every half-life since...
-    hits_at: float = 0.0  # ...this time, when `hits` was last brought up to date
-
-
-class MatchResult(NamedTuple):
-    """A cached prefix. `node` is where the match ends: lock it before anything may evict, and
-    unlock it once the request no longer reads `blocks`."""
-
-    node: Node
-    blocks: list[int]
-    num_tokens: int  # len(blocks) * block_size
+from actors.scheduler.cache_tenancy import Key, TenancyPolicy
+from actors.scheduler.radix_node import MatchResult, Node, descend, split
 
 
 class CacheStats(NamedTuple):
@@ -113,7 +90,7 @@ class RadixCache:
         node, blocks, readable = self._root, [], True
         if not self.enabled:
             return MatchResult(node, blocks, 0)
-        for child, _ in self._descend(self._root, self._lookup_key(tokens)):
+        for child, _ in descend(self._root, self._lookup_key(tokens), self.block_size):
             readable = readable and self.tenancy.may_read(child.visibility, tenant)
             if readable:
                 node, blocks = child, blocks + child.blocks
@@ -132,7 +109,7 @@ class RadixCache:
             return
         tick, now = next(self._ticks), self._clock()
         hit, readable = 0, True
-        for child, end in self._descend(self._root, self._lookup_key(tokens)):
+        for child, end in descend(self._root, self._lookup_key(tokens), self.block_size):
             if self.tenancy.sent(child.visibility, tenant, now):
                 self._make_public(child.parent)  # see _stored
             readable = readable and self.tenancy.may_read(child.visibility, tenant)
@@ -156,7 +133,7 @@ class RadixCache:
             return 0
         key, tick, now = tuple(tokens), next(self._ticks), self._clock()
         node, pos = self._root, 0
-        for node, pos in self._descend(self._root, key):
+        for node, pos in descend(self._root, key, self.block_size):
             node.last_access = tick
             self._stored(node, tenant, now)
         if pos == len(key):
@@ -171,7 +148,7 @@ class RadixCache:
         self._stored(leaf, tenant, now)
         published = (self.tenancy.published_tokens(key, bs) - pos) // bs
         if published > 0:
-            self._make_public(self._split(leaf, published) if published < len(new_blocks) else leaf)
+            self._make_public(split(leaf, published, bs) if published < len(new_blocks) else leaf)
         return len(new_blocks)
 
     def publish(self, tokens: list[int]) -> int:
@@ -182,7 +159,7 @@ class RadixCache:
         self.tenancy.publish(tuple(tokens))
         key = tuple(tokens[: len(tokens) // self.block_size * self.block_size])
         node = self._root
-        for node, _ in self._descend(self._root, key):
+        for node, _ in descend(self._root, key, self.block_size):
             pass  # down to the node that ends where the published tokens leave the tree
         return self._make_public(node)
 
@@ -263,18 +240,6 @@ class RadixCache:
                 nodes.append(node)
         return nodes
 
-    def _descend(self, node: Node, key: Key) -> Iterator[tuple[Node, int]]:
-        """The nodes under `node` along `key`, split where `key` ends or leaves them, each with how
-        many tokens of `key` it ends at."""
-        bs, pos = self.block_size, 0
-        while pos < len(key) and (child := node.children.get(key[pos : pos + bs])) is not None:
-            same = self._same_blocks(child, key, pos)
-            if same < len(child.blocks):
-                child = self._split(child, same)
-            pos += same * bs
-            yield child, pos
-            node = child
-
     def _lookup_key(self, tokens: list[int]) -> Key:
         """The whole blocks of `tokens` a match may cover: never the last token."""
         return tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
@@ -294,26 +259,3 @@ class RadixCache:
 
     def _score(self, node: Node, now: float) -> float:
         return node.hits * 0.5 ** ((now - node.hits_at) / self.hit_half_life_s)
-
-    def _same_blocks(self, node: Node, key: Key, pos: int) -> int:
-        """How many leading blocks of `node` hold the tokens of `key` from `pos` (at least one: the
-        child was found by its first block)."""
-        bs = self.block_size
-        same = 1
-        while same < len(node.blocks) and pos + (same + 1) * bs <= len(key):
-            if node.key[same * bs : (same + 1) * bs] != key[pos + same * bs : pos + (same + 1) * bs]:
-                break
-            same += 1
-        return same
-
-    def _split(self, node: Node, num_blocks: int) -> Node:
-        """Cuts `node` after `num_blocks` blocks; returns the new upper part. The lower part stays
-        `node`, so a lock held through it still covers both."""
-        bs = self.block_size
-        upper = Node(node.key[: num_blocks * bs], node.blocks[:num_blocks], node.parent,
-                     lock_ref=node.lock_ref, last_access=node.last_access, visibility=node.visibility.copy(),
-                     hits=node.hits, hits_at=node.hits_at)
-        node.parent.children[upper.key[:bs]] = upper
-        node.key, node.blocks, node.parent = node.key[num_blocks * bs :], node.blocks[num_blocks:], upper
-        upper.children[node.key[:bs]] = node
-        return upper

@@ -3,7 +3,7 @@
 import enum
 from dataclasses import dataclass, field
 
-from actors.scheduler.radix_cache import MatchResult
+from actors.scheduler.radix_node import MatchResult
 from schemas.generate import SamplingParams
 
 

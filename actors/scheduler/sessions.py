@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from actors.scheduler.radix_cache import Node, RadixCache
+from actors.scheduler.radix_cache import RadixCache
+from actors.scheduler.radix_node import Node
 from schemas.errors import Error
 from schemas.session import (
     BeginTurn,

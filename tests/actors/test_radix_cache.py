@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy
-from actors.scheduler.radix_cache import MatchResult, RadixCache
+from actors.scheduler.radix_cache import RadixCache
+from actors.scheduler.radix_node import MatchResult
 
 BS = 4
 
