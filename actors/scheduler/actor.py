@@ -109,9 +109,9 @@ class SchedulerActor(Actor):
         budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
         if self.sessions is None:
-            self.sessions = SessionTable(self.batcher.cache, budget)
+            self.sessions = SessionTable(self.batcher.kv.cache, budget)
         else:
-            self.sessions.attach(self.batcher.cache, budget)
+            self.sessions.attach(self.batcher.kv.cache, budget)
         self.executor_id = info.executor_id
         self.log.info("executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len)
         # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
@@ -190,19 +190,19 @@ class SchedulerActor(Actor):
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
         self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
-        freed = self.batcher.flush_cache()
+        freed = self.batcher.kv.flush()
         self.log.info("cache_flushed", freed_blocks=freed)
         return CacheFlushed(freed)
 
     async def _on_cache_report(self, _message: GetCache, _reply_to: str | None) -> CacheReport | Error:
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        return self.batcher.cache_report()
+        return self.batcher.kv.report(self.batcher.requests.running)
 
     async def _on_publish(self, message: PublishPrefix, _reply_to: str | None) -> PrefixPublished | Error:
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        published = self.batcher.publish_prefix(message.input_ids)
+        published = self.batcher.kv.publish(message.input_ids)
         self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
         return published
 
@@ -221,7 +221,7 @@ class SchedulerActor(Actor):
     async def _schedule(self) -> None:
         commands = self.batcher.schedule()
         # Nothing runs, yet a request waits: blocks are short, and session pins may hold the ones it needs.
-        while self.batcher.waiting and not self.batcher.running and self.sessions.unpin_oldest():
+        while self.batcher.requests.waiting and not self.batcher.requests.running and self.sessions.unpin_oldest():
             commands += self.batcher.schedule()
         if commands:
             await self._send(commands)

@@ -1,10 +1,11 @@
-"""The scheduler's record of one request."""
+"""The scheduler's record of one request, and what one step's update does to it."""
 
 import enum
 from dataclasses import dataclass, field
 
 from actors.scheduler.radix_node import MatchResult
 from schemas.generate import SamplingParams
+from schemas.step import SequenceUpdate
 
 
 class State(enum.Enum):
@@ -15,6 +16,10 @@ class State(enum.Enum):
 
 @dataclass
 class Sequence:
+    """One request. Its block fields are the KV manager's (kv_manager.py), its state and place in
+    the queues the request table's (request_table.py). Invariants: `computed_len` never falls
+    within a run and is at most `total_len`; `prefill_done <= prefill_sent <= len(prefill_ids)`."""
+
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
@@ -47,3 +52,28 @@ class Sequence:
     @property
     def max_total_len(self) -> int:
         return len(self.prompt_ids) + self.params.max_tokens
+
+    def start_run(self, computed: int) -> None:
+        """A new run on the executor, with the KV of the first `computed` tokens at hand: it
+        prefills the prompt and the outputs so far from there."""
+        self.prefill_ids = self.prompt_ids + self.output_ids
+        self.prefill_sent = self.prefill_done = self.computed_len = computed
+
+    def record_computed(self, update: SequenceUpdate) -> bool:
+        """Books the KV an update of the current run reports written; True if that completed the
+        prefill."""
+        was_prefilling = self.prefilling
+        self.prefill_done += update.prefilled_tokens
+        self.computed_len = max(self.computed_len, self.prefill_done)
+        if update.token_ids and update.output_index <= len(self.output_ids):
+            # the run has fed every token before the one it drew
+            self.computed_len = max(self.computed_len, len(self.prompt_ids) + update.output_index)
+        return was_prefilling and not self.prefilling
+
+    def extend_outputs(self, update: SequenceUpdate) -> bool:
+        """Appends the update's tokens if they continue the outputs exactly where they stand (any
+        run draws the same tokens); False, and nothing appended, for a repeat or a gap."""
+        if update.output_index != len(self.output_ids):
+            return False
+        self.output_ids += update.token_ids
+        return True

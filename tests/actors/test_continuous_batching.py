@@ -33,8 +33,8 @@ def check_blocks(engine: InProcessEngine) -> None:
     share only blocks that lead their block tables (a cached prefix, or the prompt of the choice
     they fork), before the first token they compute, so no block is written by two requests."""
     batcher = engine.batcher
-    pool = batcher.pool
-    tree = batcher.cache.cached_blocks()
+    pool = batcher.kv.pool
+    tree = batcher.kv.cache.cached_blocks()
     in_tree = set(tree)
     assert len(tree) == len(in_tree)
     holders = Counter(tree)
@@ -44,11 +44,11 @@ def check_blocks(engine: InProcessEngine) -> None:
         assert (seq.state is State.RUNNING) == bool(seq.blocks)
         assert len(seq.blocks) == len(set(seq.blocks))
         holders.update(seq.blocks)
-        writable.update(seq.blocks[seq.computed_len // batcher.block_size:])
+        writable.update(seq.blocks[seq.computed_len // batcher.kv.block_size:])
         if seq.blocks:
             shared = seq.cached.blocks
             assert seq.blocks[: len(shared)] == shared
-            assert len(shared) * batcher.block_size <= seq.computed_len
+            assert len(shared) * batcher.kv.block_size <= seq.computed_len
             node = seq.cached.node
             while node is not None:
                 locked.update(node.blocks)
@@ -57,7 +57,7 @@ def check_blocks(engine: InProcessEngine) -> None:
     assert pool.num_free == pool.num_blocks - len(holders)
     # A block some request writes has no other holder: not the tree, not another request.
     assert all(holders[b] == 1 for b in writable)
-    stats = batcher.cache_stats()
+    stats = batcher.kv.cache.stats()
     assert stats.cached_blocks == len(tree)
     assert stats.evictable_blocks == len(in_tree - locked)
 
@@ -65,10 +65,10 @@ def check_blocks(engine: InProcessEngine) -> None:
 def check_all_freed(engine: InProcessEngine) -> None:
     """Once nothing runs, flushing the cache leaves every block free."""
     check_blocks(engine)
-    pool = engine.batcher.pool
-    cached = engine.batcher.cache_stats().cached_blocks
+    pool = engine.batcher.kv.pool
+    cached = engine.batcher.kv.cache.stats().cached_blocks
     assert pool.num_free + cached == pool.num_blocks
-    assert engine.batcher.flush_cache() == cached
+    assert engine.batcher.kv.flush() == cached
     assert pool.num_free == pool.num_blocks
     check_blocks(engine)
 
@@ -199,7 +199,7 @@ def test_small_pool_shares_evicts_and_preempts(llama_dir, alone):
                 break
             preempted += len(engine.step().dropped)
         assert preempted > 0
-        assert (engine.batcher.cache_stats().hit_tokens > 0) == caching
+        assert (engine.batcher.kv.cache.stats().hit_tokens > 0) == caching
         for i, (prompt, params) in enumerate(requests):
             assert engine.outputs[f"r{i}"] == alone(prompt, params)
         check_all_freed(engine)
@@ -244,7 +244,7 @@ def test_a_repeated_prompt_is_served_from_the_cache(llama_dir, alone):
     assert engine.cached_tokens["turn"] == 32  # 35 computed (the last drawn token has no KV): 8 blocks
     assert prefilled["turn"] == len(turn) - 32
     assert engine.outputs["turn"] == alone(turn, greedy(4))
-    stats = engine.batcher.cache_stats()
+    stats = engine.batcher.kv.cache.stats()
     assert (stats.hit_tokens, stats.queried_tokens) == (28 + 32, 3 * 30 + len(turn))
     check_all_freed(engine)
 
@@ -259,8 +259,8 @@ def test_without_prefix_caching_nothing_is_cached(llama_dir):
         run_counting_prefill(engine, prefilled)
     assert engine.cached_tokens == {"first": 0, "again": 0}
     assert prefilled == {"first": 30, "again": 30}
-    assert engine.batcher.pool.num_free == 64
-    assert engine.batcher.cache_stats() == (0, 0, 0, 0)
+    assert engine.batcher.kv.pool.num_free == 64
+    assert engine.batcher.kv.cache.stats() == (0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

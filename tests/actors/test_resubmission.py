@@ -42,5 +42,5 @@ def test_resubmission_continues_after_delivered_tokens(build_tiny_model, params,
     assert engine.submit("r", PROMPT, params, output_ids=[tokens[i] for i in range(delivered)]) is None
     run(engine, "r", tokens)
     assert tokens == reference
-    engine.batcher.flush_cache()
-    assert engine.batcher.pool.num_free == 64
+    engine.batcher.kv.flush()
+    assert engine.batcher.kv.pool.num_free == 64

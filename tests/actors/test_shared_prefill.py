@@ -64,7 +64,7 @@ def test_other_tenants_do_not_wait_for_a_prefill_they_could_not_read(runner):
     engine.submit("a", SYSTEM + [1], greedy(2), cache_namespace="tenant-a")
     engine.submit("b", SYSTEM + [2], greedy(2), cache_namespace="tenant-b")
     engine.step()  # both admitted in the first round: b reads none of a's blocks
-    assert {s.request_id for s in engine.batcher.running} == {"a", "b"}
+    assert {s.request_id for s in engine.batcher.requests.running} == {"a", "b"}
     engine.run()
     assert engine.cached_tokens["b"] == 0
 
@@ -80,4 +80,4 @@ def test_a_request_waiting_for_blocks_is_one_lookup_in_the_hit_figures(build_tin
         steps += 1
     engine.run()
     assert steps > 2  # it was looked at in several scheduling rounds
-    assert engine.batcher.cache_stats().queried_tokens == len(SYSTEM) + 3 + 30
+    assert engine.batcher.kv.cache.stats().queried_tokens == len(SYSTEM) + 3 + 30

@@ -1,0 +1,141 @@
+"""The KV blocks of the scheduler's sequences: the block pool and the radix cache behind one
+object. It gives a starting sequence the cached prefix it may read and fresh blocks for the rest,
+grows decoding ones, forks choices, and leaves computed blocks to the cache."""
+
+from actors.scheduler.block_pool import BlockPool
+from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.radix_cache import RadixCache
+from actors.scheduler.radix_node import MatchResult, Node
+from actors.scheduler.sequence import Sequence
+from schemas.admin import CacheReport, PrefixPublished
+from schemas.step import CopyBlock
+
+# The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
+NO_PREFIX = MatchResult(Node((), [], None), [], 0)
+
+
+class KVManager:
+    """Owns `seq.blocks` and `seq.cached` of every sequence.
+
+    Invariants: a sequence that holds blocks holds one pool reference on each of `seq.blocks`
+    and one cache lock on `seq.cached.node`, whose blocks lead `seq.blocks`; one that holds none
+    has `blocks == []` and `cached is None`. A sequence shares only the blocks before the first
+    token it computes (a cached prefix, or the prompt of the choice it forks); the blocks it
+    writes have no other holder until they go into the cache. An allocation takes all it asks for
+    or nothing, and evicts only cached prefixes that no sequence locks.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool, tenancy: TenancyPolicy) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, tenancy=tenancy)
+        self.block_size = block_size
+
+    def start(self, seq: Sequence) -> bool:
+        """Gives `seq` the cached prefix of its tokens that it may read, locked, and fresh blocks
+        for the rest and one token more; False, holding nothing, if those cannot be had. The first
+        start of a request counts as its lookup in the hit figures; readmissions do not."""
+        tokens = seq.prompt_ids + seq.output_ids
+        if not seq.looked_up:
+            self.cache.record_lookup(tokens, seq.tenant)
+            seq.looked_up = True
+        cached = self.cache.match(tokens, seq.tenant)
+        self.cache.lock(cached.node)  # so that allocating cannot evict it
+        own = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
+        if own is None:
+            self.cache.unlock(cached.node)
+            return False
+        self.pool.retain(cached.blocks)
+        seq.blocks, seq.cached = cached.blocks + own, cached
+        return True
+
+    def fork(self, seq: Sequence, parent: Sequence) -> CopyBlock | None:
+        """Gives `seq` the blocks of `parent`, whose prefill of the same prompt is done: it shares
+        those before the prompt's last token and gets its own copy of the one holding that token
+        (returned, for the executor to make), so it computes that token again for its own logits
+        and writes its own tokens after it. None, holding nothing, if blocks are short."""
+        last = len(seq.prompt_ids) - 1
+        shared = parent.blocks[: last // self.block_size]
+        own = self._allocate(self._blocks_for(last + 2) - len(shared))
+        if own is None:
+            return None
+        self.pool.retain(shared)
+        seq.blocks, seq.cached = shared + own, NO_PREFIX
+        return CopyBlock(parent.blocks[len(shared)], own[0])
+
+    def grow(self, seq: Sequence, num_tokens: int) -> list[int] | None:
+        """Adds blocks until `seq` has room for `num_tokens`; returns those added (none if it had
+        room), or None, adding nothing, if they cannot be had."""
+        need = self._blocks_for(num_tokens) - len(seq.blocks)
+        if need <= 0:
+            return []
+        blocks = self._allocate(need)
+        if blocks is not None:
+            seq.blocks += blocks
+        return blocks
+
+    def cache_prefill(self, seq: Sequence) -> None:
+        """Stores the full blocks of a prefill that just completed, so requests admitted while this
+        one still runs read them. Where the tree now holds this sequence's own blocks, it holds that
+        longer prefix against eviction, as it held the matched one; where the tree kept blocks
+        another request computed for the same tokens, this one goes on reading its own copies."""
+        full = min(seq.prefill_done // self.block_size, len(seq.blocks))
+        if full <= len(seq.cached.blocks):
+            return
+        tokens = seq.prefill_ids[: full * self.block_size]
+        self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
+        # match leaves the last token it is given uncached: give one past the stored blocks.
+        stored = self.cache.match(tokens + [0], seq.tenant)
+        if stored.blocks != seq.blocks[: len(stored.blocks)]:
+            return
+        self.cache.lock(stored.node)
+        self.cache.unlock(seq.cached.node)
+        seq.cached = stored
+
+    def release(self, seq: Sequence) -> None:
+        """Leaves the full blocks whose KV is computed to the cache, then drops the sequence's own
+        references (so a block the cache already had for the same tokens is freed). Releasing a
+        sequence that holds nothing does nothing: a finish that follows a drop."""
+        if seq.cached is None:
+            return
+        full = min(seq.computed_len // self.block_size, len(seq.blocks))
+        tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
+        self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
+        self.cache.unlock(seq.cached.node)
+        self.pool.release(seq.blocks)
+        seq.blocks, seq.cached = [], None
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def report(self, running: list[Sequence]) -> CacheReport:
+        """GET /admin/cache: a walk of the tree, for people, not for the hot loop."""
+        usage = self.cache.usage()
+        in_use = len({b for seq in running for b in seq.blocks})
+        hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
+        return CacheReport(
+            self.pool.num_blocks, usage.free_blocks, usage.cached_blocks, usage.evictable_blocks, in_use,
+            usage.public_blocks, usage.private_blocks, usage.hit_tokens, usage.queried_tokens, hit_rate,
+        )
+
+    def publish(self, tokens: list[int]) -> PrefixPublished:
+        opened = self.cache.publish(tokens)
+        return PrefixPublished(len(tokens) // self.block_size * self.block_size, opened)
+
+    def flush(self) -> int:
+        """Frees every cached block that no running request uses (stale after a weight update,
+        say); returns how many."""
+        return self.cache.flush()
+
+    def _allocate(self, count: int) -> list[int] | None:
+        """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None
+        (and nothing evicted) if even that would not be enough."""
+        short = count - self.pool.num_free
+        if short > 0:
+            if short > self.cache.stats().evictable_blocks:
+                return None
+            self.cache.evict(short)
+            if self.pool.num_free < count:
+                return None  # some evicted blocks were also the shared prompt of running choices
+        return self.pool.allocate(count)
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
