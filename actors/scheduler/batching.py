@@ -108,7 +108,7 @@ class ContinuousBatcher:
                 continue
             if stale and seq.state is State.RUNNING:
                 self._drop(seq)  # the current run is now surplus
-            self.kv.release(seq)
+            self.kv.release(seq)  # if it runs: a waiting or draining one holds nothing
             self.requests.remove(seq)
             finished.append(seq)
         return finished
