@@ -4,7 +4,7 @@ from aiohttp import web
 
 from actors.frontdoor.http_app import HttpApi
 from actors.frontdoor.tenants import Tenants
-from actors.origin.pipeline import RequestPipeline
+from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 
 

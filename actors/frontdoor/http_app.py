@@ -15,9 +15,9 @@ from aiohttp import web
 from actors.frontdoor import native_protocol as native, openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.request_fields import ParsedRequest
-from actors.origin.pipeline import RequestPipeline
-from actors.origin.request_stream import RequestGroup
 from actors.frontdoor.tenants import Tenants
+from actors.lib.origin.pipeline import RequestPipeline
+from actors.lib.origin.request_stream import RequestGroup
 from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
 )

@@ -6,7 +6,7 @@ bus outage costs them nothing: a client that missed chunks asks again and gets t
 """
 
 from actors.gateway.bus_api import BusApi
-from actors.origin.pipeline import RequestPipeline
+from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 from schemas.generate import GenerateRequest
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from actors.origin.pipeline import RequestPipeline
+from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
 from kernel.tenants import cache_namespace
 from schemas.errors import Error

@@ -1,7 +1,7 @@
 """A request without text needs the origin's subscription to the step outputs: when the bus cannot
 take it, the client gets a retriable error and the origin keeps nothing of the request."""
 
-from actors.origin.pipeline import RequestPipeline
+from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import BusUnavailable
 from kernel.subjects import Subjects
 from schemas.errors import Error

@@ -1,7 +1,7 @@
 """The origin's record takes a request's tokens straight from step outputs (`detokenize` false):
 each token once, in order, however runs upstream repeat or overtake it."""
 
-from actors.origin.request_stream import RequestRecord, RequestStream
+from actors.lib.origin.request_stream import RequestRecord, RequestStream
 from schemas.generate import SamplingParams
 from schemas.requests import RequestOutput
 from schemas.step import SequenceUpdate

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import structlog
 
-from actors.origin.request_stream import RequestGroup, RequestRecord, RequestStream
+from actors.lib.origin.request_stream import RequestGroup, RequestRecord, RequestStream
 from kernel.bus import Bus, BusUnavailable
 from kernel.liveness import Liveness
 from kernel.randomness import choice_seed
