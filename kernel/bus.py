@@ -42,6 +42,12 @@ def decode(data: bytes, message_type: Any) -> Any:
     return decoder.decode(data)
 
 
+def field_at_fault(exc: msgspec.DecodeError) -> str | None:
+    """The field that msgspec's complaint ends with ("... - at `$.params.top_p`"): "params.top_p"."""
+    _, _, path = str(exc).partition(" - at `$")
+    return path.rstrip("`").lstrip(".") or None
+
+
 class BusUnavailable(Exception):
     """The bus is disconnected or closed, so a subscription cannot be made now."""
 
@@ -194,7 +200,8 @@ class Bus:
                 message = decode(msg.data, message_type)
             except msgspec.DecodeError as exc:
                 log.warning("undecodable_message", subject=subject, error=str(exc))
-                await self._reply(reply_to, Error("invalid_request", f"could not decode message: {exc}"))
+                await self._reply(reply_to, Error("invalid_request", f"could not decode message: {exc}",
+                                                  param=field_at_fault(exc)))
                 return
             self._note_traffic(message)
             try:

@@ -11,19 +11,35 @@ import msgspec
 
 from schemas.errors import Error
 
+# The ranges of the sampling fields, checked wherever a message is decoded: a bus client's request
+# at the gateway, an HTTP body at the frontdoor (which declares its fields with these same types),
+# and every actor downstream. msgspec's complaint names the field. The bounds also keep every
+# number encodable downstream (msgpack, int32 and int64 tensors); msgspec alone takes any int.
+INT32_MAX = 2**31 - 1
+MAX_STOP_STRINGS = 16
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+TopK = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]  # -1 or 0: no top-k filter
+MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64
+StopString = Annotated[str, msgspec.Meta(min_length=1)]
+StopStrings = Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
+
 
 # Fields at their defaults stay off the wire, so a request that leaves a new field alone still
-# reaches an actor of an older build, which refuses fields it does not know.
+# reaches an actor of an older build, which refuses fields it does not know. Building one in Python
+# checks no range (msgspec checks on decoding): build them from decoded values.
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    max_tokens: int | None = 16  # None: up to the end of the context window
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or less: no top-k filter
-    # Drops tokens less likely than min_p times the most likely one; 0: off. The range is checked on decoding.
-    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
-    seed: int | None = None  # None: the server picks one, so the draw is still reproducible
-    stop: list[str] = []
-    stop_token_ids: list[int] = []
+    max_tokens: TokenCount | None = 16  # None: up to the end of the context window
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0  # drops tokens less likely than min_p times the most likely one; 0: off
+    seed: Seed | None = None  # None: the server picks one, so the draw is still reproducible
+    stop: StopStrings = []
+    stop_token_ids: list[TokenId] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     # False: the outputs carry token ids and no text. The origin takes them from the executor's step

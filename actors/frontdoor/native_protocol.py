@@ -4,10 +4,10 @@
 import msgspec
 
 from actors.frontdoor.request_fields import (
-    Body, Id, ParsedRequest, SamplingFields, TokenCount, TokenId, decode_body, invalid, sampling_params, session_turn,
+    Body, Id, ParsedRequest, SamplingFields, decode_body, invalid, sampling_params, session_turn,
 )
 from schemas.errors import Error
-from schemas.generate import GenerateRequest, SamplingParams
+from schemas.generate import GenerateRequest, SamplingParams, TokenCount, TokenId
 from schemas.session import IdleTimeout, TokenCount as SessionTokens
 
 

@@ -23,10 +23,10 @@ from actors.frontdoor.openai_responses import (  # noqa: F401  (re-exported for 
     usage_chunk,
 )
 from actors.frontdoor.request_fields import (
-    Id, ParsedRequest, SamplingFields, TokenCount, TokenId, decode_body, invalid, sampling_params, session_turn,
+    Id, ParsedRequest, SamplingFields, decode_body, invalid, sampling_params, session_turn,
 )
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest
+from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, TokenCount, TokenId
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 

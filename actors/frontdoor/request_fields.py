@@ -1,5 +1,6 @@
-"""What every route's request body shares: number bounds, the sampling fields, the parsed request,
-and the decoding that turns msgspec's complaints into an `Error` naming the field at fault.
+"""What every route's request body shares: the sampling fields (with the ranges of the bus's
+`SamplingParams`), the parsed request, and the decoding that turns msgspec's complaints into an
+`Error` naming the field at fault.
 
 Used by the OpenAI routes (openai_protocol) and the native ones (native_protocol); no I/O.
 """
@@ -10,32 +11,29 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from schemas.errors import Error
-from schemas.generate import GenerateRequest, SamplingParams, SessionTurn
+from schemas.generate import (
+    GenerateRequest, MinP, SamplingParams, Seed, SessionTurn, StopString, StopStrings, Temperature, TokenCount, TokenId,
+    TopK, TopP,
+)
 
-# Bounds keep every number encodable downstream (msgpack, int32 tensors); msgspec alone takes any int.
-INT32_MAX = 2**31 - 1
-MAX_STOP_STRINGS = 16
 Body = TypeVar("Body", bound=msgspec.Struct)
 
-TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
-TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
-StopString = Annotated[str, msgspec.Meta(min_length=1)]
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # A turn is named by its request id; the id of an OpenAI response is that with a prefix.
 RESPONSE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
-Stop = StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
-    """What every route accepts for sampling; None means "the default"."""
+    """What every route accepts for sampling; None means "the default". The ranges are those of
+    `SamplingParams` (schemas/generate.py), so HTTP and the bus refuse the same values."""
 
     max_tokens: TokenCount | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None  # -1 or 0: off
-    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None  # 0: off
-    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # int64
-    stop: Stop = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    seed: Seed | None = None
+    stop: StopString | StopStrings | None = None  # OpenAI takes one string or a list
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None

@@ -84,6 +84,34 @@ async def test_bad_requests_get_error_replies(nc, request_, code):
     assert isinstance(msgspec.msgpack.decode((await nc.request("llm.generate", encode(good), timeout=60)).data, type=Reply), GenerateResult)
 
 
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (SamplingParams(max_tokens=0), "params.max_tokens"),
+        (SamplingParams(temperature=2.5), "params.temperature"),
+        (SamplingParams(top_p=0.0), "params.top_p"),
+        (SamplingParams(top_k=-2), "params.top_k"),
+        (SamplingParams(seed=2**63), "params.seed"),
+        (SamplingParams(stop=["."] * 17), "params.stop"),
+        (SamplingParams(stop_token_ids=[2, -1]), "params.stop_token_ids[1]"),
+    ],
+)
+async def test_sampling_out_of_range_is_refused_naming_the_field(nc, params, field):
+    """The ranges HTTP refuses (tests/frontdoor/test_openai_protocol.py), refused alike on the bus."""
+    request = GenerateRequest(text="hi", params=params)
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request), timeout=30)).data, type=Reply)
+    assert isinstance(reply, Error)
+    assert (reply.code, reply.param, reply.retriable) == ("invalid_request", field, False)
+    assert f"`$.{field}`" in reply.message
+
+
+async def test_stop_strings_without_text_are_refused(nc):
+    request = GenerateRequest(text="hi", params=SamplingParams(stop=["."], detokenize=False))
+    reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request), timeout=30)).data, type=Reply)
+    assert isinstance(reply, Error)
+    assert (reply.code, reply.param) == ("invalid_request", "stop")
+
+
 async def collect(nc, request: GenerateRequest) -> list:
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
