@@ -40,6 +40,14 @@ class Liveness:
             del self.instances[instance.instance_id]
         return dead
 
+    def replace(self, actor: str, instance_id: str) -> list[Instance]:
+        """Forgets and returns the instances of `actor` other than `instance_id`: of an actor that
+        runs once, a new instance means the old ones are gone, whatever their heartbeats say."""
+        replaced = [i for i in self.instances.values() if i.actor == actor and i.instance_id != instance_id]
+        for instance in replaced:
+            del self.instances[instance.instance_id]
+        return replaced
+
     def forgive_silence(self, now: float | None = None) -> None:
         """Restarts every deadline from now: after our own bus outage, beats we missed say nothing
         about the others."""
