@@ -28,8 +28,8 @@ class FrontdoorActor(Actor):
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         tenants = Tenants.from_config(cfg.tenancy.api_keys, cfg.tenancy.admin_key)
-        app = HttpApi(self.pipeline, cfg.engine.model_name, cfg.http.max_body_bytes, cfg.http.max_concurrent_requests,
-                      tenants).build_app()
+        app = HttpApi(self.pipeline, self.bus, self.subjects, tenants, cfg.engine.model_name, cfg.http.max_body_bytes,
+                      cfg.http.max_concurrent_requests).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()

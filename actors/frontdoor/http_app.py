@@ -18,6 +18,8 @@ from actors.frontdoor.request_fields import ParsedRequest
 from actors.frontdoor.tenants import Tenants
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
+from kernel.bus import Bus
+from kernel.subjects import Subjects
 from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
 )
@@ -50,10 +52,16 @@ async def errors_as_json(request: web.Request, handler):
 
 
 class HttpApi:
+    """Generation goes through the origin's `pipeline`; the admin and session routes are plain
+    requests to the scheduler over the frontdoor's `bus`."""
+
     def __init__(
-        self, pipeline: RequestPipeline, model_name: str, max_body_bytes: int, max_concurrent_requests: int, tenants: Tenants
+        self, pipeline: RequestPipeline, bus: Bus, subjects: Subjects, tenants: Tenants, model_name: str,
+        max_body_bytes: int, max_concurrent_requests: int,
     ) -> None:
         self.pipeline = pipeline
+        self.bus = bus
+        self.subjects = subjects
         self.tenants = tenants
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
@@ -94,19 +102,19 @@ class HttpApi:
 
     async def ready(self, _request: web.Request) -> web.Response:
         """Ready when every actor a request passes through has a live, ready instance now."""
-        missing = self.pipeline.liveness.not_ready(PIPELINE_ACTORS)
+        missing = self.pipeline.not_ready(PIPELINE_ACTORS)
         if missing:
             return web.json_response({"status": "unavailable", "not_ready": missing}, status=503)
         return web.json_response({"status": "ready"})
 
     async def stats(self, _request: web.Request) -> web.Response:
-        return await self._admin(self.pipeline.subjects.admin_stats, GetStats(), SchedulerStats)
+        return await self._admin(self.subjects.admin_stats, GetStats(), SchedulerStats)
 
     async def flush_cache(self, _request: web.Request) -> web.Response:
-        return await self._admin(self.pipeline.subjects.admin_flush_cache, FlushCache(), CacheFlushed)
+        return await self._admin(self.subjects.admin_flush_cache, FlushCache(), CacheFlushed)
 
     async def cache_report(self, _request: web.Request) -> web.Response:
-        return await self._admin(self.pipeline.subjects.admin_cache, GetCache(), CacheReport)
+        return await self._admin(self.subjects.admin_cache, GetCache(), CacheReport)
 
     async def publish_prefix(self, request: web.Request) -> web.Response:
         """{"text": ...} (encoded as a completions prompt is) or {"input_ids": [...]}."""
@@ -116,11 +124,11 @@ class HttpApi:
         encoded = await self.pipeline.encode(parsed)
         if isinstance(encoded, Error):
             return error_response(encoded)
-        return await self._admin(self.pipeline.subjects.admin_publish, PublishPrefix(encoded.token_ids), PrefixPublished)
+        return await self._admin(self.subjects.admin_publish, PublishPrefix(encoded.token_ids), PrefixPublished)
 
     async def _admin(self, subject: str, message, reply_type) -> web.Response:
         """Admin routes are the bus's admin conversations, answered as JSON."""
-        reply = await self.pipeline.bus.request(subject, message, reply_type, ADMIN_TIMEOUT_S)
+        reply = await self.bus.request(subject, message, reply_type, ADMIN_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
         return web.json_response(msgspec.to_builtins(reply))
@@ -134,7 +142,7 @@ class HttpApi:
             return error_response(body)
         user = self.tenants.cache_namespace(request["identity"], body.user or "")
         message = OpenSession(user, body.capacity_tokens, body.idle_timeout_s)
-        reply = await self.pipeline.bus.request(self.pipeline.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
+        reply = await self.bus.request(self.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
         return web.json_response({"id": reply.session_id, "object": "session", "created": int(time.time()),
@@ -144,7 +152,7 @@ class HttpApi:
         """The session's owner is the tenant, narrowed by `?user=` as it was when it was opened."""
         user = self.tenants.cache_namespace(request["identity"], request.query.get("user", ""))
         message = CloseSession(request.match_info["session_id"], user)
-        reply = await self.pipeline.bus.request(self.pipeline.subjects.scheduler, message, SessionClosed, SESSION_TIMEOUT_S)
+        reply = await self.bus.request(self.subjects.scheduler, message, SessionClosed, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
         return web.json_response({"id": reply.session_id, "object": "session", "deleted": True})
@@ -161,7 +169,7 @@ class HttpApi:
     async def _serve(self, request: web.Request, parsed: ParsedRequest | Error) -> web.StreamResponse:
         if isinstance(parsed, Error):
             return error_response(parsed)
-        if len(self.pipeline.streams) >= self.max_concurrent_requests:
+        if self.pipeline.in_flight >= self.max_concurrent_requests:
             response = error_response(Error(
                 "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
