@@ -8,11 +8,12 @@ the KV pages of each sequence are kept ragged (indptr + indices), the form Flash
 
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
 
-from gpu.staging import Staging
+from gpu.staging import Array, Bundle, Staging, on_cpu
 
 # The input token of a decode whose token the previous step drew on the device and the host has
 # not seen yet; `HostBatch.build` leaves a placeholder there for the device to fill in.
@@ -28,9 +29,29 @@ class BatchLimits:
     vocab_size: int
 
 
+class TokenColumns(NamedTuple, Generic[Array]):
+    """The three thirds of a step's token data, each [T] int32: what one token needs, stored as one
+    array so a CUDA graph's inputs take a single copy."""
+
+    input_ids: Array
+    positions: Array
+    slot_mapping: Array  # flat KV slot: block id * block_size + offset in the block
+
+
+class BatchArrays(NamedTuple, Generic[Array]):
+    """The arrays of a `HostBatch` that the device reads: the bundle `ForwardBatch.from_host` uploads."""
+
+    token_data: Array  # [3T] int32
+    query_start: Array  # [S+1] int32
+    kv_indptr: Array  # [S+1] int32
+    kv_indices: Array  # [P] int32
+    kv_last_page_len: Array  # [S] int32
+    logits_index: Array  # [R] int32
+
+
 @dataclass(frozen=True)
 class HostBatch:
-    token_data: np.ndarray  # [3T] int32: input ids | positions | flat KV slots, the three halves of a token
+    token_data: np.ndarray  # [3T] int32: input ids | positions | flat KV slots (`token_thirds` names them)
     query_start: np.ndarray  # [S+1] int32, sequence s owns tokens query_start[s] ..< query_start[s+1]
     kv_indptr: np.ndarray  # [S+1] int32, sequence s reads KV pages kv_indices[kv_indptr[s] ..< kv_indptr[s+1]]
     kv_indices: np.ndarray  # [P] int32, KV block ids, each sequence's in order
@@ -98,24 +119,25 @@ class HostBatch:
             chain.from_iterable(t[:n] for t, n in zip(block_tables, pages.tolist())), np.int64, int(kv_indptr[-1])
         )
         token_data = np.empty(3 * num_tokens, np.int64)
-        token_data[:num_tokens] = np.fromiter(chain.from_iterable(token_ids), np.int64, num_tokens)
+        tokens = token_thirds(token_data)  # views: writing them fills token_data
+        tokens.input_ids[:] = np.fromiter(chain.from_iterable(token_ids), np.int64, num_tokens)
         if deferred is not None and len(deferred):
             firsts = query_start[deferred]  # [D] the one token of each deferred sequence
-            bad = (query_lens[deferred] != 1) | (token_data[firsts] != FROM_PREVIOUS_STEP)
+            bad = (query_lens[deferred] != 1) | (tokens.input_ids[firsts] != FROM_PREVIOUS_STEP)
             if (i := _first(bad)) is not None:
                 raise ValueError(f"sequence {deferred[i]}: a token from the previous step must be its only token, "
                                  f"given as FROM_PREVIOUS_STEP ({FROM_PREVIOUS_STEP})")
-            token_data[firsts] = 0
+            tokens.input_ids[firsts] = 0
         if limits is not None:
-            _check_ids(token_data[:num_tokens], kv_indices, query_start, kv_indptr, limits)
+            _check_ids(tokens.input_ids, kv_indices, query_start, kv_indptr, limits)
         if num_tokens == num_seqs:  # decode: one token per sequence
             positions, page_of_token = starts, kv_indptr[1:] - 1
         else:
             seq_of_token = np.repeat(np.arange(num_seqs), query_lens)  # [T]
             positions = np.arange(num_tokens) - query_start[seq_of_token] + starts[seq_of_token]
             page_of_token = kv_indptr[seq_of_token] + positions // block_size
-        token_data[num_tokens : 2 * num_tokens] = positions
-        token_data[2 * num_tokens :] = kv_indices[page_of_token] * block_size + positions % block_size
+        tokens.positions[:] = positions
+        tokens.slot_mapping[:] = kv_indices[page_of_token] * block_size + positions % block_size
         last = query_start[1:] - 1
         return cls(
             token_data=token_data.astype(np.int32),
@@ -135,12 +157,11 @@ class HostBatch:
             raise ValueError("only a decode batch can be padded, and only to a larger size")
         if extra == 0:
             return self
-        ids, positions, slots = token_thirds(self.token_data)
         zeros, ones = np.zeros(extra, np.int32), np.ones(extra, np.int32)
         last_indptr = self.kv_indptr[-1]
         return replace(
             self,
-            token_data=np.concatenate([ids, zeros, positions, zeros, slots, ones * (scratch_block * self.block_size)]),
+            token_data=_appended(self.token_data, zeros, zeros, ones * (scratch_block * self.block_size)),
             query_start=np.arange(num_seqs + 1, dtype=np.int32),
             kv_indptr=np.concatenate([self.kv_indptr, last_indptr + np.arange(1, extra + 1, dtype=np.int32)]),
             kv_indices=np.concatenate([self.kv_indices, ones * scratch_block]),
@@ -157,14 +178,13 @@ class HostBatch:
         if extra == 0:
             return self
         bs = self.block_size
-        ids, positions, slots = token_thirds(self.token_data)
         filler_positions = np.arange(extra, dtype=np.int32)
         pages = -(-extra // bs)
-        token_data = [ids, np.zeros(extra, np.int32), positions, filler_positions,
-                      slots, scratch_block * bs + filler_positions % bs]
         return replace(
             self,
-            token_data=np.concatenate(token_data),
+            token_data=_appended(
+                self.token_data, np.zeros(extra, np.int32), filler_positions, scratch_block * bs + filler_positions % bs
+            ),
             query_start=np.append(self.query_start, num_tokens).astype(np.int32),
             kv_indptr=np.append(self.kv_indptr, self.kv_indptr[-1] + pages).astype(np.int32),
             kv_indices=np.concatenate([self.kv_indices, np.full(pages, scratch_block, np.int32)]),
@@ -172,11 +192,22 @@ class HostBatch:
         )
 
 
-def token_thirds(token_data):
+def token_thirds(token_data: Array) -> TokenColumns[Array]:
     """The input ids, positions and KV slots in [3T] token data (a numpy array or a tensor): views of
-    its three thirds."""
+    its three thirds, the one place that says which third is which."""
     n = len(token_data) // 3
-    return token_data[:n], token_data[n : 2 * n], token_data[2 * n :]
+    return TokenColumns(input_ids=token_data[:n], positions=token_data[n : 2 * n], slot_mapping=token_data[2 * n :])
+
+
+def _appended(token_data: np.ndarray, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """[3(T+E)] int32 token data: the T tokens of `token_data`, then E more given by their columns."""
+    num_tokens = len(token_data) // 3
+    grown = np.empty(len(token_data) + 3 * len(input_ids), np.int32)
+    old, new = token_thirds(token_data), token_thirds(grown)
+    new.input_ids[:num_tokens], new.input_ids[num_tokens:] = old.input_ids, input_ids
+    new.positions[:num_tokens], new.positions[num_tokens:] = old.positions, positions
+    new.slot_mapping[:num_tokens], new.slot_mapping[num_tokens:] = old.slot_mapping, slots
+    return grown
 
 
 def offsets(lengths: np.ndarray) -> np.ndarray:
@@ -241,34 +272,38 @@ class ForwardBatch:
 
     @classmethod
     def from_host(
-        cls, host: HostBatch, staging: Staging | None = None, extra: list[np.ndarray] = ()
-    ) -> tuple["ForwardBatch", list[torch.Tensor]]:
-        """Copies `host` (and `extra` arrays, returned as device tensors) to the staging buffer's
-        device in one transfer; without staging, wraps the arrays as CPU tensors."""
-        arrays = [host.token_data, host.query_start, host.kv_indptr, host.kv_indices, host.kv_last_page_len,
-                  host.logits_index, *extra]
-        if staging is None:
-            device_views = host_views = [torch.from_numpy(a) for a in arrays]
-        else:
-            device_views, host_views = staging.upload(arrays, host_views_of=(1, 2, 4))
-        tokens, query_start, kv_indptr, kv_indices, last_page_len, logits_index = device_views[:6]
-        input_ids, positions, slot_mapping = token_thirds(tokens)
-        batch = cls(
-            token_data=tokens,
-            input_ids=input_ids,
-            positions=positions,
-            slot_mapping=slot_mapping,
-            query_start=query_start,
-            kv_indptr=kv_indptr,
-            kv_indices=kv_indices,
-            kv_last_page_len=last_page_len,
-            logits_index=logits_index,
-            host=host,
-            host_query_start=host_views[1],
-            host_kv_indptr=host_views[2],
-            host_kv_last_page_len=host_views[4],
+        cls, host: HostBatch, staging: Staging | None = None, extras: tuple[Bundle | None, ...] = ()
+    ) -> tuple["ForwardBatch", list[Bundle | None]]:
+        """Copies `host`, and the `extras` bundles (NamedTuples of numpy arrays, or None) that ride
+        along, to the staging buffer's device in one transfer; returns the batch and the extras on
+        the device, in order. Without staging, wraps the arrays as CPU tensors."""
+        arrays = BatchArrays(
+            token_data=host.token_data, query_start=host.query_start, kv_indptr=host.kv_indptr,
+            kv_indices=host.kv_indices, kv_last_page_len=host.kv_last_page_len, logits_index=host.logits_index,
         )
-        return batch, device_views[6:]
+        if staging is None:
+            device, *extras = map(on_cpu, (arrays, *extras))
+            on_host = _itself  # the planners read the kernels' CPU tensors
+        else:
+            device, *extras = staging.upload(arrays, *extras)
+            on_host = staging.pinned
+        tokens = token_thirds(device.token_data)
+        batch = cls(
+            token_data=device.token_data,
+            input_ids=tokens.input_ids,
+            positions=tokens.positions,
+            slot_mapping=tokens.slot_mapping,
+            query_start=device.query_start,
+            kv_indptr=device.kv_indptr,
+            kv_indices=device.kv_indices,
+            kv_last_page_len=device.kv_last_page_len,
+            logits_index=device.logits_index,
+            host=host,
+            host_query_start=on_host(device.query_start),
+            host_kv_indptr=on_host(device.kv_indptr),
+            host_kv_last_page_len=on_host(device.kv_last_page_len),
+        )
+        return batch, extras
 
     @classmethod
     def build(
@@ -286,3 +321,7 @@ class ForwardBatch:
         staging = Staging(device) if device.type == "cuda" else None
         batch, _ = cls.from_host(host, staging)
         return batch
+
+
+def _itself(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

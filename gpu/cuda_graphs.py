@@ -92,9 +92,10 @@ class DecodeGraphs:
 
     def _static(self, batch: ForwardBatch) -> ForwardBatch:
         inputs = self._inputs[: 3 * batch.num_seqs]
-        ids, positions, slots = token_thirds(inputs)
+        tokens = token_thirds(inputs)
         return replace(
-            batch, token_data=inputs, input_ids=ids, positions=positions, slot_mapping=slots, logits_index=None,
+            batch, token_data=inputs, input_ids=tokens.input_ids, positions=tokens.positions,
+            slot_mapping=tokens.slot_mapping, logits_index=None,
         )
 
     def _idle_batch(self, size: int) -> HostBatch:

@@ -56,8 +56,8 @@ class _Buffers:
     def rows(self, num_tokens: int) -> "_Buffers":
         """The buffers of a step of `num_tokens` tokens: views of the first rows."""
         return _Buffers(
-            self.inputs[: 3 * num_tokens], self.queries[:num_tokens], self.attended[:num_tokens],
-            self.residual[:num_tokens], self.hidden[:num_tokens],
+            inputs=self.inputs[: 3 * num_tokens], queries=self.queries[:num_tokens],
+            attended=self.attended[:num_tokens], residual=self.residual[:num_tokens], hidden=self.hidden[:num_tokens],
         )
 
 
@@ -86,14 +86,14 @@ class LayerPieces:
     def run_piece(self, piece: int, num_tokens: int) -> None:
         """Piece `piece` of a step of `num_tokens` tokens, whose inputs are in the buffers."""
         buffers = self._buffers.rows(num_tokens)
-        ids, positions, slots = token_thirds(buffers.inputs)
+        tokens = token_thirds(buffers.inputs)
         layers = self.model.model.layers
         if piece == 0:
-            x, residual = self.model.model.embed_tokens(ids), None
+            x, residual = self.model.model.embed_tokens(tokens.input_ids), None
         else:
             x, residual = layers[piece - 1].finish(buffers.attended, buffers.residual)
         if piece < len(layers):
-            rope = self.model.rope_inputs(positions, slots, x)
+            rope = self.model.rope_inputs(tokens.positions, tokens.slot_mapping, x)
             queries, residual = layers[piece].query(x, residual, rope, self.kv)
             buffers.queries.copy_(queries)
         else:

@@ -14,6 +14,7 @@ one sync; the host builds and launches the next step meanwhile, so the GPU does 
 
 from operator import attrgetter
 from pathlib import Path
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
@@ -25,9 +26,9 @@ from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
-from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingTensors, _as_int64, host_summaries, sample
+from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensors, sample
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
-from gpu.staging import Staging
+from gpu.staging import Array, Staging
 from gpu.step_io import PendingStep, SequenceInput
 from gpu.weights import load_model, random_model
 
@@ -48,6 +49,14 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+class TokenFeed(NamedTuple, Generic[Array]):
+    """Where the tokens the previous launch drew go in this step's input ids: one row per sequence
+    whose input is FROM_PREVIOUS_STEP."""
+
+    input_index: Array  # [D] int64: the sequence's one token in the step's input ids
+    drawn_index: Array  # [D] int64: its token among the previous launch's drawn tokens
 
 
 _token_ids, _starts, _tables, _samples, _previous_rows = (
@@ -207,13 +216,15 @@ class ModelRunner:
             list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
             logits_rows=rows, limits=self.limits, deferred=deferred,
         )
-        gather = []  # [D] int64 each: the token each deferred sequence feeds, its index in the previous drawn
+        feed = None
         if len(deferred):
-            gather = [host.query_start[deferred].astype(np.int64), self._drawn_index(deferred, previous_rows)]
+            feed = TokenFeed(
+                input_index=host.query_start[deferred].astype(np.int64),
+                drawn_index=self._drawn_index(deferred, previous_rows),
+            )
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
-        settings = [] if greedy else _sampling_arrays(chosen, self.vocab_size)
-        extra = gather + settings
+        settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
         graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
         prompt_tokens = None
         if graph_size is not None:
@@ -222,10 +233,10 @@ class ModelRunner:
             prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens) if self.prompt_graphs else None
             bucket = self.eager_token_bucket
             host = host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
-        batch, views = ForwardBatch.from_host(host, self.staging, extra)
-        if gather:
-            target, source = views[:2]
-            batch.input_ids.index_copy_(0, target, self._previous_drawn.index_select(0, source).to(torch.int32))
+        batch, (device_feed, device_settings) = ForwardBatch.from_host(host, self.staging, (feed, settings))
+        if device_feed is not None:
+            drawn = self._previous_drawn.index_select(0, device_feed.drawn_index)  # [D] int64
+            batch.input_ids.index_copy_(0, device_feed.input_index, drawn.to(torch.int32))
         if graph_size is not None:
             kind = self.graphs.prepare(batch)
             self._release_staging()
@@ -241,7 +252,7 @@ class ModelRunner:
         if greedy:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
-            drawn = self._sample(logits, SamplingTensors(*views[len(gather):], **host_summaries(*settings[:4])))
+            drawn = self._sample(logits, SamplingTensors.from_arrays(device_settings, settings))
         self._previous_drawn = drawn
         self._previous_index = np.full(n, -1, np.int64)
         self._previous_index[rows] = np.arange(len(rows))
@@ -272,26 +283,3 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record(self._stream)
         return PendingStep(num_seqs, rows, pinned, done)
-
-
-def _sampling_arrays(chosen: list[SequenceInput], vocab_size: int) -> list[np.ndarray]:
-    """temperature, top_p (float32), top_k (int64), min_p (float32), seed, output index (int64) of the
-    sampled sequences: the fields of SamplingTensors, in order."""
-    n = len(chosen)
-    seeds = [s.seed for s in chosen]
-    try:
-        seed = np.array(seeds, dtype=np.int64)
-    except OverflowError:  # seeds are taken mod 2**64, as the sampler's hash does
-        seed = np.array([_as_int64(s) for s in seeds], dtype=np.int64)
-    temperature = np.fromiter((s.temperature for s in chosen), np.float32, n)
-    temperature[temperature < GREEDY_BELOW_TEMPERATURE] = 0.0
-    top_k = np.fromiter((s.top_k for s in chosen), np.int64, n)
-    top_k[top_k >= vocab_size] = 0  # keeps every token: off, or a row with a top-p sizes its head over the whole row
-    return [
-        temperature,
-        np.fromiter((s.top_p for s in chosen), np.float32, n),
-        top_k,
-        np.fromiter((s.min_p for s in chosen), np.float32, n),
-        seed,
-        np.fromiter((s.output_index for s in chosen), np.int64, n),
-    ]

@@ -6,10 +6,15 @@ request draws the same tokens whatever else shares its batch, and a preempted re
 recomputed draws them again. No per-row Python and no host sync: the caller reads the result.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
+
+from gpu.staging import Array
+from gpu.step_io import SequenceInput
 
 _INT64_RANGE = 1 << 64
 # A lower temperature draws greedily, as in vLLM: dividing the logits by it can overflow them to inf.
@@ -48,6 +53,39 @@ def uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -
     # lies in [2^-24, 1 - 2^-24] and the Gumbel noise -log(-log(u)) is finite (k + 0.5 was not
     # exact for the largest k, which rounded u up to 1 and the noise to +inf).
     return (_shift_right(bits, 41) * 2 + 1).float() * (1.0 / (1 << 24))
+
+
+class SamplingArrays(NamedTuple, Generic[Array]):
+    """The sampled rows' settings as one bundle, uploaded with the step: `SamplingTensors`' tensors."""
+
+    temperature: Array  # [R] float32; 0 where the row draws greedily
+    top_p: Array  # [R] float32
+    top_k: Array  # [R] int64; 0 where it keeps every token
+    min_p: Array  # [R] float32
+    seed: Array  # [R] int64: the seed's 64 bits
+    position: Array  # [R] int64: the index of the output token being drawn
+
+    @classmethod
+    def of(cls, chosen: Sequence[SequenceInput], vocab_size: int) -> "SamplingArrays[np.ndarray]":
+        """The settings of the sequences that draw a token, in order."""
+        n = len(chosen)
+        seeds = [s.seed for s in chosen]
+        try:
+            seed = np.array(seeds, dtype=np.int64)
+        except OverflowError:  # seeds are taken mod 2**64, as the sampler's hash does
+            seed = np.array([_as_int64(s) for s in seeds], dtype=np.int64)
+        temperature = np.fromiter((s.temperature for s in chosen), np.float32, n)
+        temperature[temperature < GREEDY_BELOW_TEMPERATURE] = 0.0
+        top_k = np.fromiter((s.top_k for s in chosen), np.int64, n)
+        top_k[top_k >= vocab_size] = 0  # keeps every token: off, or a row with a top-p sizes its head over the whole row
+        return cls(
+            temperature=temperature,
+            top_p=np.fromiter((s.top_p for s in chosen), np.float32, n),
+            top_k=top_k,
+            min_p=np.fromiter((s.min_p for s in chosen), np.float32, n),
+            seed=seed,
+            position=np.fromiter((s.output_index for s in chosen), np.int64, n),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +127,19 @@ class SamplingTensors:
             seed=torch.tensor([_as_int64(s) for s in seed], dtype=torch.int64).to(device, non_blocking=True),
             position=torch.tensor(position, dtype=torch.int64).to(device, non_blocking=True),
             **host_summaries(temperature, top_p, top_k, min_p),
+        )
+
+    @classmethod
+    def from_arrays(cls, device: SamplingArrays[torch.Tensor], host: SamplingArrays[np.ndarray]) -> "SamplingTensors":
+        """The uploaded settings `device`, with the summaries of their `host` copies."""
+        return cls(
+            temperature=device.temperature,
+            top_p=device.top_p,
+            top_k=device.top_k,
+            min_p=device.min_p,
+            seed=device.seed,
+            position=device.position,
+            **host_summaries(host.temperature, host.top_p, host.top_k, host.min_p),
         )
 
 

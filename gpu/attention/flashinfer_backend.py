@@ -10,6 +10,7 @@ the page indices. flashinfer is imported here, so only when this backend is chos
 """
 
 from dataclasses import replace
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from gpu.attention.shared_prefix import (
 )
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
-from gpu.staging import Staging
+from gpu.staging import Array, Staging
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -35,6 +36,20 @@ SHARED_PREFIX_GRAPH = "shared_prefix"  # the graph kind whose decode reads a sha
 # against 21.4 ms, and a batch-1 step 5.69 against 5.72 ms. Its module is not in the GPU kit's
 # prebuilt set: a fresh machine builds it in about 30 s at the first decode plan.
 TENSOR_CORE_DECODE_MIN_GROUP = 4
+
+
+class _PrefixPassArrays(NamedTuple, Generic[Array]):
+    """A shared-prefix plan (`SharedPrefixes`) as it is uploaded: the prefix pass's requests, then
+    what the decode pass reads besides."""
+
+    query_indptr: Array  # [G+1] int32: group g's rows in `order`
+    pages_indptr: Array  # [G+1] int32: group g's shared blocks in `pages`
+    pages: Array  # [P] int32
+    last_page_len: Array  # [G] int32: block_size, a shared block is full
+    order: Array  # [rows] int32: the decode rows in the prefix pass's order
+    slots: Array  # [rows] int32: each row's place in the prefix pass, -1 where it shares nothing
+    suffix_indptr: Array  # [rows+1] int32
+    suffix_indices: Array  # [Q] int32
 
 
 class FlashInferAttention(AttentionBackend):
@@ -181,13 +196,19 @@ class FlashInferAttention(AttentionBackend):
         """Uploads a shared-prefix plan and plans `prefix_run`, the pass of each group's rows over its
         shared blocks. Returns the host indptr and device indices of the decode pass, over what
         each row reads besides; the caller releases the staging once it has planned that pass."""
-        full_pages = np.full(shared.num_groups, block_size, np.int32)
-        arrays = [shared.suffix_indptr, shared.suffix_indices, shared.pages, shared.slots, shared.order,
-                  shared.query_indptr, shared.pages_indptr, full_pages]
-        device, host = self._staging.upload(arrays, host_views_of=(0, 5, 6, 7))
-        prefix_run.plan(host[5], host[6], device[2], host[7], *self._heads, block_size, causal=False, **self._kwargs)
-        self._prefix_run, self._slots, self._order = prefix_run, device[3], device[4]
-        return host[0], device[1]
+        arrays = _PrefixPassArrays(
+            query_indptr=shared.query_indptr, pages_indptr=shared.pages_indptr, pages=shared.pages,
+            last_page_len=np.full(shared.num_groups, block_size, np.int32), order=shared.order, slots=shared.slots,
+            suffix_indptr=shared.suffix_indptr, suffix_indices=shared.suffix_indices,
+        )
+        [device] = self._staging.upload(arrays)
+        pinned = self._staging.pinned
+        prefix_run.plan(
+            pinned(device.query_indptr), pinned(device.pages_indptr), device.pages, pinned(device.last_page_len),
+            *self._heads, block_size, causal=False, **self._kwargs,
+        )
+        self._prefix_run, self._slots, self._order = prefix_run, device.slots, device.order
+        return pinned(device.suffix_indptr), device.suffix_indices
 
     def _plan_graph_decode(self, size: int, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch):
         wrapper = self._graph_decode.get(size)

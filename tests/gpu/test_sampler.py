@@ -2,17 +2,20 @@
 Each draw test runs the torch path and the GPU's kernel (gpu/sampler_kernel.py; in Triton's
 interpreter on a machine without CUDA), which must draw the same tokens."""
 
+import dataclasses
 import math
 import random
 
 import pytest
 import torch
 
-from gpu.sampler import SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
+from gpu.sampler import SamplingArrays, SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
 from gpu.sampler_heads import _head_kernel, heads
 from gpu.sampler_kernel import (
     _chunk_kernel, _combine_kernel, _sample_kernel, _split_passes, compile_sampler, sample_on_gpu,
 )
+from gpu.staging import on_cpu
+from gpu.step_io import SequenceInput
 from tests.devices import DEVICE, INTERPRETED, needs_cuda
 
 
@@ -53,6 +56,23 @@ def draw_many(request):
 
 def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_the_runner_uploads_each_setting_by_name_as_from_lists_would_build_it():
+    vocab = 50
+    chosen = [
+        SequenceInput([1], 0, [0], True, temperature=1e-6, top_k=5, seed=(1 << 64) - 1, output_index=3),
+        SequenceInput([2], 0, [1], True, temperature=0.7, top_p=0.9, top_k=vocab, min_p=0.1, seed=5),
+    ]
+    arrays = SamplingArrays.of(chosen, vocab)
+    assert arrays.temperature[0] == 0  # below the greedy bound: drawn greedily
+    assert arrays.top_k.tolist() == [5, 0]  # a top_k of the whole vocabulary is off
+    assert arrays.seed.tolist() == [-1, 5] and arrays.position.tolist() == [3, 0]
+    staged = SamplingTensors.from_arrays(on_cpu(arrays), arrays)
+    built = SamplingTensors.from_lists([0.0, 0.7], [1.0, 0.9], [5, 0], [0.0, 0.1], [(1 << 64) - 1, 5], [3, 0], "cpu")
+    for field in dataclasses.fields(SamplingTensors):
+        mine, theirs = getattr(staged, field.name), getattr(built, field.name)
+        assert torch.equal(mine, theirs) if isinstance(mine, torch.Tensor) else mine == theirs, field.name
 
 
 def test_hash_is_splitmix64():
