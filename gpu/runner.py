@@ -4,17 +4,18 @@ The runner knows nothing of requests or scheduling. Each step it is told, per se
 tokens to feed, where they go in the KV pool and how to sample; it returns the drawn tokens.
 Block ids are owned by the scheduler; the runner only checks that they are in range.
 
-On CUDA `launch` enqueues a step and returns at once: numpy metadata, one host-to-device copy, the
-input ids that the previous step drew gathered on the device, the attention plan, the model (a
-graph replay for decode batches up to the largest captured size; for steps with prompt tokens,
-replays of the layers' pieces around eager attention), the sampler, and a non-blocking
-copy of the drawn tokens into pinned memory. `PendingStep.tokens` waits for that copy, the step's
-one sync; the host builds and launches the next step meanwhile, so the GPU does not wait for it.
+On CUDA `launch` enqueues a step and returns at once. It prepares (numpy metadata, one
+host-to-device copy, the input ids that the previous step drew gathered on the device, the
+attention plan), runs the forward pass (a graph replay for decode batches up to the largest
+captured size; for steps with prompt tokens, replays of the layers' pieces around eager attention)
+and draws (the sampler, and a non-blocking copy of the drawn tokens into pinned memory).
+`PendingStep.tokens` waits for that copy, the step's one sync; the host builds and launches the
+next step meanwhile, so the GPU does not wait for it.
 """
 
 from operator import attrgetter
 from pathlib import Path
-from typing import Generic, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,9 +27,10 @@ from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
+from gpu.previous_draw import PreviousDraw
 from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensors, sample
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
-from gpu.staging import Array, Staging
+from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
 from gpu.weights import load_model, random_model
 
@@ -51,12 +53,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-class TokenFeed(NamedTuple, Generic[Array]):
-    """Where the tokens the previous launch drew go in this step's input ids: one row per sequence
-    whose input is FROM_PREVIOUS_STEP."""
+class _Step(NamedTuple):
+    """A step between `launch`'s three calls: prepared on the device, to run and draw from."""
 
-    input_index: Array  # [D] int64: the sequence's one token in the step's input ids
-    drawn_index: Array  # [D] int64: its token among the previous launch's drawn tokens
+    batch: ForwardBatch  # on the device, padded, attention planned
+    num_seqs: int  # S, the sequences launched (padding excluded)
+    rows: np.ndarray  # [R] the sequences that draw a token, in order
+    sampling: SamplingArrays[torch.Tensor] | None  # the rows' settings; None: every row draws greedily
+    settings: SamplingArrays[np.ndarray] | None  # their host copy
+    decode_graph: int | None  # the batch size of the decode CUDA graph it replays
+    graph_kind: str | None  # the kind of that graph the attention backend planned for
+    prompt_graph: bool  # runs the prompt graphs' pieces around eager attention
 
 
 _token_ids, _starts, _tables, _samples, _previous_rows = (
@@ -152,10 +159,7 @@ class ModelRunner:
         self._sample = sample_on_gpu if device.type == "cuda" else sample
         if device.type == "cuda":
             compile_sampler(config.vocab_size, device)
-        # The latest launch's drawn tokens, [R] int64 on the device, and the index into them of each
-        # of its sequences ([S], -1 where it sampled none): where `previous_row` inputs come from.
-        self._previous_drawn: torch.Tensor | None = None
-        self._previous_index: np.ndarray | None = None
+        self._previous = PreviousDraw()  # where `previous_row` inputs come from
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
         self.graphs: DecodeGraphs | None = None
@@ -208,6 +212,14 @@ class ModelRunner:
         sequence's blocks or the pool, or read a token the previous launch did not draw."""
         if not seqs:
             return PendingStep(0, np.zeros(0, np.int64), torch.zeros(0, dtype=torch.int64), None)
+        step = self._prepare(seqs)
+        logits = self._forward(step)  # [R, vocab] float32
+        return self._draw(step, logits)
+
+    def _prepare(self, seqs: list[SequenceInput]) -> _Step:
+        """The step on the device, ready to run: its metadata and sampling settings laid out on the
+        host and copied over at once, the tokens of the previous launch fed in, attention planned.
+        Raises ValueError before it enqueues anything."""
         n = len(seqs)
         rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, n))  # [R]
         previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]
@@ -216,58 +228,58 @@ class ModelRunner:
             list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
             logits_rows=rows, limits=self.limits, deferred=deferred,
         )
-        feed = None
-        if len(deferred):
-            feed = TokenFeed(
-                input_index=host.query_start[deferred].astype(np.int64),
-                drawn_index=self._drawn_index(deferred, previous_rows),
-            )
+        feed = self._previous.feed_for(deferred, previous_rows, host.query_start)
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
-        graph_size = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
+        decode_graph = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
         prompt_tokens = None
-        if graph_size is not None:
-            host = host.padded(graph_size, self.kv.scratch_block)
-        elif not host.is_decode:  # decode batches take few sizes: at most one per batch size
-            prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens) if self.prompt_graphs else None
-            bucket = self.eager_token_bucket
-            host = host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
-        batch, (device_feed, device_settings) = ForwardBatch.from_host(host, self.staging, (feed, settings))
-        if device_feed is not None:
-            drawn = self._previous_drawn.index_select(0, device_feed.drawn_index)  # [D] int64
-            batch.input_ids.index_copy_(0, device_feed.input_index, drawn.to(torch.int32))
-        if graph_size is not None:
-            kind = self.graphs.prepare(batch)
-            self._release_staging()
-            logits = self.graphs.replay(graph_size, kind)  # [graph_size, vocab]
-            logits = logits[: len(rows)] if len(rows) == n else logits[batch.logits_index]
+        if self.prompt_graphs and not host.is_decode:
+            prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens)
+        host = self._padded(host, decode_graph, prompt_tokens)
+        batch, (feed, sampling) = ForwardBatch.from_host(host, self.staging, (feed, settings))
+        if feed is not None:
+            self._previous.feed(batch.input_ids, feed)
+        graph_kind = None
+        if decode_graph is not None:
+            graph_kind = self.graphs.prepare(batch)  # copies the input ids: after the feed
         else:
             self.model.attention_backend.prepare(batch)
-            self._release_staging()
-            if prompt_tokens is not None:
-                logits = self.prompt_graphs.run(batch)  # [R, vocab] float32
-            else:
-                logits = self.model.compute_logits(batch, self.kv)
-        if greedy:
+        self._release_staging()
+        return _Step(
+            batch=batch, num_seqs=n, rows=rows, sampling=sampling, settings=settings, decode_graph=decode_graph,
+            graph_kind=graph_kind, prompt_graph=prompt_tokens is not None,
+        )
+
+    def _padded(self, host: HostBatch, decode_graph: int | None, prompt_tokens: int | None) -> HostBatch:
+        """`host` grown to the shape it runs at: the decode graph's batch size, the prompt graphs'
+        token count, or for another step with prompt tokens a multiple of `eager_token_bucket`
+        tokens. Other decode batches stay as they are: they take few sizes, one per batch size."""
+        if decode_graph is not None:
+            return host.padded(decode_graph, self.kv.scratch_block)
+        if host.is_decode:
+            return host
+        bucket = self.eager_token_bucket
+        return host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
+
+    def _forward(self, step: _Step) -> torch.Tensor:
+        """float32 logits [R, vocab] of the sequences that draw."""
+        if step.decode_graph is not None:
+            logits = self.graphs.replay(step.decode_graph, step.graph_kind)  # [decode_graph, vocab]
+            return logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
+        if step.prompt_graph:
+            return self.prompt_graphs.run(step.batch)
+        return self.model.compute_logits(step.batch, self.kv)
+
+    def _draw(self, step: _Step, logits: torch.Tensor) -> PendingStep:
+        """Draws one token per row of `logits` [R, vocab] (argmax when every row is greedy), keeps
+        them on the device for the next launch and starts their copy to the host."""
+        if step.sampling is None:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
-            drawn = self._sample(logits, SamplingTensors.from_arrays(device_settings, settings))
-        self._previous_drawn = drawn
-        self._previous_index = np.full(n, -1, np.int64)
-        self._previous_index[rows] = np.arange(len(rows))
-        return self._send_to_host(n, rows, drawn)
-
-    def _drawn_index(self, deferred: np.ndarray, previous_rows: np.ndarray) -> np.ndarray:
-        """[D] the index in the previous launch's drawn tokens of each deferred sequence's token."""
-        if self._previous_index is None:
-            raise ValueError(f"sequence {deferred[0]}: feeds a token of the previous step, but none was launched")
-        index = np.append(self._previous_index, -1)  # [S' + 1]: a row past the end drew nothing either
-        found = index[np.minimum(previous_rows[deferred], len(index) - 1)]
-        if (missing := np.flatnonzero(found < 0)).size:
-            i = deferred[missing[0]]
-            raise ValueError(f"sequence {i}: previous_row {previous_rows[i]} drew no token in the previous step")
-        return found
+            drawn = self._sample(logits, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
+        self._previous.remember(drawn, step.rows, step.num_seqs)
+        return self._send_to_host(step.num_seqs, step.rows, drawn)
 
     def _release_staging(self) -> None:
         # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)
