@@ -13,20 +13,12 @@ from typing import Generic, NamedTuple
 import numpy as np
 import torch
 
+from gpu.batch_limits import BatchLimits, check_ids, check_shapes, first_true
 from gpu.staging import Array, Bundle, Staging, on_cpu
 
 # The input token of a decode whose token the previous step drew on the device and the host has
 # not seen yet; `HostBatch.build` leaves a placeholder there for the device to fill in.
 FROM_PREVIOUS_STEP = -1
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """What a step's input must stay within; the runner's pool and model set them."""
-
-    max_model_len: int
-    num_blocks: int
-    vocab_size: int
 
 
 class TokenColumns(NamedTuple, Generic[Array]):
@@ -110,7 +102,7 @@ class HostBatch:
         table_lens = np.fromiter(map(len, block_tables), np.int64, num_seqs)
         ends = starts + query_lens
         if limits is not None:
-            _check_shapes(query_lens, starts, ends, table_lens, block_size, limits)
+            check_shapes(query_lens, starts, ends, table_lens, block_size, limits)
         query_start = offsets(query_lens)
         num_tokens = int(query_start[-1])
         pages = (ends + block_size - 1) // block_size
@@ -124,12 +116,12 @@ class HostBatch:
         if deferred is not None and len(deferred):
             firsts = query_start[deferred]  # [D] the one token of each deferred sequence
             bad = (query_lens[deferred] != 1) | (tokens.input_ids[firsts] != FROM_PREVIOUS_STEP)
-            if (i := _first(bad)) is not None:
+            if (i := first_true(bad)) is not None:
                 raise ValueError(f"sequence {deferred[i]}: a token from the previous step must be its only token, "
                                  f"given as FROM_PREVIOUS_STEP ({FROM_PREVIOUS_STEP})")
             tokens.input_ids[firsts] = 0
         if limits is not None:
-            _check_ids(tokens.input_ids, kv_indices, query_start, kv_indptr, limits)
+            check_ids(tokens.input_ids, kv_indices, query_start, kv_indptr, limits)
         if num_tokens == num_seqs:  # decode: one token per sequence
             positions, page_of_token = starts, kv_indptr[1:] - 1
         else:
@@ -215,33 +207,6 @@ def offsets(lengths: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
     return starts
-
-
-def _first(bad: np.ndarray) -> int | None:
-    return int(bad.argmax()) if bad.any() else None
-
-
-def _check_shapes(query_lens, starts, ends, table_lens, block_size: int, limits: BatchLimits) -> None:
-    if (i := _first(query_lens == 0)) is not None:
-        raise ValueError(f"sequence {i}: token_ids is empty; every sequence in a step feeds at least one token")
-    if (i := _first(starts < 0)) is not None:
-        raise ValueError(f"sequence {i}: start_position {starts[i]} is negative")
-    if (i := _first(ends > limits.max_model_len)) is not None:
-        raise ValueError(f"sequence {i}: {ends[i]} tokens exceed max_model_len {limits.max_model_len}")
-    if (i := _first(table_lens * block_size < ends)) is not None:
-        raise ValueError(
-            f"sequence {i}: block table of {table_lens[i]} blocks holds {table_lens[i] * block_size} tokens, "
-            f"but positions up to {ends[i]} are needed"
-        )
-
-
-def _check_ids(input_ids, kv_indices, query_start, kv_indptr, limits: BatchLimits) -> None:
-    if (p := _first((kv_indices < 0) | (kv_indices >= limits.num_blocks))) is not None:
-        seq = int(np.searchsorted(kv_indptr, p, side="right")) - 1
-        raise ValueError(f"sequence {seq}: block ids must be in [0, {limits.num_blocks})")
-    if (t := _first((input_ids < 0) | (input_ids >= limits.vocab_size))) is not None:
-        seq = int(np.searchsorted(query_start, t, side="right")) - 1
-        raise ValueError(f"sequence {seq}: token ids must be in [0, {limits.vocab_size})")
 
 
 @dataclass(frozen=True)

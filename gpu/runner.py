@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from gpu.attention import make_backend
-from gpu.batch import BatchLimits, ForwardBatch, HostBatch
+from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
