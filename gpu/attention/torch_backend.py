@@ -45,7 +45,7 @@ class TorchAttention(AttentionBackend):
                     torch.arange(query_len, device=device)[:, None] + first
                 )
             blocks = indices[kv_indptr[s] : kv_indptr[s + 1]]
-            self._plans.append(_SequencePlan(start, end, context_len, blocks, mask))
+            self._plans.append(_SequencePlan(start=start, end=end, context_len=context_len, blocks=blocks, mask=mask))
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         cache = kv.layers[layer]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]

@@ -68,12 +68,14 @@ class TritonAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.host.is_decode:
             self._plan = _Plan(
-                batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, self._splits(batch.num_seqs)
+                kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, last_page_len=batch.kv_last_page_len,
+                num_splits=self._splits(batch.num_seqs),
             )
         else:
             tiles = extend_tiles(batch.query_start, batch.host.query_lens, *self._tile_shape)
             self._plan = _Plan(
-                batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, query_start=batch.query_start, tiles=tiles
+                kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, last_page_len=batch.kv_last_page_len,
+                query_start=batch.query_start, tiles=tiles,
             )
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
@@ -88,7 +90,9 @@ class TritonAttention(AttentionBackend):
         last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
         self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
         # The split count depends on the size alone, so a replay launches what was captured.
-        self._plan = _Plan(indptr, self._graph_indices, last_page_len, self._splits(size))
+        self._plan = _Plan(
+            kv_indptr=indptr, kv_indices=self._graph_indices, last_page_len=last_page_len, num_splits=self._splits(size)
+        )
         return PLAIN_GRAPH
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
