@@ -229,7 +229,7 @@ class ModelRunner:
             list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
             logits_rows=rows, limits=self.limits, deferred=deferred,
         )
-        feed = self._previous.feed_for(deferred, previous_rows, host.query_start)
+        host_feed = self._previous.feed_for(deferred, previous_rows, host.query_start)
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
@@ -238,7 +238,7 @@ class ModelRunner:
         if self.prompt_graphs and not host.is_decode:
             prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens)
         host = self._padded(host, decode_graph, prompt_tokens)
-        batch, (feed, sampling) = ForwardBatch.from_host(host, self.staging, (feed, settings))
+        batch, (feed, sampling) = ForwardBatch.from_host(host, self.staging, (host_feed, settings))
         if feed is not None:
             self._previous.feed(batch.input_ids, feed)
         graph_kind = None
