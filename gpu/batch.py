@@ -22,8 +22,8 @@ FROM_PREVIOUS_STEP = -1
 
 
 class TokenColumns(NamedTuple, Generic[Array]):
-    """The three thirds of a step's token data, each [T] int32: what one token needs, stored as one
-    array so a CUDA graph's inputs take a single copy."""
+    """The three thirds of a step's token data, each [T] int32, in this order: what one token needs,
+    stored as one array so a CUDA graph's inputs take a single copy."""
 
     input_ids: Array
     positions: Array
@@ -153,7 +153,10 @@ class HostBatch:
         last_indptr = self.kv_indptr[-1]
         return replace(
             self,
-            token_data=_appended(self.token_data, zeros, zeros, ones * (scratch_block * self.block_size)),
+            token_data=_appended(
+                self.token_data,
+                TokenColumns(input_ids=zeros, positions=zeros, slot_mapping=ones * (scratch_block * self.block_size)),
+            ),
             query_start=np.arange(num_seqs + 1, dtype=np.int32),
             kv_indptr=np.concatenate([self.kv_indptr, last_indptr + np.arange(1, extra + 1, dtype=np.int32)]),
             kv_indices=np.concatenate([self.kv_indices, ones * scratch_block]),
@@ -174,9 +177,10 @@ class HostBatch:
         pages = -(-extra // bs)
         return replace(
             self,
-            token_data=_appended(
-                self.token_data, np.zeros(extra, np.int32), filler_positions, scratch_block * bs + filler_positions % bs
-            ),
+            token_data=_appended(self.token_data, TokenColumns(
+                input_ids=np.zeros(extra, np.int32), positions=filler_positions,
+                slot_mapping=scratch_block * bs + filler_positions % bs,
+            )),
             query_start=np.append(self.query_start, num_tokens).astype(np.int32),
             kv_indptr=np.append(self.kv_indptr, self.kv_indptr[-1] + pages).astype(np.int32),
             kv_indices=np.concatenate([self.kv_indices, np.full(pages, scratch_block, np.int32)]),
@@ -191,15 +195,11 @@ def token_thirds(token_data: Array) -> TokenColumns[Array]:
     return TokenColumns(input_ids=token_data[:n], positions=token_data[n : 2 * n], slot_mapping=token_data[2 * n :])
 
 
-def _appended(token_data: np.ndarray, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """[3(T+E)] int32 token data: the T tokens of `token_data`, then E more given by their columns."""
-    num_tokens = len(token_data) // 3
-    grown = np.empty(len(token_data) + 3 * len(input_ids), np.int32)
-    old, new = token_thirds(token_data), token_thirds(grown)
-    new.input_ids[:num_tokens], new.input_ids[num_tokens:] = old.input_ids, input_ids
-    new.positions[:num_tokens], new.positions[num_tokens:] = old.positions, positions
-    new.slot_mapping[:num_tokens], new.slot_mapping[num_tokens:] = old.slot_mapping, slots
-    return grown
+def _appended(token_data: np.ndarray, more: TokenColumns[np.ndarray]) -> np.ndarray:
+    """[3(T+E)] int32 token data: the T tokens of `token_data`, then the E tokens of `more`."""
+    old = token_thirds(token_data)
+    columns = [old.input_ids, more.input_ids, old.positions, more.positions, old.slot_mapping, more.slot_mapping]
+    return np.concatenate(columns)  # in TokenColumns' order, as token_thirds reads them
 
 
 def offsets(lengths: np.ndarray) -> np.ndarray:

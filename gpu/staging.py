@@ -30,8 +30,10 @@ class Staging:
         self._stream = torch.cuda.current_stream(device)
 
     def _grow(self, capacity_bytes: int) -> None:
+        capacity_bytes = -(-capacity_bytes // _ALIGN) * _ALIGN  # so every dtype views the whole buffer
         self._host = torch.empty(capacity_bytes, dtype=torch.uint8, pin_memory=True)
         self._host_np = self._host.numpy()
+        self._host_as = host_views_by_dtype(self._host)
         self._device = torch.empty(capacity_bytes, dtype=torch.uint8, device=self.device)
 
     def upload(self, *bundles: Bundle | None) -> tuple[Bundle | None, ...]:
@@ -51,7 +53,7 @@ class Staging:
     def pinned(self, view: torch.Tensor) -> torch.Tensor:
         """The pinned host copy of `view`, an array of the last `upload`: what a kernel planner reads
         on the host (no device sync) of what its kernels read on the device."""
-        return same_place(self._host, view)
+        return same_place(self._host_as, view)
 
     def release(self) -> None:
         """Call once the step's transfers are all enqueued: the next upload waits for them."""
@@ -83,10 +85,16 @@ def views_of(bundles: tuple[Bundle | None, ...], buffer: torch.Tensor, offsets: 
     )
 
 
-def same_place(buffer: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
-    """What lies in `buffer` (bytes, uint8) where `view`, a 1-D view of a buffer laid out alike, lies."""
-    start = view.storage_offset() * view.element_size()
-    return buffer[start : start + view.numel() * view.element_size()].view(view.dtype)
+def host_views_by_dtype(buffer: torch.Tensor) -> dict[torch.dtype, torch.Tensor]:
+    """`buffer` (bytes, uint8, a multiple of _ALIGN long) viewed whole as each dtype a bundle may hold."""
+    return {dtype: buffer.view(dtype) for dtype in _TORCH_DTYPES.values()}
+
+
+def same_place(buffer_as: dict[torch.dtype, torch.Tensor], view: torch.Tensor) -> torch.Tensor:
+    """What lies in a buffer, given viewed whole by dtype, where `view` (a 1-D view of a buffer laid
+    out alike) lies in its own: the same storage offset, in elements of its dtype."""
+    start = view.storage_offset()
+    return buffer_as[view.dtype][start : start + view.numel()]
 
 
 def _view(buffer: torch.Tensor, offset: int, a: np.ndarray) -> torch.Tensor:

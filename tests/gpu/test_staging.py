@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from gpu.staging import aligned_offsets, on_cpu, same_place, views_of
+from gpu.staging import aligned_offsets, host_views_by_dtype, on_cpu, same_place, views_of
 
 
 class Pair(NamedTuple):
@@ -52,10 +52,10 @@ def test_a_view_finds_its_twin_in_the_other_buffer():
     host, offsets = packed((pair,))
     device = host.clone()  # stands in for the device buffer after the copy
     [on_device] = views_of((pair,), device, offsets)
-    twin = same_place(host, on_device.ids)
+    twin = same_place(host_views_by_dtype(host), on_device.ids)
     assert twin.tolist() == [3, 1, 4] and twin.dtype == torch.int32
     assert twin.data_ptr() == host.data_ptr() + offsets[0]
-    assert same_place(host, on_device.weights).numel() == 0
+    assert same_place(host_views_by_dtype(host), on_device.weights).numel() == 0
 
 
 def test_on_the_cpu_a_bundle_wraps_its_arrays_in_place():
