@@ -45,6 +45,9 @@ class GgufHeader:
     # Every token that ends generation: end of sequence, of turn, of message. GGUF keeps each in a
     # key of its own, and transformers reads only the first.
     end_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    add_bos_token: bool | None  # whether a plain encode starts with BOS
+    control_tokens: dict[str, int]  # the special tokens (chat markers among them), each one id
 
 
 def read_header(path: Path) -> GgufHeader:
@@ -72,7 +75,17 @@ def read_header(path: Path) -> GgufHeader:
         architecture,
         _field(reader, gguf.Keys.Attention.KEY_LENGTH.format(arch=architecture)),
         tuple(dict.fromkeys(token for token in ends if token is not None)),
+        _field(reader, gguf.Keys.Tokenizer.BOS_ID),
+        _field(reader, gguf.Keys.Tokenizer.ADD_BOS),
+        _control_tokens(reader),
     )
+
+
+def _control_tokens(reader: gguf.GGUFReader) -> dict[str, int]:
+    tokens, types = _field(reader, gguf.Keys.Tokenizer.LIST), _field(reader, gguf.Keys.Tokenizer.TOKEN_TYPE)
+    if tokens is None or types is None:
+        return {}
+    return {token: i for i, (token, kind) in enumerate(zip(tokens, types)) if kind == gguf.TokenType.CONTROL}
 
 
 def _field(reader: gguf.GGUFReader, key: str):
@@ -115,6 +128,8 @@ def _convert(path: Path, header: GgufHeader, out: Path) -> None:
                                                      dtype=torch.float32)
     except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
         raise UnsupportedGguf(f"{path.name}: transformers could not read it: {exc}") from None
+    _special_tokens_as_the_file_says(tokenizer, header, path)
+    _bos_as_the_file_says(tokenizer, header, path)
     # Transformers marks a model read from GGUF as quantized and will not save it, though what it
     # holds are plain float32 tensors: drop the mark, and the checkpoint is an ordinary one.
     model.hf_quantizer = None
@@ -131,6 +146,47 @@ def _convert(path: Path, header: GgufHeader, out: Path) -> None:
         ModelConfig.from_pretrained(out)  # our model code's own check, before the directory is kept
     except ValueError as exc:
         raise UnsupportedGguf(f"{path.name} converts, but the server cannot run it: {exc}") from None
+
+
+def _special_tokens_as_the_file_says(tokenizer, header: GgufHeader, path: Path) -> None:
+    """Some transformers versions build a GGUF tokenizer that splits the file's control tokens
+    (`<|im_start|>` and the like) into pieces of text: a chat prompt would then not be the one the
+    model was trained on. Marking them special makes each encode as its own id again."""
+    from tokenizers import AddedToken
+
+    split = [token for token, id_ in header.control_tokens.items()
+             if tokenizer.encode(token, add_special_tokens=False) != [id_]]
+    if not split:
+        return
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in split], special_tokens=True)
+    still = [token for token in split
+             if tokenizer.encode(token, add_special_tokens=False) != [header.control_tokens[token]]]
+    if still:
+        raise UnsupportedGguf(f"{path.name}: its special tokens {still[:4]} do not encode as themselves with this "
+                              "transformers version; upgrade transformers")
+
+
+def _bos_as_the_file_says(tokenizer, header: GgufHeader, path: Path) -> None:
+    """Some transformers versions build a GGUF tokenizer without the file's BOS token, or one that
+    never adds it whatever add_bos_token says: a Llama 3 prompt would then lack the token the model
+    was trained to see first, and a chat template that writes {{ bos_token }} would write nothing."""
+    from tokenizers import processors
+
+    if header.bos_token_id is None:
+        return
+    bos = tokenizer.convert_ids_to_tokens(header.bos_token_id)
+    if tokenizer.bos_token is None:  # chat templates write it as {{ bos_token }}
+        tokenizer.bos_token = bos
+    if not header.add_bos_token or tokenizer.encode("a")[:1] == [header.bos_token_id]:
+        return
+    prepend = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                            special_tokens=[(bos, header.bos_token_id)])
+    backend = tokenizer.backend_tokenizer
+    existing = backend.post_processor
+    backend.post_processor = prepend if existing is None else processors.Sequence([existing, prepend])
+    if tokenizer.encode("a")[:1] != [header.bos_token_id]:
+        raise UnsupportedGguf(f"{path.name}: its tokenizer must start with BOS, and this transformers version "
+                              "builds one that does not; upgrade transformers")
 
 
 def main() -> None:
