@@ -33,9 +33,9 @@ def read_api_keys(path: str | Path) -> dict[str, str]:
     return keys
 
 
-def cache_namespace(tenant: str | None, user: str) -> str:
-    """The scope of a request: the tenant, narrowed by the OpenAI `user` field (`tenant/user`);
-    without keys (`tenant` None) `user` alone names the tenant."""
-    if tenant is None:
+def request_tenant(key_tenant: str | None, user: str) -> str:
+    """The tenant a request runs as: the key's tenant, narrowed by the OpenAI `user` field
+    (`tenant/user`); without keys (`key_tenant` None) `user` alone names the tenant."""
+    if key_tenant is None:
         return user
-    return f"{tenant}/{user}" if user else tenant
+    return f"{key_tenant}/{user}" if user else key_tenant

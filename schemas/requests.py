@@ -18,7 +18,7 @@ class Submit(msgspec.Struct, frozen=True, tag="submit"):
     origin: str
     # Tokens the client already received: a request resubmitted after a crash continues after them.
     output_ids: list[int] = []
-    cache_namespace: str = ""  # prefix-cache isolation: requests share cached KV only within one namespace
+    tenant: str = ""  # whose private prefix cache it reads and writes (kernel/tenants.py:request_tenant)
     # One of n choices of a prompt: the request id of the choice that computes the prompt once;
     # this one shares its KV blocks and only decodes.
     fork_of: str | None = None

@@ -5,7 +5,7 @@ The scheduler owns the sessions table. Anyone may open and close a session on th
 from the origins (the frontdoor, the gateway) on the scheduler's request subject: `BeginTurn`
 before a turn's request is submitted, to learn what its prompt continues, and `RecordTurn` when it
 has finished, with exactly the tokens its client got.
-A session unknown to the scheduler, or opened by another user, is answered `Error("not_found")`.
+A session unknown to the scheduler, or opened by another tenant, is answered `Error("not_found")`.
 """
 
 from typing import Annotated
@@ -20,7 +20,7 @@ IdleTimeout = Annotated[float, msgspec.Meta(gt=0, le=MAX_IDLE_TIMEOUT_S)]
 
 
 class OpenSession(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="open_session"):
-    user: str = ""  # who owns it (kernel/tenants.py:cache_namespace): only requests of the same user may use it
+    user: str = ""  # as `GenerateRequest.user`: the tenant, or with API keys a narrower one; only its requests may use it
     capacity_tokens: TokenCount | None = None  # most KV tokens kept pinned for it; None: the global budget
     idle_timeout_s: IdleTimeout | None = None  # it closes itself after this long unused; None: the default
 
@@ -44,7 +44,7 @@ class BeginTurn(msgspec.Struct, frozen=True, tag="begin_turn"):
     """A turn is about to be submitted as request `turn_id`: what does its prompt continue?"""
 
     session_id: str
-    user: str
+    tenant: str  # the tenant of the turn's request: only the session's own may take a turn
     turn_id: str  # the request id of the new turn, which names it from now on
     parent_turn: str | None = None  # the turn it continues; None: the session's latest
 
@@ -61,7 +61,7 @@ class RecordTurn(msgspec.Struct, frozen=True, tag="record_turn"):
     """A turn finished: `token_ids` is its prompt and the output its client received."""
 
     session_id: str
-    user: str
+    tenant: str
     turn_id: str
     parent_turn: str | None  # as `TurnTokens` resolved it
     replace: bool  # drop the turns that came after the parent first (the branch this one replaces)

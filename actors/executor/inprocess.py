@@ -38,11 +38,11 @@ class InProcessEngine:
         self.in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
 
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_namespace: str = "",
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, tenant: str = "",
         output_ids: list[int] = (), fork_of: str | None = None,
     ) -> Error | None:
         error = self.batcher.submit(
-            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, cache_namespace=cache_namespace,
+            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, tenant=tenant,
             fork_of=fork_of,
         )
         if error is None:

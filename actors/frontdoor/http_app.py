@@ -140,8 +140,8 @@ class HttpApi:
         body = native.parse_session_body(await request.read())
         if isinstance(body, Error):
             return error_response(body)
-        user = self.tenants.cache_namespace(request["identity"], body.user or "")
-        message = OpenSession(user, body.capacity_tokens, body.idle_timeout_s)
+        tenant = self.tenants.request_tenant(request["identity"], body.user or "")
+        message = OpenSession(tenant, body.capacity_tokens, body.idle_timeout_s)
         reply = await self.bus.request(self.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
@@ -150,8 +150,8 @@ class HttpApi:
 
     async def close_session(self, request: web.Request) -> web.Response:
         """The session's owner is the tenant, narrowed by `?user=` as it was when it was opened."""
-        user = self.tenants.cache_namespace(request["identity"], request.query.get("user", ""))
-        message = CloseSession(request.match_info["session_id"], user)
+        tenant = self.tenants.request_tenant(request["identity"], request.query.get("user", ""))
+        message = CloseSession(request.match_info["session_id"], tenant)
         reply = await self.bus.request(self.subjects.scheduler, message, SessionClosed, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
@@ -174,8 +174,8 @@ class HttpApi:
                 "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
-        namespace = self.tenants.cache_namespace(request["identity"], parsed.user)
-        group = await self.pipeline.submit(parsed.request, cache_namespace=namespace)
+        tenant = self.tenants.request_tenant(request["identity"], parsed.user)
+        group = await self.pipeline.submit(parsed.request, tenant=tenant)
         if isinstance(group, Error):
             return error_response(group)
         try:

@@ -47,7 +47,7 @@ class ParsedRequest:
     kind: Literal["chat", "completion", "generate"]
     request: GenerateRequest
     include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
-    user: str = ""  # the OpenAI `user` field: the prefix-cache namespace when no API keys are configured
+    user: str = ""  # the OpenAI `user` field: the tenant when no API keys are configured
 
 
 def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:

@@ -47,5 +47,5 @@ class Tenants:
             return Error("unauthorized", "a valid API key is required: Authorization: Bearer <key>")
         return Identity(tenant, admin)
 
-    def cache_namespace(self, identity: Identity, user: str) -> str:
-        return tenants.cache_namespace(identity.tenant, user)
+    def request_tenant(self, identity: Identity, user: str) -> str:
+        return tenants.request_tenant(identity.tenant, user)

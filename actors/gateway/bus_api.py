@@ -20,7 +20,7 @@ import structlog
 
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
-from kernel.tenants import cache_namespace
+from kernel.tenants import request_tenant
 from schemas.errors import Error
 from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
 
@@ -86,7 +86,7 @@ class BusApi:
             await self._finish(stream, [Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)])
 
     async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
-        group = await self.pipeline.submit(request, cache_namespace=cache_namespace(stream.tenant, request.user),
+        group = await self.pipeline.submit(request, tenant=request_tenant(stream.tenant, request.user),
                                            request_id=request_id)
         if isinstance(group, Error):
             await self._finish(stream, [group])

@@ -9,15 +9,13 @@ out, published as one message per scheduling round without waiting for a reply. 
 import asyncio
 import uuid
 
-import msgspec
-
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
-from kernel.tenants import cache_namespace
+from kernel.tenants import request_tenant
 from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
 )
@@ -121,13 +119,13 @@ class SchedulerActor(Actor):
         self, message: SchedulerRequest | SessionRequest, reply_to: str | None
     ) -> Accepted | SessionReply | None:
         match message:
-            case Submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of):
+            case Submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
                 known = self.batcher.sequences.get(request_id)
                 if known is not None and known.origin == origin:
                     self.batcher.abort(request_id)  # a resubmission whose Abort the bus lost
-                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of)
+                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of)
                 if error:
                     return error
                 await self._schedule()
@@ -138,22 +136,27 @@ class SchedulerActor(Actor):
                     self.sessions.turn_released(request_id)
                     await self._schedule()
                 return None
-            case OpenSession() | CloseSession() | BeginTurn() | RecordTurn():
-                return await self._on_session(message, reply_to)
+            case OpenSession() | CloseSession():  # from the frontdoor, which names the tenant in `user`
+                return self._session(message, message.user)
+            case BeginTurn() | RecordTurn():
+                return self._session(message, message.tenant)
 
-    async def _on_session(self, message: SessionRequest, _reply_to: str | None, tenant: str | None = None) -> SessionReply:
-        """`tenant`: from a tenant's own subject, with API keys; the owner is then the tenant, narrowed by `user`."""
+    async def _on_session(self, message: PublicSessionRequest, _reply_to: str | None,
+                          key_tenant: str | None = None) -> SessionReply:
+        """A client's, on the public subject. `key_tenant`: with API keys, the subject's last token,
+        which `user` only narrows; without them `user` names the tenant."""
+        return self._session(message, request_tenant(key_tenant, message.user))
+
+    def _session(self, message: SessionRequest, tenant: str) -> SessionReply:
         if self.sessions is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        if tenant is not None:
-            message = msgspec.structs.replace(message, user=cache_namespace(tenant, message.user))
         match message:
             case OpenSession():
-                opened = self.sessions.open(message)
+                opened = self.sessions.open(message, tenant)
                 self.log.info("session_opened", session_id=opened.session_id, capacity_tokens=opened.capacity_tokens)
                 return opened
             case CloseSession():
-                reply = self.sessions.close(message)
+                reply = self.sessions.close(message, tenant)
                 if not isinstance(reply, Error):
                     self.log.info("session_closed", session_id=message.session_id)
                 return reply

@@ -67,14 +67,14 @@ class ContinuousBatcher:
         params: SamplingParams,
         origin: str,
         output_ids: list[int] = (),
-        cache_namespace: str = "",
+        tenant: str = "",
         fork_of: str | None = None,
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
-        crash): the request continues after them, as if it had been preempted. `cache_namespace` is
-        its tenant: it reads cached prefixes that tenant computed, and public ones. A choice `fork_of`
+        crash): the request continues after them, as if it had been preempted. It reads the cached
+        prefixes its `tenant` computed, and public ones. A choice `fork_of`
         another of the same prompt waits for that one's prefill and then shares its blocks."""
-        added = self.requests.add(request_id, prompt_ids, params, origin, output_ids, cache_namespace, fork_of)
+        added = self.requests.add(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of)
         return added if isinstance(added, Error) else None
 
     def abort(self, request_id: str) -> Sequence | None:

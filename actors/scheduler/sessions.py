@@ -49,7 +49,7 @@ class Pin:
 @dataclass
 class Session:
     session_id: str
-    user: str  # who opened it: the tenant its turns run as, whose cached prefixes they read
+    tenant: str  # who opened it: the tenant its turns run as, whose cached prefixes they read
     capacity_tokens: int
     idle_timeout_s: float
     last_used: float
@@ -63,7 +63,7 @@ class SessionTable:
     """Open sessions by id. Invariants: the cache holds exactly one lock for every pin, each
     session's pins cover at most its capacity, and all sessions' pins together at most
     `budget_tokens` (a block pinned by two sessions counts for both). A session is known only to
-    the user that opened it: to anyone else it does not exist."""
+    the tenant that opened it: to anyone else it does not exist."""
 
     def __init__(self, cache: RadixCache, budget_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache = cache
@@ -84,22 +84,22 @@ class SessionTable:
 
     # -- the conversation ------------------------------------------------------------------
 
-    def open(self, message: OpenSession) -> SessionOpened:
+    def open(self, message: OpenSession, tenant: str) -> SessionOpened:
         capacity = self.budget_tokens if message.capacity_tokens is None else min(message.capacity_tokens, self.budget_tokens)
         idle_timeout_s = message.idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S
-        session = Session(uuid.uuid4().hex, message.user, capacity, idle_timeout_s, self.clock())
+        session = Session(uuid.uuid4().hex, tenant, capacity, idle_timeout_s, self.clock())
         self.sessions[session.session_id] = session
         return SessionOpened(session.session_id, capacity, idle_timeout_s)
 
-    def close(self, message: CloseSession) -> SessionClosed | Error:
-        session = self._find(message.session_id, message.user)
+    def close(self, message: CloseSession, tenant: str) -> SessionClosed | Error:
+        session = self._find(message.session_id, tenant)
         if isinstance(session, Error):
             return session
         self._close(session)
         return SessionClosed(session.session_id)
 
     def begin_turn(self, message: BeginTurn) -> TurnTokens | Error:
-        session = self._find(message.session_id, message.user)
+        session = self._find(message.session_id, message.tenant)
         if isinstance(session, Error):
             return session
         if message.turn_id in self._by_turn:
@@ -115,7 +115,7 @@ class SessionTable:
         return TurnTokens(session.session_id, parent_id, list(parent.token_ids) if parent else [])
 
     def record_turn(self, message: RecordTurn) -> TurnRecorded | Error:
-        session = self._find(message.session_id, message.user)
+        session = self._find(message.session_id, message.tenant)
         if isinstance(session, Error):
             return session
         turn_id = message.turn_id
@@ -190,7 +190,7 @@ class SessionTable:
         limit = min(session.capacity_tokens, self.budget_tokens) // bs * bs
         # As the batcher matches the turn's next request, but unrecorded: no request reads it now.
         # The match leaves the last token out: one more keeps `limit` tokens within its reach.
-        match = self.cache.match(turn.token_ids[: limit + 1], tenant=session.user)
+        match = self.cache.match(turn.token_ids[: limit + 1], tenant=session.tenant)
         if not match.blocks:
             return
         self.cache.lock(match.node)
@@ -227,9 +227,9 @@ class SessionTable:
 
     # -- sessions and turns ----------------------------------------------------------------
 
-    def _find(self, session_id: str, user: str) -> Session | Error:
+    def _find(self, session_id: str, tenant: str) -> Session | Error:
         session = self.sessions.get(session_id)
-        if session is None or session.user != user:
+        if session is None or session.tenant != tenant:
             return Error("not_found", f"no open session {session_id!r}: it was closed, expired or never opened",
                          param="session_id")
         return session

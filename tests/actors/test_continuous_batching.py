@@ -230,8 +230,8 @@ def test_a_repeated_prompt_is_served_from_the_cache(llama_dir, alone):
     engine = InProcessEngine(runner, max_prefill_tokens=8)
     prompt = [(7 * i) % 800 + 5 for i in range(30)]
     prefilled = Counter()
-    for request_id, namespace in [("first", ""), ("again", ""), ("elsewhere", "tenant-b")]:
-        assert engine.submit(request_id, prompt, greedy(6), cache_namespace=namespace) is None
+    for request_id, tenant in [("first", ""), ("again", ""), ("elsewhere", "tenant-b")]:
+        assert engine.submit(request_id, prompt, greedy(6), tenant=tenant) is None
         run_counting_prefill(engine, prefilled)
         assert engine.outputs[request_id] == alone(prompt, greedy(6))
 

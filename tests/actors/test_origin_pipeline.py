@@ -147,7 +147,7 @@ async def test_a_new_scheduler_gets_the_request_as_the_client_has_it(origin, sta
 async def test_a_session_turn_continues_its_parent_and_is_recorded_before_its_end(origin, stand_ins):
     pipeline, _ = origin
     request = GenerateRequest(messages=[ChatMessage("user", "and then?")], session=SessionTurn("s1"))
-    group = await pipeline.submit(request, cache_namespace="tenant-a", request_id="turn-2")
+    group = await pipeline.submit(request, tenant="tenant-a", request_id="turn-2")
     assert await stand_ins.next_to_scheduler() == BeginTurn("s1", "tenant-a", "turn-2", None)
     assert stand_ins.encoded[0].continuation and not stand_ins.encoded[0].add_special_tokens
     submit = await stand_ins.next_to_scheduler()

@@ -39,23 +39,23 @@ def make(num_blocks: int = 64, budget_tokens: int = 1024) -> tuple[BlockPool, Ra
     return pool, cache, SessionTable(cache, budget_tokens, clock), clock
 
 
-def compute(pool: BlockPool, cache: RadixCache, user: str, tokens: list[int]) -> None:
+def compute(pool: BlockPool, cache: RadixCache, tenant: str, tokens: list[int]) -> None:
     """What the batcher leaves in the cache when a request with these prompt and output tokens ends:
     every full block but the one holding the last token, whose KV was never computed."""
     full = (len(tokens) - 1) // BS
     blocks = pool.allocate(full)
-    cache.insert(tokens[: full * BS], blocks, tenant=user)
+    cache.insert(tokens[: full * BS], blocks, tenant=tenant)
     pool.release(blocks)
 
 
 def turn(table: SessionTable, pool: BlockPool, cache: RadixCache, session_id: str, turn_id: str, new_tokens: list[int],
-         parent: str | None = None, replace: bool = False, user: str = "") -> list[int]:
+         parent: str | None = None, replace: bool = False, tenant: str = "") -> list[int]:
     """One turn as an origin runs it: begin, compute, record. Returns the turn's tokens."""
-    begun = table.begin_turn(BeginTurn(session_id, user, turn_id, parent))
+    begun = table.begin_turn(BeginTurn(session_id, tenant, turn_id, parent))
     assert isinstance(begun, TurnTokens), begun
     tokens = begun.token_ids + new_tokens
-    compute(pool, cache, user, tokens)
-    assert table.record_turn(RecordTurn(session_id, user, turn_id, begun.parent_turn, replace, tokens)) == TurnRecorded(
+    compute(pool, cache, tenant, tokens)
+    assert table.record_turn(RecordTurn(session_id, tenant, turn_id, begun.parent_turn, replace, tokens)) == TurnRecorded(
         session_id, turn_id)
     return tokens
 
@@ -78,8 +78,8 @@ def check(table: SessionTable, pool: BlockPool, cache: RadixCache) -> None:
     assert table.pinned_tokens <= table.budget_tokens
 
 
-def opened(table: SessionTable, user: str = "", **fields) -> str:
-    reply = table.open(OpenSession(user, **fields))
+def opened(table: SessionTable, tenant: str = "", **fields) -> str:
+    reply = table.open(OpenSession(**fields), tenant)
     assert isinstance(reply, SessionOpened)
     return reply.session_id
 
@@ -90,20 +90,20 @@ def evict_all(cache: RadixCache) -> None:
 
 def test_open_and_close():
     pool, cache, table, _ = make(budget_tokens=64)
-    reply = table.open(OpenSession("alice", capacity_tokens=1000, idle_timeout_s=5))
+    reply = table.open(OpenSession(capacity_tokens=1000, idle_timeout_s=5), "alice")
     assert (reply.capacity_tokens, reply.idle_timeout_s) == (64, 5)  # never more than the budget
-    assert table.open(OpenSession()).idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S
+    assert table.open(OpenSession(), "").idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S
     sid = reply.session_id
     assert table.begin_turn(BeginTurn(sid, "alice", "t1")) == TurnTokens(sid, None, [])
 
-    for stranger in ("bob", ""):  # another user's session does not exist for them
+    for stranger in ("bob", ""):  # another tenant's session does not exist for them
         assert table.begin_turn(BeginTurn(sid, stranger, "t2")).code == "not_found"
-        assert table.close(CloseSession(sid, stranger)).code == "not_found"
-    assert table.close(CloseSession(sid, "alice")) == SessionClosed(sid)
-    for reply in (table.close(CloseSession(sid, "alice")), table.begin_turn(BeginTurn(sid, "alice", "t3")),
+        assert table.close(CloseSession(sid), stranger).code == "not_found"
+    assert table.close(CloseSession(sid), "alice") == SessionClosed(sid)
+    for reply in (table.close(CloseSession(sid), "alice"), table.begin_turn(BeginTurn(sid, "alice", "t3")),
                   table.record_turn(RecordTurn(sid, "alice", "t1", None, False, [1, 2]))):
         assert isinstance(reply, Error) and (reply.code, reply.param) == ("not_found", "session_id")
-    assert table.close(CloseSession("no-such-session")).code == "not_found"
+    assert table.close(CloseSession("no-such-session"), "").code == "not_found"
     check(table, pool, cache)
 
 
@@ -157,7 +157,7 @@ def test_pinned_turns_survive_eviction_until_the_session_closes():
     assert cache.match(t2 + [0]).num_tokens == (len(t2) - 1) // BS * BS
     check(table, pool, cache)
 
-    table.close(CloseSession(sid))
+    table.close(CloseSession(sid), "")
     check(table, pool, cache)
     evict_all(cache)
     assert pool.num_free == pool.num_blocks
@@ -223,11 +223,11 @@ def test_idle_sessions_close_themselves_but_not_while_a_turn_runs():
     assert pool.num_free == pool.num_blocks
 
 
-def test_a_session_pins_only_what_its_user_may_read():
+def test_a_session_pins_only_what_its_tenant_may_read():
     pool, cache, table, _ = make()
     alice, bob = opened(table, "alice"), opened(table, "bob")
     tokens = list(range(100, 113))
-    turn(table, pool, cache, alice, "a1", tokens, user="alice")
+    turn(table, pool, cache, alice, "a1", tokens, tenant="alice")
     table.begin_turn(BeginTurn(bob, "bob", "b1"))
     table.record_turn(RecordTurn(bob, "bob", "b1", None, False, tokens))  # the same tokens, computed by alice only
     assert table.sessions[alice].pinned_tokens == 12
@@ -301,7 +301,7 @@ def test_any_sequence_of_operations_keeps_the_invariants(seed, budget_tokens):
                 evict_all(cache)
             turn(table, pool, cache, sid, f"t{next(counter)}", new_tokens, parent, replace=rng.random() < 0.3)
         elif op == "close":
-            table.close(CloseSession(rng.choice(sessions)))
+            table.close(CloseSession(rng.choice(sessions)), "")
         elif op == "expire":
             clock.now += rng.choice([1, 10])
             table.expire(lambda turn_id: False)
@@ -311,6 +311,6 @@ def test_any_sequence_of_operations_keeps_the_invariants(seed, budget_tokens):
             table.unpin_oldest()
         check(table, pool, cache)
     for sid in list(table.sessions):
-        table.close(CloseSession(sid))
+        table.close(CloseSession(sid), "")
     evict_all(cache)
     assert pool.num_free == pool.num_blocks

@@ -73,7 +73,7 @@ def test_a_turn_gives_what_its_whole_prompt_gives_alone(server, client):
     whole_prompt = first_ids + first["token_ids"] + second_ids
     assert second["prompt_tokens"] == len(whole_prompt)
     assert second["cached_tokens"] == (len(first_ids) + 8 - 1) // BLOCK * BLOCK
-    # Another user's namespace shares nothing with the session, so this computes the whole prompt.
+    # Another tenant shares nothing with the session, so this computes the whole prompt.
     alone = client.completions.create(model="demo", prompt=whole_prompt, max_tokens=8, temperature=0,
                                       user="session-oracle", extra_body={"ignore_eos": True})
     assert cached(alone) == 0

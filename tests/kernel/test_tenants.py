@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kernel.tenants import KeysFileError, cache_namespace, read_api_keys
+from kernel.tenants import KeysFileError, request_tenant, read_api_keys
 
 
 def test_a_keys_file_maps_keys_to_tenants(tmp_path):
@@ -44,6 +44,6 @@ def test_the_supervisor_refuses_a_bad_keys_file_before_starting_anything(tmp_pat
 
 
 def test_user_names_the_tenant_without_keys_and_narrows_within_it_with_them():
-    assert cache_namespace(None, "bob") == "bob"
-    assert cache_namespace("acme", "") == "acme"
-    assert cache_namespace("acme", "bob") == "acme/bob"
+    assert request_tenant(None, "bob") == "bob"
+    assert request_tenant("acme", "") == "acme"
+    assert request_tenant("acme", "bob") == "acme/bob"

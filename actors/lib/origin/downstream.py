@@ -48,7 +48,7 @@ class Downstream:
     async def submit(self, record: RequestRecord) -> Accepted | Error:
         """Submits the request as its record stands: the prompt, and the tokens its client has."""
         submit = Submit(record.request_id, record.prompt_ids, record.params, self._origin_subject,
-                        list(record.delivered_ids), record.cache_namespace, record.fork_of)
+                        list(record.delivered_ids), record.tenant, record.fork_of)
         return await self._bus.request(self._subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
 
     async def abort(self, request_id: str, reason: str = "abort") -> None:

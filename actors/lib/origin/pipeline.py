@@ -93,7 +93,7 @@ class RequestPipeline:
     # -- one request ----------------------------------------------------------------------
 
     async def submit(
-        self, request: GenerateRequest, cache_namespace: str = "", request_id: str | None = None
+        self, request: GenerateRequest, tenant: str = "", request_id: str | None = None
     ) -> RequestGroup | Error:
         """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
         as a request of its own; the caller must `close()` the group it gets."""
@@ -106,7 +106,7 @@ class RequestPipeline:
         request_id = request_id or uuid.uuid4().hex
         earlier = None
         if request.session is not None:
-            begin = BeginTurn(request.session.session_id, cache_namespace, request_id, request.session.parent_turn)
+            begin = BeginTurn(request.session.session_id, tenant, request_id, request.session.parent_turn)
             earlier = await self._downstream.begin_turn(begin)
             if isinstance(earlier, Error):
                 return earlier
@@ -117,8 +117,8 @@ class RequestPipeline:
             group = RequestGroup(request_id, encoded.token_ids)
         else:
             group = SessionTurnGroup(request_id, continue_conversation(earlier.token_ids, encoded), request.session,
-                                     cache_namespace, earlier.parent_turn, self._record_turn)
-        for record in choice_records(request_id, group.prompt_ids, request.params, request.n, cache_namespace):
+                                     tenant, earlier.parent_turn, self._record_turn)
+        for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant):
             stream = RequestStream(record, self._request_timeout_s, self.release)
             self._book.open(stream)
             group.choices.append(stream)

@@ -21,7 +21,7 @@ class RequestRecord:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    cache_namespace: str = ""
+    tenant: str = ""
     delivered_ids: list[int] = field(default_factory=list)
     delivered_chars: int = 0
     cached_tokens: int = 0
