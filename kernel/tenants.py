@@ -1,5 +1,5 @@
 """Tenants, the same at every door (HTTP, the bus): the API keys file that names them, what a
-tenant's name may be, and the scope a request runs in, on which the prefix cache and sessions key.
+tenant's name may be, and the tenant a request runs as, on which the prefix cache and sessions key.
 With keys the server derives the tenant (from the HTTP key, or from the bus subject that only the
 tenant's NATS user may publish on); without keys it trusts the network and `user` names the tenant.
 """
@@ -8,8 +8,10 @@ import json
 import re
 from pathlib import Path
 
-# A tenant's name is a token of its bus subjects and the name of its credential file, and it is
-# the part before the `/` of a scope: so no dots, wildcards, slashes or spaces.
+from schemas.requests import Tenant
+
+# A tenant's name is a token of its bus subjects and the name of its credential file: so no
+# dots, wildcards, slashes or spaces.
 TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -33,9 +35,10 @@ def read_api_keys(path: str | Path) -> dict[str, str]:
     return keys
 
 
-def request_tenant(key_tenant: str | None, user: str) -> str:
-    """The tenant a request runs as: the key's tenant, narrowed by the OpenAI `user` field
-    (`tenant/user`); without keys (`key_tenant` None) `user` alone names the tenant."""
+def request_tenant(key_tenant: str | None, user: str) -> Tenant:
+    """The tenant a request runs as: the key's tenant, narrowed by the OpenAI `user` field, which
+    stays apart so that publication counts the key's tenant once; without keys (`key_tenant`
+    None) `user` alone names the tenant."""
     if key_tenant is None:
-        return user
-    return f"{key_tenant}/{user}" if user else key_tenant
+        return Tenant(user)
+    return Tenant(key_tenant, user)

@@ -30,7 +30,7 @@ class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
     evictable_blocks: int  # cached, read by no running request
     in_use_blocks: int  # held by running requests (cached or not)
     public_blocks: int  # cached and readable by every tenant
-    private_blocks: dict[str, int]  # tenant -> cached blocks only it (and co-owners) can read
+    private_blocks: dict[str, int]  # tenant name -> cached blocks only it (and co-owners) can read
     hit_tokens: int  # prompt tokens served from the cache, since start
     queried_tokens: int  # prompt tokens looked up, since start
     hit_rate: float  # hit_tokens / queried_tokens

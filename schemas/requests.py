@@ -11,6 +11,18 @@ from schemas.errors import Error
 from schemas.generate import SamplingParams
 
 
+class Tenant(msgspec.Struct, frozen=True):
+    """Whose private prefix cache a request reads and writes, and whose sessions it may use
+    (kernel/tenants.py:request_tenant makes it). `name` is the tenant proper: with API keys the
+    key's or the bus subject's, never the client's choice; without keys the client's `user` field.
+    With keys the client's `user` narrows the tenant: a private prefix is read only by requests of
+    the same name and user. Publication counts names alone (cache_tenancy.py), so the users of one
+    tenant are one tenant there."""
+
+    name: str = ""
+    user: str = ""  # with API keys, the client's `user` field; without them, always ""
+
+
 class Submit(msgspec.Struct, frozen=True, tag="submit"):
     request_id: str
     prompt_ids: list[int]
@@ -18,7 +30,7 @@ class Submit(msgspec.Struct, frozen=True, tag="submit"):
     origin: str
     # Tokens the client already received: a request resubmitted after a crash continues after them.
     output_ids: list[int] = []
-    tenant: str = ""  # whose private prefix cache it reads and writes (kernel/tenants.py:request_tenant)
+    tenant: Tenant = Tenant()
     # One of n choices of a prompt: the request id of the choice that computes the prompt once;
     # this one shares its KV blocks and only decodes.
     fork_of: str | None = None

@@ -14,6 +14,7 @@ from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
 from schemas.errors import Error
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from schemas.step import StepOutput
 
 
@@ -38,7 +39,7 @@ class InProcessEngine:
         self.in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
 
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, tenant: str = "",
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, tenant: Tenant = Tenant(),
         output_ids: list[int] = (), fork_of: str | None = None,
     ) -> Error | None:
         error = self.batcher.submit(

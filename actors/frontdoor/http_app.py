@@ -24,7 +24,7 @@ from schemas.admin import (
     CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
 )
 from schemas.errors import Error
-from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
+from schemas.session import AsTenant, CloseSession, OpenSession, SessionClosed, SessionOpened
 
 log = structlog.get_logger()
 
@@ -141,7 +141,7 @@ class HttpApi:
         if isinstance(body, Error):
             return error_response(body)
         tenant = self.tenants.request_tenant(request["identity"], body.user or "")
-        message = OpenSession(tenant, body.capacity_tokens, body.idle_timeout_s)
+        message = AsTenant(tenant, OpenSession(body.user or "", body.capacity_tokens, body.idle_timeout_s))
         reply = await self.bus.request(self.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
@@ -150,8 +150,9 @@ class HttpApi:
 
     async def close_session(self, request: web.Request) -> web.Response:
         """The session's owner is the tenant, narrowed by `?user=` as it was when it was opened."""
-        tenant = self.tenants.request_tenant(request["identity"], request.query.get("user", ""))
-        message = CloseSession(request.match_info["session_id"], tenant)
+        user = request.query.get("user", "")
+        tenant = self.tenants.request_tenant(request["identity"], user)
+        message = AsTenant(tenant, CloseSession(request.match_info["session_id"], user))
         reply = await self.bus.request(self.subjects.scheduler, message, SessionClosed, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from kernel import tenants
 from schemas.errors import Error
+from schemas.requests import Tenant
 
 PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/openapi.json"})
 
@@ -47,5 +48,5 @@ class Tenants:
             return Error("unauthorized", "a valid API key is required: Authorization: Bearer <key>")
         return Identity(tenant, admin)
 
-    def request_tenant(self, identity: Identity, user: str) -> str:
+    def request_tenant(self, identity: Identity, user: str) -> Tenant:
         return tenants.request_tenant(identity.tenant, user)

@@ -21,8 +21,9 @@ from schemas.admin import (
 )
 from schemas.errors import Error
 from schemas.health import Heartbeat
-from schemas.requests import Abort, Accepted, SchedulerRequest, Submit
+from schemas.requests import Abort, Accepted, SchedulerRequest, Submit, Tenant
 from schemas.session import (
+    AsTenant,
     BeginTurn,
     CloseSession,
     OpenSession,
@@ -136,8 +137,8 @@ class SchedulerActor(Actor):
                     self.sessions.turn_released(request_id)
                     await self._schedule()
                 return None
-            case OpenSession() | CloseSession():  # from the frontdoor, which names the tenant in `user`
-                return self._session(message, message.user)
+            case AsTenant(tenant, request):  # an HTTP client's, with the tenant of its key
+                return self._session(request, tenant)
             case BeginTurn() | RecordTurn():
                 return self._session(message, message.tenant)
 
@@ -147,7 +148,7 @@ class SchedulerActor(Actor):
         which `user` only narrows; without them `user` names the tenant."""
         return self._session(message, request_tenant(key_tenant, message.user))
 
-    def _session(self, message: SessionRequest, tenant: str) -> SessionReply:
+    def _session(self, message: PublicSessionRequest | BeginTurn | RecordTurn, tenant: Tenant) -> SessionReply:
         if self.sessions is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
         match message:

@@ -22,6 +22,7 @@ from actors.scheduler.sequence import Sequence, State
 from schemas.admin import SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from schemas.step import Command, DropSequence, GrantBlocks, StartSequence, StepOutput
 
 
@@ -67,7 +68,7 @@ class ContinuousBatcher:
         params: SamplingParams,
         origin: str,
         output_ids: list[int] = (),
-        tenant: str = "",
+        tenant: Tenant = Tenant(),
         fork_of: str | None = None,
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a

@@ -5,6 +5,8 @@ rule, and the prefixes an admin published.
 
 from dataclasses import dataclass, field
 
+from schemas.requests import Tenant
+
 Key = tuple[int, ...]
 
 
@@ -14,8 +16,8 @@ class Visibility:
     remembers no senders."""
 
     public: bool = False  # every tenant may read it; never reverts
-    owners: set[str] = field(default_factory=set)  # tenants that stored these tokens themselves
-    senders: dict[str, float] = field(default_factory=dict)  # tenant -> when it last sent them; private only
+    owners: set[Tenant] = field(default_factory=set)  # tenants that stored these tokens themselves
+    senders: dict[str, float] = field(default_factory=dict)  # tenant name -> when it last sent them; private only
 
     def copy(self) -> "Visibility":
         return Visibility(self.public, set(self.owners), dict(self.senders))
@@ -25,9 +27,12 @@ class TenancyPolicy:
     """The rule of who reads what in the prefix cache.
 
     A node is private to its owners, the tenants that stored its tokens (each computed the same
-    KV). A tenant sends a node's tokens when its request's tokens run through the node, whether it
-    may read the node or not, and whether it looks them up or stores them. Once `min_tenants`
-    distinct tenants did so within `window_s` of each other's latest send, the node is public.
+    KV), each as narrowed by its `user`. A tenant sends a node's tokens when its request's tokens
+    run through the node, whether it may read the node or not, and whether it looks them up or
+    stores them. Once `min_tenants` distinct tenants did so within `window_s` of each other's
+    latest send, the node is public. Senders count by name: the users of one API key are one
+    tenant, or a single key could pose as the crowd that publication stands for (README, "Prefix
+    cache and tenants").
     Only sends while the node is cached count: an evicted node forgets its senders. Every whole
     block of a prefix an admin published is public, cached now or later. Public never reverts.
 
@@ -44,22 +49,22 @@ class TenancyPolicy:
         self.window_s = window_s
         self._published: set[Key] = set()  # token prefixes, as given
 
-    def may_read(self, visibility: Visibility, tenant: str) -> bool:
+    def may_read(self, visibility: Visibility, tenant: Tenant) -> bool:
         return visibility.public or tenant in visibility.owners
 
-    def sent(self, visibility: Visibility, tenant: str, now: float) -> bool:
+    def sent(self, visibility: Visibility, tenant: Tenant, now: float) -> bool:
         """Records that `tenant` sent the node's tokens at `now`; True if that made it public."""
         if visibility.public:
             return False
         senders = visibility.senders
-        senders[tenant] = now
+        senders[tenant.name] = now
         for stale in [t for t, at in senders.items() if now - at > self.window_s]:
             del senders[stale]  # so a private node remembers fewer than min_tenants senders
         if len(senders) < self.min_tenants:
             return False
         return self.open(visibility)
 
-    def stored(self, visibility: Visibility, tenant: str, now: float) -> bool:
+    def stored(self, visibility: Visibility, tenant: Tenant, now: float) -> bool:
         """`tenant` stored the node's tokens at `now`: it owns them, and sent them; True if that
         made the node public."""
         visibility.owners.add(tenant)

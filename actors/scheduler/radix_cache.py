@@ -17,6 +17,7 @@ from typing import NamedTuple
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import Key, TenancyPolicy
 from actors.scheduler.radix_node import MatchResult, Node, descend, split
+from schemas.requests import Tenant
 
 
 class CacheStats(NamedTuple):
@@ -34,7 +35,7 @@ class CacheUsage(NamedTuple):
     evictable_blocks: int  # held by the tree and read by no running request
     locked_blocks: int  # held by the tree and read by running requests
     public_blocks: int  # cached, readable by every tenant
-    private_blocks: dict[str, int]  # tenant -> its cached blocks not public (one of two owners counts for both)
+    private_blocks: dict[str, int]  # tenant name -> its cached blocks not public (one of two tenants counts for both)
     hit_tokens: int
     queried_tokens: int
 
@@ -80,7 +81,7 @@ class RadixCache:
         self._hit_tokens = 0
         self._queried_tokens = 0
 
-    def match(self, tokens: list[int], tenant: str = "") -> MatchResult:
+    def match(self, tokens: list[int], tenant: Tenant = Tenant()) -> MatchResult:
         """The longest cached prefix of `tokens` that `tenant` may read, in whole blocks, leaving
         at least one token uncached so that computing the rest yields the last position's logits.
 
@@ -96,7 +97,7 @@ class RadixCache:
                 node, blocks = child, blocks + child.blocks
         return MatchResult(node, blocks, len(blocks) * self.block_size)
 
-    def record_lookup(self, tokens: list[int], tenant: str = "") -> None:
+    def record_lookup(self, tokens: list[int], tenant: Tenant = Tenant()) -> None:
         """Counts one request's lookup of `tokens`: `tenant` sends every cached node along them,
         readable or not, and each node it may read gets a hit; the hit rate counts the tokens.
 
@@ -120,7 +121,7 @@ class RadixCache:
         self._queried_tokens += len(tokens)
         self._hit_tokens += hit
 
-    def insert(self, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
+    def insert(self, tokens: list[int], blocks: list[int], tenant: Tenant = Tenant()) -> int:
         """Stores the full blocks `blocks` holding the KV of `tokens` (block_size tokens each) for
         `tenant`, who owns them from now on, and returns how many the tree did not have. Where the
         tree already has a block for the same tokens it keeps its own, even one `tenant` could not
@@ -221,8 +222,8 @@ class RadixCache:
             if node.visibility.public:
                 public += len(node.blocks)
             else:
-                for tenant in node.visibility.owners:
-                    private[tenant] += len(node.blocks)
+                for name in {tenant.name for tenant in node.visibility.owners}:
+                    private[name] += len(node.blocks)
         return CacheUsage(self.pool.num_free, self._evictable + self._locked, self._evictable, self._locked,
                           public, dict(private), self._hit_tokens, self._queried_tokens)
 
@@ -244,7 +245,7 @@ class RadixCache:
         """The whole blocks of `tokens` a match may cover: never the last token."""
         return tuple(tokens[: (len(tokens) - 1) // self.block_size * self.block_size])
 
-    def _stored(self, node: Node, tenant: str, now: float) -> None:
+    def _stored(self, node: Node, tenant: Tenant, now: float) -> None:
         if self.tenancy.stored(node.visibility, tenant, now):
             self._make_public(node.parent)  # public already, or due: they saw every sender of `node`
 

@@ -10,6 +10,7 @@ import msgspec
 from actors.scheduler.sequence import Sequence, State
 from schemas.errors import Error
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 
 
 class RequestTable:
@@ -63,7 +64,7 @@ class RequestTable:
 
     def add(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str, output_ids: list[int],
-        tenant: str, fork_of: str | None,
+        tenant: Tenant, fork_of: str | None,
     ) -> Sequence | Error:
         """Queues a request, its `max_tokens` filled in with what the context leaves if not given;
         or the reason it cannot be served."""

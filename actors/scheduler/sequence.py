@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from actors.scheduler.radix_node import MatchResult
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from schemas.step import SequenceUpdate
 
 
@@ -26,7 +27,7 @@ class Sequence:
     origin: str
     arrival: int
     output_ids: list[int] = field(default_factory=list)
-    tenant: str = ""  # cached KV is shared within a tenant, and across tenants once public
+    tenant: Tenant = Tenant()  # cached KV is shared within a tenant, and across tenants once public
     fork_of: str | None = None  # another choice of the same prompt, which computes it for both
     blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running

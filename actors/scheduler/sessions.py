@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import Node
 from schemas.errors import Error
+from schemas.requests import Tenant
 from schemas.session import (
     BeginTurn,
     CloseSession,
@@ -49,7 +50,7 @@ class Pin:
 @dataclass
 class Session:
     session_id: str
-    tenant: str  # who opened it: the tenant its turns run as, whose cached prefixes they read
+    tenant: Tenant  # who opened it: the tenant its turns run as, whose cached prefixes they read
     capacity_tokens: int
     idle_timeout_s: float
     last_used: float
@@ -84,14 +85,14 @@ class SessionTable:
 
     # -- the conversation ------------------------------------------------------------------
 
-    def open(self, message: OpenSession, tenant: str) -> SessionOpened:
+    def open(self, message: OpenSession, tenant: Tenant) -> SessionOpened:
         capacity = self.budget_tokens if message.capacity_tokens is None else min(message.capacity_tokens, self.budget_tokens)
         idle_timeout_s = message.idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S
         session = Session(uuid.uuid4().hex, tenant, capacity, idle_timeout_s, self.clock())
         self.sessions[session.session_id] = session
         return SessionOpened(session.session_id, capacity, idle_timeout_s)
 
-    def close(self, message: CloseSession, tenant: str) -> SessionClosed | Error:
+    def close(self, message: CloseSession, tenant: Tenant) -> SessionClosed | Error:
         session = self._find(message.session_id, tenant)
         if isinstance(session, Error):
             return session
@@ -227,7 +228,7 @@ class SessionTable:
 
     # -- sessions and turns ----------------------------------------------------------------
 
-    def _find(self, session_id: str, tenant: str) -> Session | Error:
+    def _find(self, session_id: str, tenant: Tenant) -> Session | Error:
         session = self.sessions.get(session_id)
         if session is None or session.tenant != tenant:
             return Error("not_found", f"no open session {session_id!r}: it was closed, expired or never opened",

@@ -1,14 +1,17 @@
 """Tenants in the radix prefix cache: what one tenant reads of what others cached, when a prefix
-becomes public, and what merging and decaying hit counts do to the pool and to eviction."""
+becomes public (the users of one tenant counting once), and what merging and decaying hit counts do
+to the pool and to eviction."""
 
 import pytest
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy, Visibility
 from actors.scheduler.radix_cache import RadixCache
+from schemas.requests import Tenant
 from tests.actors.test_radix_cache import BS, Clock, check_refs, finish, lookup
 
 PROMPT = list(range(100, 112))  # three blocks
+A, B, C, D, E, X, Y, Z = (Tenant(name) for name in "abcdexyz")
 
 
 def make(k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0,
@@ -18,7 +21,7 @@ def make(k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0,
     return pool, cache, clock
 
 
-def ask(cache: RadixCache, tenant: str, tokens: list[int]) -> int:
+def ask(cache: RadixCache, tenant: Tenant, tokens: list[int]) -> int:
     """A request of `tenant` for `tokens` and one token more: it sends them, and gets back how many
     come from the cache."""
     return lookup(cache, tokens + [0], tenant).num_tokens
@@ -26,17 +29,32 @@ def ask(cache: RadixCache, tenant: str, tokens: list[int]) -> int:
 
 def test_the_policy_reads_owners_and_public_nodes_and_opens_after_k_senders():
     policy, node = TenancyPolicy(min_tenants=2, window_s=10.0), Visibility()
-    assert not policy.stored(node, "a", now=0.0)
-    assert policy.may_read(node, "a") and not policy.may_read(node, "b")
-    assert not policy.sent(node, "a", now=5.0)  # the same tenant again
-    assert policy.sent(node, "b", now=12.0)  # a's latest send is 7 s old: two tenants within 10 s
-    assert node.public and node.senders == {} and policy.may_read(node, "anyone")
-    assert not policy.sent(node, "c", now=13.0) and not policy.open(node)  # public already
+    assert not policy.stored(node, A, now=0.0)
+    assert policy.may_read(node, A) and not policy.may_read(node, B)
+    assert not policy.sent(node, A, now=5.0)  # the same tenant again
+    assert policy.sent(node, B, now=12.0)  # a's latest send is 7 s old: two tenants within 10 s
+    assert node.public and node.senders == {} and policy.may_read(node, Tenant("anyone"))
+    assert not policy.sent(node, C, now=13.0) and not policy.open(node)  # public already
 
     late = Visibility()
-    policy.sent(late, "a", now=0.0)
-    assert not policy.sent(late, "b", now=11.0)  # a's send left the window
+    policy.sent(late, A, now=0.0)
+    assert not policy.sent(late, B, now=11.0)  # a's send left the window
     assert late.senders == {"b": 11.0}
+
+
+def test_the_users_of_one_tenant_read_apart_and_count_once_toward_publication():
+    """With API keys `user` narrows a key's tenant: its users read each other's prefixes no more
+    than other tenants do, yet one key sending a prefix under many users is one sender."""
+    policy, node = TenancyPolicy(min_tenants=3, window_s=10.0), Visibility()
+    users = [Tenant("a", f"u{i}") for i in range(5)]
+    assert not policy.stored(node, users[0], now=0.0)
+    assert policy.may_read(node, users[0])
+    assert not any(policy.may_read(node, other) for other in (users[1], A, Tenant("a/u0")))
+    assert not any(policy.sent(node, user, now=1.0) for user in users[1:])  # five users, one tenant
+    assert node.senders == {"a": 1.0} and not node.public
+    assert not policy.sent(node, B, now=2.0)  # two tenants
+    assert policy.sent(node, C, now=3.0)
+    assert all(policy.may_read(node, user) for user in users)
 
 
 def test_the_policy_remembers_published_prefixes_in_whole_blocks():
@@ -49,43 +67,57 @@ def test_the_policy_remembers_published_prefixes_in_whole_blocks():
 
 def test_a_prefix_stays_private_until_k_tenants_sent_it():
     pool, cache, _ = make(k=3)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
-    assert ask(cache, "a", PROMPT) == 12
-    assert ask(cache, "b", PROMPT) == 0
-    assert ask(cache, "b", PROMPT) == 0  # the same tenant again is still two tenants
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
+    assert ask(cache, A, PROMPT) == 12
+    assert ask(cache, B, PROMPT) == 0
+    assert ask(cache, B, PROMPT) == 0  # the same tenant again is still two tenants
     assert cache.usage().private_blocks == {"a": 3}
-    assert ask(cache, "c", PROMPT) == 12  # the third tenant's own request already reads it
-    assert ask(cache, "d", PROMPT) == 12
-    assert ask(cache, "b", PROMPT) == 12
+    assert ask(cache, C, PROMPT) == 12  # the third tenant's own request already reads it
+    assert ask(cache, D, PROMPT) == 12
+    assert ask(cache, B, PROMPT) == 12
     assert cache.usage().public_blocks == 3 and cache.usage().private_blocks == {}
+
+
+def test_a_prefix_one_tenant_sent_under_k_users_stays_private():
+    """One key holder guessing a prefix under K users must not pass for K tenants: it still needs
+    K - 1 others to have sent the prefix before it gets a hit."""
+    pool, cache, _ = make(k=3)
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=Tenant("a", "u0"))
+    assert [ask(cache, Tenant("a", f"u{i}"), PROMPT) for i in range(1, 5)] == [0, 0, 0, 0]
+    assert ask(cache, B, PROMPT) == 0  # a and b: two tenants
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=Tenant("a", "u1"))  # a second user of a stores it too
+    assert cache.usage().private_blocks == {"a": 3}  # counted once for its tenant
+    assert ask(cache, C, PROMPT) == 12  # the third tenant
+    assert ask(cache, Tenant("a", "u9"), PROMPT) == 12
+    check_refs(pool, cache)
 
 
 def test_a_match_alone_sends_nothing():
     pool, cache, _ = make(k=2)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
     for _ in range(3):
-        assert cache.match(PROMPT + [0], "b").num_tokens == 0  # a read: b is no sender yet
+        assert cache.match(PROMPT + [0], B).num_tokens == 0  # a read: b is no sender yet
     assert cache.usage().private_blocks == {"a": 3}
-    assert ask(cache, "b", PROMPT) == 12  # a lookup: b is the second sender
+    assert ask(cache, B, PROMPT) == 12  # a lookup: b is the second sender
 
 
 def test_senders_outside_the_window_do_not_count():
     pool, cache, clock = make(k=3, window_s=100.0)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
     clock.now = 50.0
-    assert ask(cache, "b", PROMPT) == 0
+    assert ask(cache, B, PROMPT) == 0
     clock.now = 120.0  # a sent it 120 s ago: three tenants ever, two within the window
-    assert ask(cache, "c", PROMPT) == 0
+    assert ask(cache, C, PROMPT) == 0
     clock.now = 140.0  # b, c and d within 100 s
-    assert ask(cache, "d", PROMPT) == 12
-    assert ask(cache, "e", PROMPT) == 12
+    assert ask(cache, D, PROMPT) == 12
+    assert ask(cache, E, PROMPT) == 12
 
 
 def test_a_tenant_reads_nothing_of_a_prefix_it_does_not_own():
     pool, cache, _ = make(k=3)
     blocks = pool.allocate(3)
-    finish(pool, cache, PROMPT, blocks, tenant="a")
-    hit = lookup(cache, PROMPT + [0], "b")
+    finish(pool, cache, PROMPT, blocks, tenant=A)
+    hit = lookup(cache, PROMPT + [0], B)
     assert (hit.blocks, hit.num_tokens) == ([], 0)
     assert cache.stats().hit_tokens == 0
     cache.lock(hit.node)  # what the scheduler does with any match: it protects nothing of a's
@@ -99,18 +131,18 @@ def test_a_tenant_reads_the_public_stem_but_not_anothers_private_tail():
     system, question = list(range(8)), [50, 51, 52, 53, 54, 55, 56, 57]
     cache.publish(system)
     blocks = pool.allocate(4)
-    finish(pool, cache, system + question, blocks, tenant="a")
-    hit = lookup(cache, system + question + [0], "b")
+    finish(pool, cache, system + question, blocks, tenant=A)
+    hit = lookup(cache, system + question + [0], B)
     assert (hit.blocks, hit.num_tokens) == (blocks[:2], 8)
-    assert ask(cache, "a", system + question) == 16
+    assert ask(cache, A, system + question) == 16
     assert cache.usage().public_blocks == 2 and cache.usage().private_blocks == {"a": 2}
 
 
 def test_publish_opens_a_cached_prefix_in_whole_blocks():
     pool, cache, _ = make(k=5)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
     assert cache.publish(PROMPT[:10]) == 2  # the third block is not whole in the published text
-    assert ask(cache, "b", PROMPT) == 8
+    assert ask(cache, B, PROMPT) == 8
     assert cache.publish(PROMPT[:10]) == 0  # already public
     assert cache.usage().private_blocks == {"a": 1}
     check_refs(pool, cache)
@@ -119,10 +151,10 @@ def test_publish_opens_a_cached_prefix_in_whole_blocks():
 def test_publish_opens_prefixes_cached_later_too():
     pool, cache, _ = make(k=5)
     assert cache.publish(PROMPT) == 0  # nothing cached yet: remembered
-    finish(pool, cache, PROMPT[:4], pool.allocate(1), tenant="a")
-    assert ask(cache, "b", PROMPT) == 4
-    finish(pool, cache, PROMPT + [1, 2, 3, 4], pool.allocate(4), tenant="c")  # the rest, and beyond
-    assert ask(cache, "d", PROMPT + [1, 2, 3, 4]) == 12  # the published three blocks, not c's fourth
+    finish(pool, cache, PROMPT[:4], pool.allocate(1), tenant=A)
+    assert ask(cache, B, PROMPT) == 4
+    finish(pool, cache, PROMPT + [1, 2, 3, 4], pool.allocate(4), tenant=C)  # the rest, and beyond
+    assert ask(cache, D, PROMPT + [1, 2, 3, 4]) == 12  # the published three blocks, not c's fourth
     assert cache.usage().public_blocks == 3 and cache.usage().private_blocks == {"c": 1}
     check_refs(pool, cache)
 
@@ -132,41 +164,41 @@ def test_publication_outlives_a_rebuilt_cache_of_another_block_size():
     RadixCache(BlockPool(8), BS, tenancy=tenancy).publish(list(range(16)))
     pool = BlockPool(8)
     cache = RadixCache(pool, 8, tenancy=tenancy)  # a new executor: blocks of 8 tokens
-    finish(pool, cache, list(range(16)), pool.allocate(2), tenant="a")
-    assert ask(cache, "b", list(range(16))) == 16
+    finish(pool, cache, list(range(16)), pool.allocate(2), tenant=A)
+    assert ask(cache, B, list(range(16))) == 16
 
 
 def test_merging_a_tenants_copy_keeps_one_copy_of_the_blocks():
     pool, cache, _ = make(k=5, num_blocks=8)
     stem, tail = PROMPT[:8], [7, 7, 7, 7]
     first = pool.allocate(2)
-    assert finish(pool, cache, stem, first, tenant="a") == 2
-    assert ask(cache, "b", stem + tail) == 0  # b cannot read a's stem: it computes its own
+    assert finish(pool, cache, stem, first, tenant=A) == 2
+    assert ask(cache, B, stem + tail) == 0  # b cannot read a's stem: it computes its own
     second = pool.allocate(3)
-    assert finish(pool, cache, stem + tail, second, tenant="b") == 1  # only the tail is new
+    assert finish(pool, cache, stem + tail, second, tenant=B) == 1  # only the tail is new
     check_refs(pool, cache)
     assert pool.num_free == 5  # b's copy of the stem went back
-    assert lookup(cache, stem + tail + [0], "b").blocks == first + second[2:]
+    assert lookup(cache, stem + tail + [0], B).blocks == first + second[2:]
     assert cache.usage().private_blocks == {"a": 2, "b": 3}
-    assert ask(cache, "a", stem + tail) == 8  # the tail is b's alone
-    assert ask(cache, "c", stem + tail) == 0
+    assert ask(cache, A, stem + tail) == 8  # the tail is b's alone
+    assert ask(cache, C, stem + tail) == 0
 
 
 def test_splitting_a_node_keeps_its_owners_senders_and_publicity():
     pool, cache, _ = make(k=3)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")  # one node of three blocks
-    assert ask(cache, "b", PROMPT[:8]) == 0  # splits it after two blocks; b sent only those
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)  # one node of three blocks
+    assert ask(cache, B, PROMPT[:8]) == 0  # splits it after two blocks; b sent only those
     assert cache.usage().private_blocks == {"a": 3}  # a owns both parts
-    assert ask(cache, "c", PROMPT) == 8  # the third sender of the first two blocks (a's before the split)
-    assert ask(cache, "a", PROMPT) == 12
+    assert ask(cache, C, PROMPT) == 8  # the third sender of the first two blocks (a's before the split)
+    assert ask(cache, A, PROMPT) == 12
     assert cache.usage().public_blocks == 2 and cache.usage().private_blocks == {"a": 1}
-    assert ask(cache, "d", PROMPT) == 12  # the third sender of the last block
+    assert ask(cache, D, PROMPT) == 12  # the third sender of the last block
 
     other = [7] * 12
-    finish(pool, cache, other, pool.allocate(3), tenant="x")
+    finish(pool, cache, other, pool.allocate(3), tenant=X)
     assert cache.publish(other) == 3
-    assert ask(cache, "y", other[:4] + [5] * 4) == 4  # splits the public node after one block
-    assert ask(cache, "z", other) == 12
+    assert ask(cache, Y, other[:4] + [5] * 4) == 4  # splits the public node after one block
+    assert ask(cache, Z, other) == 12
     assert cache.usage().public_blocks == 6
     check_refs(pool, cache)
 
@@ -176,14 +208,14 @@ def eviction_survivor(seconds_between: float) -> str:
     later (half-life 60 s); which one a one-node eviction leaves."""
     pool, cache, clock = make(half_life_s=60.0)
     old, new = [1] * 8, [2] * 8
-    finish(pool, cache, old, pool.allocate(2), tenant="a")
-    finish(pool, cache, new, pool.allocate(2), tenant="a")
+    finish(pool, cache, old, pool.allocate(2), tenant=A)
+    finish(pool, cache, new, pool.allocate(2), tenant=A)
     for _ in range(3):
-        ask(cache, "a", old)
+        ask(cache, A, old)
     clock.now = seconds_between
-    ask(cache, "a", new)
+    ask(cache, A, new)
     assert cache.evict(1) == 2
-    return "old" if ask(cache, "a", old) else "new"
+    return "old" if ask(cache, A, old) else "new"
 
 
 def test_decayed_hit_counts_decide_what_is_evicted():
@@ -193,10 +225,10 @@ def test_decayed_hit_counts_decide_what_is_evicted():
 
 def test_cache_usage_counts_blocks_by_holder_and_tenant():
     pool, cache, _ = make(k=5, num_blocks=16)
-    finish(pool, cache, PROMPT, pool.allocate(3), tenant="a")
-    finish(pool, cache, [9] * 8, pool.allocate(2), tenant="b")
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
+    finish(pool, cache, [9] * 8, pool.allocate(2), tenant=B)
     cache.publish([9] * 8)
-    hit = lookup(cache, PROMPT + [0], "a")
+    hit = lookup(cache, PROMPT + [0], A)
     cache.lock(hit.node)
     pool.retain(hit.blocks)
     usage = cache.usage()

@@ -20,6 +20,7 @@ from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
 from kernel.randomness import choice_seed
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from tests.sampling import greedy
 
 
@@ -231,7 +232,7 @@ def test_a_repeated_prompt_is_served_from_the_cache(llama_dir, alone):
     prompt = [(7 * i) % 800 + 5 for i in range(30)]
     prefilled = Counter()
     for request_id, tenant in [("first", ""), ("again", ""), ("elsewhere", "tenant-b")]:
-        assert engine.submit(request_id, prompt, greedy(6), tenant=tenant) is None
+        assert engine.submit(request_id, prompt, greedy(6), tenant=Tenant(tenant)) is None
         run_counting_prefill(engine, prefilled)
         assert engine.outputs[request_id] == alone(prompt, greedy(6))
 

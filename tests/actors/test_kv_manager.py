@@ -6,6 +6,7 @@ from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
 from schemas.admin import PrefixPublished
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from schemas.step import CopyBlock
 
 BS = 4
@@ -16,7 +17,7 @@ def make(num_blocks: int = 16, prefix_caching: bool = True) -> KVManager:
     return KVManager(num_blocks, BS, prefix_caching, TenancyPolicy())
 
 
-def sequence(name: str, prompt: list[int] = PROMPT, tenant: str = "") -> Sequence:
+def sequence(name: str, prompt: list[int] = PROMPT, tenant: Tenant = Tenant()) -> Sequence:
     return Sequence(name, list(prompt), SamplingParams(max_tokens=8), "origin", 0, tenant=tenant)
 
 
@@ -124,7 +125,7 @@ def test_a_completed_prefill_is_cached_at_once_and_held_by_its_sequence():
 
 def test_reports_and_publication():
     kv = make()
-    seq = sequence("r", tenant="a")
+    seq = sequence("r", tenant=Tenant("a"))
     assert kv.start(seq)
     run_to_the_end_of_the_prompt(kv, seq)
     kv.cache_prefill(seq)

@@ -6,6 +6,7 @@ import pytest
 from actors.lib.origin.intake import choice_records, refusal
 from kernel.randomness import SEED_BITS, choice_seed
 from schemas.generate import ChatMessage, GenerateRequest, SamplingParams, SessionTurn
+from schemas.requests import Tenant
 
 
 @pytest.mark.parametrize(("request_", "param"), [
@@ -26,20 +27,20 @@ def test_a_request_it_can_take_is_not_refused():
 
 
 def test_one_choice_is_the_request_itself():
-    [record] = choice_records("r", [1, 2], SamplingParams(seed=7, max_tokens=5), n=1, tenant="tenant")
-    assert (record.request_id, record.prompt_ids, record.tenant, record.fork_of) == ("r", [1, 2], "tenant", None)
+    [record] = choice_records("r", [1, 2], SamplingParams(seed=7, max_tokens=5), n=1, tenant=Tenant("tenant"))
+    assert (record.request_id, record.prompt_ids, record.tenant, record.fork_of) == ("r", [1, 2], Tenant("tenant"), None)
     assert record.params == SamplingParams(seed=7, max_tokens=5)
 
 
 def test_n_choices_share_the_prompt_with_seeds_of_their_own():
-    records = choice_records("r", [1, 2], SamplingParams(seed=7), n=3, tenant="")
+    records = choice_records("r", [1, 2], SamplingParams(seed=7), n=3, tenant=Tenant())
     assert [r.request_id for r in records] == ["r-0", "r-1", "r-2"]
     assert [r.fork_of for r in records] == [None, "r-0", "r-0"]  # the first computes the prompt
     assert [r.params.seed for r in records] == [7, choice_seed(7, 1), choice_seed(7, 2)]
 
 
 def test_a_request_without_a_seed_gets_one_so_its_draw_survives_a_restart():
-    records = choice_records("r", [1, 2], SamplingParams(), n=2, tenant="")
+    records = choice_records("r", [1, 2], SamplingParams(), n=2, tenant=Tenant())
     seed = records[0].params.seed
     assert seed is not None and 0 <= seed < 2**SEED_BITS
     assert records[1].params.seed == choice_seed(seed, 1)

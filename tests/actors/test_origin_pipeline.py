@@ -13,7 +13,7 @@ from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.generate import ChatMessage, GenerateRequest, SamplingParams, SessionTurn
 from schemas.health import Heartbeat
-from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit
+from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit, Tenant
 from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
@@ -147,15 +147,15 @@ async def test_a_new_scheduler_gets_the_request_as_the_client_has_it(origin, sta
 async def test_a_session_turn_continues_its_parent_and_is_recorded_before_its_end(origin, stand_ins):
     pipeline, _ = origin
     request = GenerateRequest(messages=[ChatMessage("user", "and then?")], session=SessionTurn("s1"))
-    group = await pipeline.submit(request, tenant="tenant-a", request_id="turn-2")
-    assert await stand_ins.next_to_scheduler() == BeginTurn("s1", "tenant-a", "turn-2", None)
+    group = await pipeline.submit(request, tenant=Tenant("tenant-a"), request_id="turn-2")
+    assert await stand_ins.next_to_scheduler() == BeginTurn("s1", Tenant("tenant-a"), "turn-2", None)
     assert stand_ins.encoded[0].continuation and not stand_ins.encoded[0].add_special_tokens
     submit = await stand_ins.next_to_scheduler()
     assert submit.prompt_ids == EARLIER_TURN + ENCODED
     await stand_ins.send(submit.origin, RequestOutput("turn-2", [10], "a", "stop", 1, output_index=0))
     async for _index, output in group:
         assert output.finish_reason == "stop"
-        assert stand_ins.scheduler.get_nowait() == RecordTurn("s1", "tenant-a", "turn-2", "turn-1", False,
+        assert stand_ins.scheduler.get_nowait() == RecordTurn("s1", Tenant("tenant-a"), "turn-2", "turn-1", False,
                                                               EARLIER_TURN + ENCODED + [10])
     await group.close()
 

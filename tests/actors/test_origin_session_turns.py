@@ -5,7 +5,7 @@ from actors.lib.origin.request_stream import RequestRecord, RequestStream
 from actors.lib.origin.session_turns import SessionTurnGroup, continue_conversation
 from schemas.errors import Error
 from schemas.generate import SamplingParams, SessionTurn
-from schemas.requests import RequestOutput
+from schemas.requests import RequestOutput, Tenant
 from schemas.session import RecordTurn
 from schemas.tokenizer import Encoded
 
@@ -29,7 +29,7 @@ async def no_close(_stream) -> None:
 
 def turn_group(record_turn) -> tuple[SessionTurnGroup, RequestStream]:
     stream = RequestStream(RequestRecord("turn-2", [1, 5, 6, 7], SamplingParams()), 60.0, no_close)
-    group = SessionTurnGroup("turn-2", [1, 5, 6, 7], SessionTurn("s1", replace=True), "tenant-a", "turn-1", record_turn)
+    group = SessionTurnGroup("turn-2", [1, 5, 6, 7], SessionTurn("s1", replace=True), Tenant("tenant-a"), "turn-1", record_turn)
     group.choices.append(stream)
     return group, stream
 
@@ -39,7 +39,7 @@ async def test_a_finished_turn_is_recorded_before_its_client_sees_the_end():
 
     async def record_turn(turn: RecordTurn) -> None:
         seen.append(f"recorded {turn.token_ids}")
-        assert turn == RecordTurn("s1", "tenant-a", "turn-2", "turn-1", True, [1, 5, 6, 7, 10, 11])
+        assert turn == RecordTurn("s1", Tenant("tenant-a"), "turn-2", "turn-1", True, [1, 5, 6, 7, 10, 11])
 
     group, stream = turn_group(record_turn)
     stream.deliver(RequestOutput("turn-2", [10], "a", output_index=0))

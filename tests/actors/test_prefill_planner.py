@@ -6,12 +6,13 @@ from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.prefill_planner import PREFILL_STEPS_AHEAD, PrefillPlanner
 from actors.scheduler.sequence import Sequence, State
 from schemas.generate import SamplingParams
+from schemas.requests import Tenant
 from schemas.step import PrefillChunk
 
 SYSTEM = list(range(100, 112))  # three blocks of 4
 
 
-def running(name: str, prompt: list[int], tenant: str = "", fork_of: str | None = None) -> Sequence:
+def running(name: str, prompt: list[int], tenant: Tenant = Tenant(), fork_of: str | None = None) -> Sequence:
     seq = Sequence(name, list(prompt), SamplingParams(max_tokens=4), "origin", 0, tenant=tenant, fork_of=fork_of)
     seq.state = State.RUNNING
     seq.start_run(0)
@@ -34,7 +35,7 @@ def test_a_request_waits_for_a_running_prefill_of_its_tenant_that_it_will_read()
     first = running("first", SYSTEM + [1, 2])
     same = running("same", SYSTEM + [3, 4])
     assert planner.awaits_shared_prefill(same, [first], kv)
-    assert not planner.awaits_shared_prefill(running("other", SYSTEM + [3], tenant="b"), [first], kv)
+    assert not planner.awaits_shared_prefill(running("other", SYSTEM + [3], tenant=Tenant("b")), [first], kv)
     assert not planner.awaits_shared_prefill(running("choice", SYSTEM + [1, 2], fork_of="first"), [first], kv)
     assert not planner.awaits_shared_prefill(running("unrelated", [7] * 14), [first], kv)
     first.prefill_done = len(first.prefill_ids)  # its prefill is done: nothing to wait for

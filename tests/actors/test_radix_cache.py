@@ -10,6 +10,7 @@ from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import MatchResult
+from schemas.requests import Tenant
 
 BS = 4
 
@@ -19,14 +20,14 @@ def make(num_blocks: int = 32) -> tuple[BlockPool, RadixCache]:
     return pool, RadixCache(pool, BS)
 
 
-def finish(pool: BlockPool, cache: RadixCache, tokens: list[int], blocks: list[int], tenant: str = "") -> int:
+def finish(pool: BlockPool, cache: RadixCache, tokens: list[int], blocks: list[int], tenant: Tenant = Tenant()) -> int:
     """What the scheduler does when a request ends: offer its blocks, then drop its own references."""
     new = cache.insert(tokens, blocks, tenant=tenant)
     pool.release(blocks)
     return new
 
 
-def lookup(cache: RadixCache, tokens: list[int], tenant: str = "") -> MatchResult:
+def lookup(cache: RadixCache, tokens: list[int], tenant: Tenant = Tenant()) -> MatchResult:
     """What the scheduler does when a request first looks up its tokens: it records the lookup,
     then takes the match."""
     cache.record_lookup(tokens, tenant)
@@ -183,7 +184,8 @@ class Clock:
         return self.now
 
 
-TENANTS = ["t1", "t2", "t3"]
+# Two users of t1 among them: they read apart, and count as one tenant toward publication.
+TENANTS = [Tenant("t1"), Tenant("t1", "u1"), Tenant("t2"), Tenant("t3")]
 WINDOW_S = 20.0
 
 
@@ -194,24 +196,25 @@ def test_random_requests_only_ever_get_blocks_they_may_read(data, num_blocks, mi
     evicting if short), run, and end (insert, unlock, release) in random order, among evictions,
     publications and the clock moving on: every matched block holds exactly the prefix it is
     matched for, its tenant may read it (it stored that prefix itself, an admin published it, or
-    `min_tenants` tenants sent it within the window), and every count is its number of holders."""
+    `min_tenants` tenants, told apart by name, sent it within the window), and every count is its
+    number of holders."""
     clock = Clock()
     pool = BlockPool(num_blocks)
     cache = RadixCache(pool, BS, tenancy=TenancyPolicy(min_tenants, WINDOW_S), hit_half_life_s=10.0, clock=clock)
     holds_prefix: dict[int, tuple] = {}  # block -> the tokens up to its end it was written for
     # What each tenant may read, by a whole-block prefix; never less than the cache lets it.
-    stored_by: dict[tuple, set[str]] = defaultdict(set)  # tenants that ever stored the prefix
-    sent_at: dict[tuple, dict[str, float]] = defaultdict(dict)  # tenant -> its last send of the prefix
+    stored_by: dict[tuple, set[Tenant]] = defaultdict(set)  # tenants that ever stored the prefix
+    sent_at: dict[tuple, dict[str, float]] = defaultdict(dict)  # tenant name -> its last send of the prefix
     public: set[tuple] = set()  # published by an admin, or sent by enough tenants at some time
 
-    def send(tenant: str, tokens: list[int]) -> None:
+    def send(tenant: Tenant, tokens: list[int]) -> None:
         for end in range(BS, len(tokens) + 1, BS):
             prefix = tuple(tokens[:end])
-            sent_at[prefix][tenant] = clock.now
+            sent_at[prefix][tenant.name] = clock.now
             if sum(clock.now - at <= WINDOW_S for at in sent_at[prefix].values()) >= min_tenants:
                 public.add(prefix)
 
-    running: list[tuple[str, list[int], list[int], object]] = []
+    running: list[tuple[Tenant, list[int], list[int], object]] = []
     stems = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=12), min_size=1, max_size=3))
     for _ in range(data.draw(st.integers(1, 60))):
         actions = ["start"] * 3 + ["finish"] * 3 * bool(running) + ["evict", "publish", "wait"]

@@ -10,6 +10,7 @@ from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionTable
 from schemas.errors import Error
+from schemas.requests import Tenant
 from schemas.session import (
     BeginTurn,
     CloseSession,
@@ -22,6 +23,7 @@ from schemas.session import (
 )
 
 BS = 4
+ALICE, BOB, ANONYMOUS = Tenant("alice"), Tenant("bob"), Tenant()
 
 
 class Clock:
@@ -39,7 +41,7 @@ def make(num_blocks: int = 64, budget_tokens: int = 1024) -> tuple[BlockPool, Ra
     return pool, cache, SessionTable(cache, budget_tokens, clock), clock
 
 
-def compute(pool: BlockPool, cache: RadixCache, tenant: str, tokens: list[int]) -> None:
+def compute(pool: BlockPool, cache: RadixCache, tenant: Tenant, tokens: list[int]) -> None:
     """What the batcher leaves in the cache when a request with these prompt and output tokens ends:
     every full block but the one holding the last token, whose KV was never computed."""
     full = (len(tokens) - 1) // BS
@@ -49,7 +51,7 @@ def compute(pool: BlockPool, cache: RadixCache, tenant: str, tokens: list[int]) 
 
 
 def turn(table: SessionTable, pool: BlockPool, cache: RadixCache, session_id: str, turn_id: str, new_tokens: list[int],
-         parent: str | None = None, replace: bool = False, tenant: str = "") -> list[int]:
+         parent: str | None = None, replace: bool = False, tenant: Tenant = ANONYMOUS) -> list[int]:
     """One turn as an origin runs it: begin, compute, record. Returns the turn's tokens."""
     begun = table.begin_turn(BeginTurn(session_id, tenant, turn_id, parent))
     assert isinstance(begun, TurnTokens), begun
@@ -78,7 +80,7 @@ def check(table: SessionTable, pool: BlockPool, cache: RadixCache) -> None:
     assert table.pinned_tokens <= table.budget_tokens
 
 
-def opened(table: SessionTable, tenant: str = "", **fields) -> str:
+def opened(table: SessionTable, tenant: Tenant = ANONYMOUS, **fields) -> str:
     reply = table.open(OpenSession(**fields), tenant)
     assert isinstance(reply, SessionOpened)
     return reply.session_id
@@ -90,20 +92,21 @@ def evict_all(cache: RadixCache) -> None:
 
 def test_open_and_close():
     pool, cache, table, _ = make(budget_tokens=64)
-    reply = table.open(OpenSession(capacity_tokens=1000, idle_timeout_s=5), "alice")
+    reply = table.open(OpenSession(capacity_tokens=1000, idle_timeout_s=5), ALICE)
     assert (reply.capacity_tokens, reply.idle_timeout_s) == (64, 5)  # never more than the budget
-    assert table.open(OpenSession(), "").idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S
+    assert table.open(OpenSession(), ANONYMOUS).idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S
     sid = reply.session_id
-    assert table.begin_turn(BeginTurn(sid, "alice", "t1")) == TurnTokens(sid, None, [])
+    assert table.begin_turn(BeginTurn(sid, ALICE, "t1")) == TurnTokens(sid, None, [])
 
-    for stranger in ("bob", ""):  # another tenant's session does not exist for them
+    # Another tenant's session does not exist for them, nor for another user of the same tenant.
+    for stranger in (BOB, ANONYMOUS, Tenant("alice", "bob")):
         assert table.begin_turn(BeginTurn(sid, stranger, "t2")).code == "not_found"
         assert table.close(CloseSession(sid), stranger).code == "not_found"
-    assert table.close(CloseSession(sid), "alice") == SessionClosed(sid)
-    for reply in (table.close(CloseSession(sid), "alice"), table.begin_turn(BeginTurn(sid, "alice", "t3")),
-                  table.record_turn(RecordTurn(sid, "alice", "t1", None, False, [1, 2]))):
+    assert table.close(CloseSession(sid), ALICE) == SessionClosed(sid)
+    for reply in (table.close(CloseSession(sid), ALICE), table.begin_turn(BeginTurn(sid, ALICE, "t3")),
+                  table.record_turn(RecordTurn(sid, ALICE, "t1", None, False, [1, 2]))):
         assert isinstance(reply, Error) and (reply.code, reply.param) == ("not_found", "session_id")
-    assert table.close(CloseSession("no-such-session"), "").code == "not_found"
+    assert table.close(CloseSession("no-such-session"), ANONYMOUS).code == "not_found"
     check(table, pool, cache)
 
 
@@ -113,11 +116,11 @@ def test_each_turn_continues_the_latest_or_a_named_one():
     t1 = turn(table, pool, cache, sid, "t1", [1, 2, 3, 4, 5, 6])
     t2 = turn(table, pool, cache, sid, "t2", [7, 8, 9])
     assert t2 == t1 + [7, 8, 9]
-    assert table.begin_turn(BeginTurn(sid, "", "t3")) == TurnTokens(sid, "t2", t2)
-    assert table.begin_turn(BeginTurn(sid, "", "t4", parent_turn="t1")) == TurnTokens(sid, "t1", t1)
-    missing = table.begin_turn(BeginTurn(sid, "", "t5", parent_turn="nope"))
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t3")) == TurnTokens(sid, "t2", t2)
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t4", parent_turn="t1")) == TurnTokens(sid, "t1", t1)
+    missing = table.begin_turn(BeginTurn(sid, ANONYMOUS, "t5", parent_turn="nope"))
     assert (missing.code, missing.param) == ("not_found", "session_parent")
-    assert table.begin_turn(BeginTurn(sid, "", "t1")).code == "invalid_request"  # an id names one turn only
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t1")).code == "invalid_request"  # an id names one turn only
     check(table, pool, cache)
 
 
@@ -135,8 +138,8 @@ def test_a_branch_keeps_the_others_unless_it_replaces_them():
 
     turn(table, pool, cache, sid, "t5", list(range(50, 60)), parent="t1", replace=True)
     assert list(table.sessions[sid].turns) == ["t1", "t5"]
-    assert table.begin_turn(BeginTurn(sid, "", "t6", parent_turn="t2")).code == "not_found"
-    assert table.begin_turn(BeginTurn(sid, "", "t7")).parent_turn == "t5"
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t6", parent_turn="t2")).code == "not_found"
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t7")).parent_turn == "t5"
     assert [pin.turn_id for pin in table.sessions[sid].pins] == ["t5"]
     check(table, pool, cache)
 
@@ -145,7 +148,7 @@ def test_pinned_turns_survive_eviction_until_the_session_closes():
     pool, cache, table, _ = make(num_blocks=32)
     sid = opened(table)
     t1 = turn(table, pool, cache, sid, "t1", list(range(100, 113)))  # 13 tokens: 3 full blocks computed
-    compute(pool, cache, "", list(range(500, 521)))  # another request's prefix, not pinned
+    compute(pool, cache, ANONYMOUS, list(range(500, 521)))  # another request's prefix, not pinned
     evict_all(cache)
     check(table, pool, cache)
     assert cache.match(t1 + [0]).num_tokens == 12
@@ -157,7 +160,7 @@ def test_pinned_turns_survive_eviction_until_the_session_closes():
     assert cache.match(t2 + [0]).num_tokens == (len(t2) - 1) // BS * BS
     check(table, pool, cache)
 
-    table.close(CloseSession(sid), "")
+    table.close(CloseSession(sid), ANONYMOUS)
     check(table, pool, cache)
     evict_all(cache)
     assert pool.num_free == pool.num_blocks
@@ -211,12 +214,12 @@ def test_idle_sessions_close_themselves_but_not_while_a_turn_runs():
     turn(table, pool, cache, sid, "t1", list(range(100, 113)))
     clock.now += 9
     assert table.expire(lambda turn_id: False) == []
-    table.begin_turn(BeginTurn(sid, "", "t2"))
+    table.begin_turn(BeginTurn(sid, ANONYMOUS, "t2"))
     clock.now += 30
     assert table.expire(lambda turn_id: turn_id == "t2") == []  # t2 is still running
     clock.now += 11
     assert table.expire(lambda turn_id: False) == [sid]  # t2 ended without a record (its client left)
-    assert table.begin_turn(BeginTurn(sid, "", "t3")).code == "not_found"
+    assert table.begin_turn(BeginTurn(sid, ANONYMOUS, "t3")).code == "not_found"
     assert other in table.sessions
     check(table, pool, cache)
     evict_all(cache)
@@ -225,11 +228,11 @@ def test_idle_sessions_close_themselves_but_not_while_a_turn_runs():
 
 def test_a_session_pins_only_what_its_tenant_may_read():
     pool, cache, table, _ = make()
-    alice, bob = opened(table, "alice"), opened(table, "bob")
+    alice, bob = opened(table, ALICE), opened(table, BOB)
     tokens = list(range(100, 113))
-    turn(table, pool, cache, alice, "a1", tokens, tenant="alice")
-    table.begin_turn(BeginTurn(bob, "bob", "b1"))
-    table.record_turn(RecordTurn(bob, "bob", "b1", None, False, tokens))  # the same tokens, computed by alice only
+    turn(table, pool, cache, alice, "a1", tokens, tenant=ALICE)
+    table.begin_turn(BeginTurn(bob, BOB, "b1"))
+    table.record_turn(RecordTurn(bob, BOB, "b1", None, False, tokens))  # the same tokens, computed by alice only
     assert table.sessions[alice].pinned_tokens == 12
     assert table.sessions[bob].pinned_tokens == 0
     check(table, pool, cache)
@@ -239,10 +242,10 @@ def test_a_turn_recorded_before_its_blocks_reach_the_cache_is_pinned_when_they_d
     pool, cache, table, _ = make()
     sid = opened(table)
     tokens = list(range(100, 113))
-    table.begin_turn(BeginTurn(sid, "", "t1"))
-    table.record_turn(RecordTurn(sid, "", "t1", None, False, tokens))
+    table.begin_turn(BeginTurn(sid, ANONYMOUS, "t1"))
+    table.record_turn(RecordTurn(sid, ANONYMOUS, "t1", None, False, tokens))
     assert table.sessions[sid].pinned_tokens == 0
-    compute(pool, cache, "", tokens)
+    compute(pool, cache, ANONYMOUS, tokens)
     table.turn_released("t1")
     assert table.sessions[sid].pinned_tokens == 12
     check(table, pool, cache)
@@ -301,7 +304,7 @@ def test_any_sequence_of_operations_keeps_the_invariants(seed, budget_tokens):
                 evict_all(cache)
             turn(table, pool, cache, sid, f"t{next(counter)}", new_tokens, parent, replace=rng.random() < 0.3)
         elif op == "close":
-            table.close(CloseSession(rng.choice(sessions)), "")
+            table.close(CloseSession(rng.choice(sessions)), ANONYMOUS)
         elif op == "expire":
             clock.now += rng.choice([1, 10])
             table.expire(lambda turn_id: False)
@@ -311,6 +314,6 @@ def test_any_sequence_of_operations_keeps_the_invariants(seed, budget_tokens):
             table.unpin_oldest()
         check(table, pool, cache)
     for sid in list(table.sessions):
-        table.close(CloseSession(sid), "")
+        table.close(CloseSession(sid), ANONYMOUS)
     evict_all(cache)
     assert pool.num_free == pool.num_blocks

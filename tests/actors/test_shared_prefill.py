@@ -6,6 +6,7 @@ import pytest
 
 from actors.executor.inprocess import InProcessEngine
 from gpu.runner import ModelRunner
+from schemas.requests import Tenant
 from tests.sampling import greedy
 
 BLOCK_SIZE = 4
@@ -61,8 +62,8 @@ def test_requests_sent_together_compute_their_shared_prompt_once(runner):
 
 def test_other_tenants_do_not_wait_for_a_prefill_they_could_not_read(runner):
     engine = InProcessEngine(runner, max_prefill_tokens=64)
-    engine.submit("a", SYSTEM + [1], greedy(2), tenant="tenant-a")
-    engine.submit("b", SYSTEM + [2], greedy(2), tenant="tenant-b")
+    engine.submit("a", SYSTEM + [1], greedy(2), tenant=Tenant("tenant-a"))
+    engine.submit("b", SYSTEM + [2], greedy(2), tenant=Tenant("tenant-b"))
     engine.step()  # both admitted in the first round: b reads none of a's blocks
     assert {s.request_id for s in engine.batcher.requests.running} == {"a", "b"}
     engine.run()

@@ -1,7 +1,8 @@
 """API keys and tenants, through HTTP with the openai SDK and on the bus with each tenant's NATS
 credentials: the tenant comes from the key (over HTTP) or from the subject only its user may
 publish on (the bus), cached prefixes and replies never cross tenants, a client cannot borrow
-another tenant's name, and only the admin key or the admin credentials reach the admin API."""
+another tenant's name nor pass for several tenants, and only the admin key or the admin
+credentials reach the admin API."""
 
 import json
 import stat
@@ -80,11 +81,11 @@ async def ask(nc, subject: str, message, reply_type, timeout_s: float = 60):
     return msgspec.msgpack.decode(reply.data, type=reply_type | Error)
 
 
-async def bus_cached(server, tenant: str, user: str = "") -> int:
-    """Sends BUS_PROMPT as `tenant`, with its own credentials on its own subject, as `user`."""
+async def bus_cached(server, tenant: str, user: str = "", prompt: str = BUS_PROMPT) -> int:
+    """Sends `prompt` as `tenant`, with its own credentials on its own subject, as `user`."""
     nc = await server.connect_nats(bus_auth.tenant_user(tenant))
     try:
-        request = GenerateRequest(text=BUS_PROMPT, params=SamplingParams(max_tokens=2, temperature=0), user=user)
+        request = GenerateRequest(text=prompt, params=SamplingParams(max_tokens=2, temperature=0), user=user)
         result = await ask(nc, f"llm.generate.{tenant}", request, GenerateResult)
         assert isinstance(result, GenerateResult), result
         return result.cached_tokens
@@ -177,3 +178,31 @@ async def test_tenants_cannot_call_the_admin_subjects_and_the_admin_credentials_
     stats = await ask(admin, "llm.admin.stats", GetStats(), SchedulerStats, timeout_s=10)
     assert isinstance(stats, SchedulerStats) and stats.total_blocks == 256
     await admin.drain()
+
+
+CROWD = ("gamma", "delta", "epsilon")
+
+
+@pytest.fixture(scope="module")
+def crowd_server(tmp_path_factory):
+    """Three tenants, and a prefix public once all three sent it (`--public-prefix-tenants 3`)."""
+    data_dir = tmp_path_factory.mktemp("crowd")
+    keys_file = data_dir / "keys.json"
+    keys_file.write_text(json.dumps({f"key-{tenant}": tenant for tenant in CROWD}))
+    running = start_server(data_dir, "--num-kv-blocks", "256", "--api-keys", str(keys_file),
+                           "--public-prefix-tenants", "3")
+    yield running
+    running.stop()
+
+
+async def test_one_key_under_many_users_is_one_tenant_toward_publication(crowd_server):
+    """A key holder that sends a guessed prefix as K different users, over HTTP and the bus, passes
+    for one tenant, not K: it gets no hit until K - 1 other tenants sent the prefix too, as the
+    README promises. K keys do make the prefix public."""
+    guess = "The board's confidential memo on the merger, first paragraph, as every draft begins. " * 5
+    as_users = [cached(crowd_server, "key-gamma", user=f"u{i}", prompt=guess) for i in range(3)]
+    as_users.append(await bus_cached(crowd_server, "gamma", user="u3", prompt=guess))
+    assert as_users == [0, 0, 0, 0]  # four users of gamma, each reading only its own
+    assert cached(crowd_server, "key-delta", prompt=guess) == 0  # the second tenant: still private
+    assert await bus_cached(crowd_server, "epsilon", prompt=guess) > 0  # the third tenant reads it at once
+    assert cached(crowd_server, "key-gamma", user="u9", prompt=guess) > 0  # public: for every user of every key

@@ -1,4 +1,4 @@
-"""The keys file and the scope of a request, which HTTP and the bus share (kernel/tenants.py)."""
+"""The keys file and the tenant a request runs as, which HTTP and the bus share (kernel/tenants.py)."""
 
 import json
 import subprocess
@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from kernel.tenants import KeysFileError, request_tenant, read_api_keys
+from kernel.tenants import KeysFileError, read_api_keys, request_tenant
+from schemas.requests import Tenant
 
 
 def test_a_keys_file_maps_keys_to_tenants(tmp_path):
@@ -17,7 +18,8 @@ def test_a_keys_file_maps_keys_to_tenants(tmp_path):
 
 @pytest.mark.parametrize("tenant", ["a.b", "a/b", "a*", ">", "two words", "", "x" * 65])
 def test_a_tenant_name_that_cannot_name_a_subject_is_refused(tmp_path, tenant):
-    """A dot or wildcard would reach other tenants' subjects; a slash would make `tenant/user` ambiguous."""
+    """A dot or wildcard would reach other tenants' subjects, a space would split a subject, and a
+    slash would take the tenant's credential file out of its folder."""
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"key": tenant}))
     with pytest.raises(KeysFileError, match="tenant names are"):
@@ -44,6 +46,6 @@ def test_the_supervisor_refuses_a_bad_keys_file_before_starting_anything(tmp_pat
 
 
 def test_user_names_the_tenant_without_keys_and_narrows_within_it_with_them():
-    assert request_tenant(None, "bob") == "bob"
-    assert request_tenant("acme", "") == "acme"
-    assert request_tenant("acme", "bob") == "acme/bob"
+    assert request_tenant(None, "bob") == Tenant("bob")
+    assert request_tenant("acme", "") == Tenant("acme")
+    assert request_tenant("acme", "bob") == Tenant("acme", "bob")  # the user apart: publication counts acme once

@@ -12,6 +12,7 @@ from actors.lib.origin.request_stream import RequestRecord
 from kernel.randomness import SEED_BITS, choice_seed
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
+from schemas.requests import Tenant
 
 
 def refusal(request: GenerateRequest) -> Error | None:
@@ -27,7 +28,7 @@ def refusal(request: GenerateRequest) -> Error | None:
 
 
 def choice_records(request_id: str, prompt_ids: list[int], params: SamplingParams, n: int,
-                   tenant: str) -> list[RequestRecord]:
+                   tenant: Tenant) -> list[RequestRecord]:
     """The records of the n choices of one prompt. Without a seed the request gets one of ours, so
     its draw is the same after a restart; choice i draws with `choice_seed(seed, i)`. The first
     choice computes the prompt and the others fork it. With n = 1 the choice is the request itself."""

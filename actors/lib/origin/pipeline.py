@@ -29,7 +29,7 @@ from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest
 from schemas.health import Heartbeat
-from schemas.requests import Accepted, OutputBatch
+from schemas.requests import Accepted, OutputBatch, Tenant
 from schemas.session import BeginTurn, RecordTurn
 from schemas.step import StepOutput
 from schemas.tokenizer import Encoded
@@ -93,7 +93,7 @@ class RequestPipeline:
     # -- one request ----------------------------------------------------------------------
 
     async def submit(
-        self, request: GenerateRequest, tenant: str = "", request_id: str | None = None
+        self, request: GenerateRequest, tenant: Tenant = Tenant(), request_id: str | None = None
     ) -> RequestGroup | Error:
         """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
         as a request of its own; the caller must `close()` the group it gets."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from schemas.errors import Error
 from schemas.generate import SamplingParams
-from schemas.requests import RequestOutput
+from schemas.requests import RequestOutput, Tenant
 from schemas.step import SequenceUpdate
 
 
@@ -21,7 +21,7 @@ class RequestRecord:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    tenant: str = ""
+    tenant: Tenant = Tenant()
     delivered_ids: list[int] = field(default_factory=list)
     delivered_chars: int = 0
     cached_tokens: int = 0

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from actors.lib.origin.request_stream import RequestGroup
 from schemas.generate import SessionTurn
-from schemas.requests import RequestOutput
+from schemas.requests import RequestOutput, Tenant
 from schemas.session import RecordTurn
 from schemas.tokenizer import Encoded
 
@@ -29,7 +29,7 @@ class SessionTurnGroup(RequestGroup):
     """A request that is a turn of a session (one choice). When it finishes without an error, the
     group hands `record` the turn's tokens and waits for it before it yields the end."""
 
-    def __init__(self, request_id: str, prompt_ids: list[int], turn: SessionTurn, tenant: str,
+    def __init__(self, request_id: str, prompt_ids: list[int], turn: SessionTurn, tenant: Tenant,
                  parent_turn: str | None, record: Callable[[RecordTurn], Awaitable[None]]) -> None:
         super().__init__(request_id, prompt_ids)
         self._turn = turn
