@@ -1,10 +1,10 @@
 """Matrix-vector products for batch-1 decode: the products that stream every weight once per token.
 
-With one token a layer's products are pure weight reads, and cuBLAS reads bf16 weights at 71-96% of
-the device's copy rate on the llama-3.1-8b shapes where this kernel reads them at 89-106% (H100,
-docs/journal/benchmarks.md). `linear` takes this path for a single row on the GPU in bf16/fp16 and leaves
-everything else to `F.linear`. `silu_mul_linear` also folds SwiGLU's activation into the down
-projection's reads, saving a kernel per layer. TRITON_INTERPRET=1 runs the kernel on the CPU for tests.
+With one token a layer's products are pure weight reads, which this kernel does nearer the copy
+rate than cuBLAS (docs/journal/benchmarks.md, section "Batch-1 decode through our own GEMV").
+`linear` takes this path for a single row on the GPU in bf16/fp16 and leaves everything else to
+`F.linear`. `silu_mul_linear` also folds SwiGLU's activation into the down projection's reads,
+saving a kernel per layer. TRITON_INTERPRET=1 runs the kernel on the CPU for tests.
 """
 
 import torch
@@ -57,9 +57,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def gemv_config(n_rows: int, k_cols: int) -> tuple[int, int, int, int]:
     """(rows per program, columns per load, warps, pipeline stages) for an [n_rows, k_cols] weight.
-    Tuned on the H100 (`python -m ops.bench_gemv --sweep`, llama-3.1-8b): loads of 2048 columns won
-    on every product; two rows per program, eight on long rows (the down projection); the number of
-    pipeline stages made no difference."""
+    From a sweep on llama-3.1-8b (docs/journal/benchmarks.md, section "Batch-1 decode through our
+    own GEMV"): loads of 2048 columns won on every product; two rows per program, eight on long rows
+    (the down projection); the number of pipeline stages made no difference."""
     block_k = min(2048, triton.next_power_of_2(k_cols))
     return (8 if k_cols >= 8192 else 2), block_k, (8 if block_k >= 512 else 4), 3
 

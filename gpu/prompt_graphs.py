@@ -2,8 +2,8 @@
 set of token counts (a step is padded up to the next count with filler tokens).
 
 A prompt step of an 8B model launches about ten kernels a layer; launched one by one from Python
-they cost more host time (11-21 ms for a 1K-token prompt, H100) than the GPU needs to run them
-(13.6 ms), so the first token waits on the host. Everything but attention depends only on the
+they can cost more host time than the GPU needs to run them (some ten milliseconds each for 1K
+tokens), so the first token waits on the host. Everything but attention depends only on the
 number of tokens, so it is captured: piece 0 embeds the tokens and computes layer 0's queries,
 piece i finishes layer i-1 (output projection, norm, MLP) and computes layer i's queries, the last
 piece finishes the last layer. Attention, whose kernels depend on how the tokens split into

@@ -38,9 +38,9 @@ from gpu.weights import load_model, random_model
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_KV_CACHE_BYTES = 256 << 20
 CUDA_KV_CACHE_FRACTION = 0.85  # of the memory free once the weights are in; the rest is for activations
-# cuBLAS picks a kernel for each new product shape: 0.26-0.32 ms of host time a call, against 0.02 ms
-# for a shape it has seen (H100, llama-3.1-8b's products, 2026-11-23). A step run eagerly (prompt
-# chunks, with or without decodes) is grown to a multiple of this many tokens so its shapes repeat.
+# cuBLAS picks a kernel for each new product shape, which costs a call over ten times the host time
+# of a call on a shape it has seen. A step run eagerly (prompt chunks, with or without decodes) is
+# grown to a multiple of this many tokens so its shapes repeat.
 EAGER_TOKEN_BUCKET = 64
 
 

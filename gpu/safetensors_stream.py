@@ -3,11 +3,11 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header giving each tensor's
 dtype, shape and byte range in the data that follows, and the data: the tensors' little-endian bytes
 back to back, with no gap. `safetensors.safe_open` maps the file and copies one tensor at a time,
-so the disk idles while each copy runs: llama-3.1-8b loaded at 0.81-0.87 of the disk's sequential
-read rate on the H100 host that way. Here worker threads read the wanted tensors' bytes in large
-chunks into host buffers (pinned for a GPU), a few chunks ahead, while the GPU's copy engine moves
-the bytes of the chunks already read into the tensors. (torch runs on little-endian hosts only, so
-the bytes need no swapping.)
+so the disk idles while each copy runs (docs/journal/benchmarks.md, section "Weight loading at
+the disk's speed"). Here worker threads read the wanted tensors' bytes in large chunks into host
+buffers (pinned for a GPU), a few chunks ahead, while the GPU's copy engine moves the bytes of the
+chunks already read into the tensors. (torch runs on little-endian hosts only, so the bytes need
+no swapping.)
 """
 
 import json
@@ -24,7 +24,7 @@ import torch
 
 CHUNK_BYTES = 64 << 20  # a read this large keeps the disk's queue full
 # Chunks read at once, each into a buffer of its own. From the disk one read reaches its rate; from
-# the page cache a read is a memory copy on one core, about 5 GB/s on the H100 host, so several run.
+# the page cache a read is a memory copy on one core, slower than the copy to the GPU, so several run.
 READERS = 4
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit

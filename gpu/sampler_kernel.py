@@ -1,9 +1,9 @@
 """The sampler on the GPU: the tokens of `gpu.sampler.sample`'s torch path, without its [S, V] passes.
 
 The torch path sorts every row for top-k and top-p and materializes the Gumbel noise as [S, V]
-int64 tensors: 4 ms for 256 rows of a 128K vocabulary at temperature 1, 9 ms with top-p, against a
-20 ms decode step. Here one program per row streams its logits, hashing each token's noise as it
-goes, and finds the same token without sorting:
+int64 tensors: up to half a decode step at 256 rows of 128K logits
+(docs/journal/benchmarks.md, section "Sampling without sorting"). Here one program per row streams
+its logits, hashing each token's noise as it goes, and finds the same token without sorting:
 
 - The drawn token is argmax(scaled logit + Gumbel noise) over the tokens that the filters keep, and
   every filter keeps a head of the row in (logit descending, index ascending) order. So start from
@@ -12,7 +12,7 @@ goes, and finds the same token without sorting:
   noise throughout, the last candidate is the torch path's draw.
 - One pass per candidate counts the tokens above it and their probability mass (top-k and top-p)
   and finds the next candidate. Most rows take one or two passes; a small top-k over many nearly
-  equal tokens takes many (top-k 50 of 128K flat logits: 2.3 ms at batch 256, ops/bench_sampler.py).
+  equal tokens takes many (top-k 50 of 128K flat logits; still quicker than a sort).
 - Top-p over the top-k head (vLLM's order, as the torch path) needs the head's total mass: for rows
   with both, gpu/sampler_heads.py works the head out from the row's best logits (torch.topk's),
   and the first pass draws among the tokens at or above the head's last logit, so such a row needs

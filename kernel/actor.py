@@ -112,8 +112,8 @@ class Actor:
 def freeze_startup_objects() -> None:
     """Moves every object alive now out of the garbage collector's reach. What start-up made (the
     modules of torch, transformers and the kernels' libraries, the model, its CUDA graphs) lives as
-    long as the process, yet each full collection walked all of it: in the executor on the H100 host
-    that stopped the event loop, and so the GPU, for about 200 ms in the middle of a run. Frozen,
+    long as the process, yet each full collection walked all of it: in the executor that stopped
+    the event loop, and so the GPU, for many decode steps' time in the middle of a run. Frozen,
     a full collection walks only what serving allocated since; a frozen object that start-up made
     and a later change replaces is freed by its reference count alone, or after `gc.unfreeze()`.
 

@@ -1,9 +1,8 @@
 """Keeps an actor's event loop polling for a while after request traffic, instead of sleeping.
 
-A process that sleeps in epoll between bus messages pays for waking up on the next one. On the
-H100 host (16 cores, a virtual machine) a message relayed through five processes over NATS, one
-every 2 ms, took 1.05-1.11 ms at p50 with the relays asleep between messages and 0.64-0.67 ms
-with them polling, about 0.09 ms less a hop (one every 10 ms: 1.61-1.69 against 0.98-1.15 ms).
+A process that sleeps in epoll between bus messages pays for waking up on the next one, of the
+order of a tenth of a millisecond a hop, which a process that polls instead spares (measurements:
+docs/journal/benchmarks.md, section "The prompt step's attention calls; the actors poll the bus").
 A request crosses four such hops before its first token reaches its client (origin to
 scheduler, scheduler to executor, executor to tokenizer, tokenizer to origin; six with a text
 prompt, which a tokenizer encodes first), so the actors on that path poll for a while after each

@@ -160,7 +160,7 @@ HELP = {
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
     "busy_poll_ms": "after each bus message they send or receive, the actors on a request's path (frontdoor, "
                     "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
-                    "each bus hop is about 0.1 ms quicker, for a core each while requests flow (default: 50 where the "
+                    "each bus hop skips a wake-up, for a core each while requests flow (default: 50 where the "
                     "model runs on a GPU and the machine has at least 8 cores, else 0; at most 60000)",
     "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key and bus "
                 "clients their tenant's credentials (<data-dir>/bus/tenants/)",

@@ -148,15 +148,15 @@ class ExecutorActor(Actor):
         """Enqueues the next step behind the one in flight, then waits for that one's tokens, so
         the GPU has work queued while the host books and publishes.
 
-        On a GPU a launch returns once the step is enqueued, after its host work (on the H100 host
-        about 1 ms for a batch-1 decode, 2 ms at batch 256, 3-5 ms for a 500-token prompt), so
-        both happen on the event loop, which polls for the step's end between bus messages:
-        handing them to a worker thread cost two thread wake-ups a step, 0.65 ms of each first
-        token on the H100 host. The loop serves nothing while a launch runs, so a launch must stay
-        well under the heartbeats' 3 s; one over SLOW_LAUNCH_S is logged. Start-up captures the
-        graphs, which compiles and loads the kernels: with a fresh Triton cache, the slowest launch
-        after it was a first sampled step, 0.18 s. On the CPU a launch computes the whole step, so
-        it runs in a worker thread, and the bus and the heartbeats are served meanwhile."""
+        On a GPU a launch returns once the step is enqueued, after its host work (a millisecond or
+        a few), so both happen on the event loop, which polls for the step's end between bus
+        messages: handing them to a worker thread cost two thread wake-ups a step, a visible share
+        of a small model's first token. The loop serves nothing while a launch runs, so a launch
+        must stay well under the heartbeats' 3 s; one over SLOW_LAUNCH_S is logged. Start-up
+        captures the graphs, which compiles and loads the kernels, so later launches stay far under
+        it. On the CPU a launch computes the whole step, so it runs in a worker thread, and the bus
+        and the heartbeats are served meanwhile. Measurements: docs/journal/benchmarks.md, section
+        "Low-load TTFT: the executor launches on its event loop"."""
         if not self.runner.launches_asynchronously:
             return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous)
         started = time.perf_counter()

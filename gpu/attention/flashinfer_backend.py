@@ -31,10 +31,10 @@ SHARED_PREFIX_GRAPH = "shared_prefix"  # the graph kind whose decode reads a sha
 # Where a KV head serves this many query heads or more, decode runs FlashInfer's tensor-core kernel
 # (its prefill kernel over one query row per sequence) rather than its CUDA-core decode kernel. The
 # kernel stacks a KV head's query heads as the rows of its matrix products, so with fewer of them
-# most rows are padding; groups of 2 (qwen3-0.6b) were not measured and stay on CUDA cores. On the
-# H100 with llama-3.1-8b's heads and random KV, a batch-256 decode step at 1072 ctx took 20.5 ms
-# against 21.4 ms, and a batch-1 step 5.69 against 5.72 ms. Its module is not in the GPU kit's
-# prebuilt set: a fresh machine builds it in about 30 s at the first decode plan.
+# most rows are padding; groups of 2 (qwen3-0.6b) were not measured and stay on CUDA cores. At 4
+# (llama-3.1-8b) a large batch's step is a few percent quicker, batch 1 no slower
+# (docs/journal/benchmarks.md, section "Decode on tensor cores"). Its module is not in the GPU kit's
+# prebuilt set: a fresh machine builds it in tens of seconds at the first decode plan.
 TENSOR_CORE_DECODE_MIN_GROUP = 4
 
 

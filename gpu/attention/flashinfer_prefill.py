@@ -2,14 +2,14 @@
 
 `BatchPrefillWithPagedKVCacheWrapper.run` (FlashInfer 0.7.2) checks and fills in its twenty-odd
 options on every call before it hands its compiled module's `paged_run` the 49 arguments the kernel
-takes. On the H100 host, for a 512-token step of qwen3-0.6b's heads, that took 49 us of host time
-a call against 10 us for `paged_run` alone; a prompt step calls it once a layer under one plan, so
-in a 28-layer step it was 1.4 ms of the 2.2 ms its host spent, and a small model's first token
-waits on that host time. Here the first call after a plan goes through `run`, which is watched for
-the arguments it gives `paged_run`; the other layers call `paged_run` with those, their own
-queries, keys, values and output put in. Nothing else in them depends on the layer: the rest is
-the plan (its buffers and schedule), the options it was made with, and what the device and the
-cache's shape decide, which every layer shares.
+takes: several times the host time of `paged_run` alone. A prompt step calls it once a layer
+under one plan, so for a small model it is most of a prompt step's host time, which its first token
+waits on (measurements: docs/journal/benchmarks.md, section "The prompt step's attention calls").
+Here the first call after a plan goes through `run`, which is watched for the arguments it gives
+`paged_run`; the other layers call `paged_run` with those, their own queries, keys, values and
+output put in. Nothing else in them depends on the layer: the rest is the plan (its buffers and
+schedule), the options it was made with, and what the device and the cache's shape decide, which
+every layer shares.
 """
 
 import torch

@@ -22,8 +22,8 @@ import triton.language as tl
 from gpu.batch import HostBatch, offsets
 
 # The shared pass costs two small kernels a layer; it pays once it spares at least this many KV
-# token reads a layer (16 MB of bf16 KV at 8 KV heads of 128: about 6 us of HBM time on an H100,
-# against the 3-5 us its launches and merge take).
+# token reads a layer (16 MB of bf16 KV at 8 KV heads of 128: a few microseconds of memory reads,
+# about what its extra launches and merge take).
 MIN_SPARED_TOKEN_READS = 4096
 # Groups the prefix pass serves at most (a CUDA graph's pass is planned for this many requests);
 # beyond, the groups that spare the most reads are kept.
