@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import torch
 
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from gpu.config import ModelConfig
 from gpu.runner import ModelRunner
 from kernel.randomness import choice_seed

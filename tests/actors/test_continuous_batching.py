@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
 from kernel.randomness import choice_seed

@@ -15,7 +15,7 @@ import structlog
 
 from actors.executor import actor as executor_actor
 from actors.executor.actor import ExecutorActor
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from actors.scheduler.batching import ContinuousBatcher
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from actors.executor.inprocess import InProcessEngine
 from actors.executor.running_batch import RunningBatch
+from actors.inprocess import InProcessEngine
 from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner

@@ -3,7 +3,7 @@
 
 import pytest
 
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from gpu.runner import ModelRunner
 from schemas.generate import SamplingParams
 

@@ -4,7 +4,7 @@ for the first of them to compute it instead of each computing it again."""
 
 import pytest
 
-from actors.executor.inprocess import InProcessEngine
+from actors.inprocess import InProcessEngine
 from gpu.runner import ModelRunner
 from schemas.requests import Tenant
 from tests.sampling import greedy

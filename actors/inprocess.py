@@ -1,9 +1,17 @@
-"""The scheduler's batcher and the executor's batch driven in one process, with no bus between.
+"""Start reading here: one whole step of the server in one process, with no bus.
 
-The same plain objects the actors wrap, stepped in a loop: the reference that tests compare the
-actor system against, and the in-process path the benchmark measures. Like the executor actor it
-overlaps steps: each `step` launches the next model step, then books the one launched before
-(`overlap=False` books each step before planning the next: the reference, and the old timing).
+`InProcessEngine.step` is the server's step in a screenful: the scheduler's batcher decides
+(`ContinuousBatcher.schedule`), the executor's running batch applies the commands and plans the
+model step (`RunningBatch.apply`, `plan_step`), the runner launches it (`ModelRunner.launch`), the
+batch books the tokens drawn (`book`) and the batcher books the step output (`on_step`). Each actor
+wraps one of these plain objects and carries the messages between them over the bus; this module
+composes them directly, so it is no actor and belongs to no actor's package (docs/structure.md
+walks the same step through the actors).
+
+It is the reference that tests compare the actor system against, and the in-process path the
+benchmark measures. Like the executor actor it overlaps steps: each `step` launches the next model
+step, then books the one launched before (`overlap=False` books each step before planning the
+next: the reference, and the old timing).
 """
 
 from collections.abc import Callable
