@@ -90,7 +90,8 @@ def parse_args() -> argparse.Namespace:
     drawing.add_argument("--min-p", type=float, default=0.0, help="0: off")
     parser.add_argument("--json", default=None, help="also write the details here")
     parser.add_argument("--plot", default=None, help="a PNG of the HTTP sweep (needs matplotlib)")
-    parser.add_argument("--profile", action="store_true", help="cProfile ModelRunner.launch in workloads a and b")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the in-process engine's steps in workloads a and b")
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")
     parser.add_argument("--compare-plan", action="store_true", help="run a also with FlashInfer's public plan()")

@@ -67,23 +67,7 @@ class InProcessBench:
         self.kv_bytes_per_token = KVCache.bytes_per_block(
             cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_dim, self.runner.dtype
         )
-        self.runner_seconds: list[float] = []
         self.profiler = None  # a cProfile.Profile while a workload is profiled (--profile)
-        # The engine overlaps steps: it launches step N+1 before it reads step N's tokens, so what
-        # the runner adds is the host time of a launch, spent while the GPU runs the step before.
-        launch = self.runner.launch
-
-        def timed_launch(seqs):
-            if self.profiler is not None:
-                self.profiler.enable()
-            started = time.perf_counter()
-            pending = launch(seqs)
-            self.runner_seconds.append(time.perf_counter() - started)
-            if self.profiler is not None:
-                self.profiler.disable()
-            return pending
-
-        self.runner.launch = timed_launch
         for line in self.conditions():
             self.report.note(line)
 
@@ -128,17 +112,22 @@ class InProcessBench:
     # -- workloads --------------------------------------------------------------------------
 
     def run_steps(self, engine: InProcessEngine, prompt_lens: dict[str, int]) -> list[dict]:
-        """Steps until idle; per step: wall seconds, runner seconds, decodes, prefill tokens, KV tokens read."""
+        """Steps until idle; per step: wall seconds, runner seconds, decodes, prefill tokens, KV tokens read.
+        The engine overlaps steps: it launches step N+1 before it reads step N's tokens, so what the
+        runner adds is the host time of a launch, spent while the GPU runs the step before."""
         steps = []
         while engine.busy:
-            before = len(self.runner_seconds)
+            if self.profiler is not None:
+                self.profiler.enable()
             started = time.perf_counter()
             output = engine.step()
             wall = time.perf_counter() - started
+            if self.profiler is not None:
+                self.profiler.disable()
             decodes = [u for u in output.updates if u.prefilled_tokens == 0]
             steps.append({
                 "wall": wall,
-                "runner": self.runner_seconds[-1] if len(self.runner_seconds) > before else 0.0,
+                "runner": engine.launch_s,
                 "decodes": len(decodes),
                 "prefill": sum(u.prefilled_tokens for u in output.updates),
                 "kv_tokens": sum(prompt_lens[u.request_id] + u.output_index for u in decodes),
@@ -163,7 +152,8 @@ class InProcessBench:
         if self.profiler is not None:
             import pstats
 
-            print(f"-- {name}: where ModelRunner.step spends host time (all steps, prefill included)", flush=True)
+            print(f"-- {name}: where the engine's steps spend host time (all steps, prefill included; the wait "
+                  "for a step's tokens is its one synchronize line)", flush=True)
             pstats.Stats(self.profiler).sort_stats("tottime").print_stats(18)
             self.profiler = None
         wall = statistics.median(s["wall"] for s in steps)
