@@ -94,7 +94,6 @@ def parse_args() -> argparse.Namespace:
                         help="cProfile the in-process engine's steps in workloads a and b")
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")
-    parser.add_argument("--compare-plan", action="store_true", help="run a also with FlashInfer's public plan()")
     args = parser.parse_args()
     args.workloads = set(args.workloads.split(","))
     if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
@@ -126,11 +125,6 @@ def main() -> None:
     bench.measure_ceilings()
     bench.build_runner()
     if "a" in workloads:
-        backend = bench.runner.model.attention_backend
-        if args.compare_plan and hasattr(backend, "direct_graph_replan"):
-            backend.direct_graph_replan = False  # FlashInfer's public plan() every step, for comparison
-            bench.decode("a-public-plan", 1, args.context, 129, "")
-            backend.direct_graph_replan = True
         bench.decode("a", 1, args.context, 129, "<= 6.0 ms (8B)")
         if args.kernel_profile and bench.device.type == "cuda":
             from ops.diagnostics import kernel_profile
