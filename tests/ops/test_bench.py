@@ -90,7 +90,7 @@ def test_plot_is_made_from_the_json(bench_run, tmp_path):
     _, results = bench_run
     source, png = tmp_path / "results.json", tmp_path / "sweep.png"
     source.write_text(json.dumps(results))
-    done = subprocess.run([sys.executable, "-m", "ops.bench_plot", str(source), "--out", str(png)],
+    done = subprocess.run([sys.executable, "-m", "ops.bench.plot", str(source), "--out", str(png)],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
@@ -117,7 +117,7 @@ def test_performance_page_shows_every_row_where_and_how_it_ran(bench_run, tmp_pa
 def test_written_tokenizer_decodes_every_token_id_of_the_model(tmp_path):
     from transformers import AutoTokenizer
 
-    from ops.bench_checkpoint import write_tokenizer
+    from ops.bench.checkpoint import write_tokenizer
 
     write_tokenizer(tmp_path, 1100)  # past what the corpus trains: the rest is filler
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)

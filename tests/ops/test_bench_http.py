@@ -6,8 +6,8 @@ import json
 
 from aiohttp import web
 
-from ops.bench_http import run_clients
-from ops.bench_requests import BenchRequest, Sampling
+from ops.bench.http_clients import run_clients
+from ops.bench.requests import BenchRequest, Sampling
 
 CLIENTS = 8
 

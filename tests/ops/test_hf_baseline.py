@@ -6,9 +6,9 @@ import torch
 from gpu.config import ModelConfig
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
-from ops.bench_requests import Sampling
-from ops.hf_baseline import batch_size_that_fits, generate_kwargs, hf_generate, hf_model_sharing_weights
-from ops.shapes import SHAPES
+from ops.bench.hf_baseline import batch_size_that_fits, generate_kwargs, hf_generate, hf_model_sharing_weights
+from ops.bench.requests import Sampling
+from ops.bench.shapes import SHAPES
 
 
 def test_batches_hold_what_fits_in_half_the_memory_and_are_even():

@@ -16,7 +16,7 @@ import time
 
 import aiohttp
 
-from ops.bench_requests import BenchRequest, RequestTiming, Sampling, summarize
+from ops.bench.requests import BenchRequest, RequestTiming, Sampling, summarize
 
 
 JSON_CONTENT = {"Content-Type": "application/json"}
@@ -60,7 +60,7 @@ async def run_clients(
     base_url: str, requests: list[BenchRequest], concurrency: int, sampling: Sampling, detokenize: bool = True
 ) -> dict:
     """Sends `requests` in order from `concurrency` clients, each sending its next request when its
-    last one ends (a closed loop); returns the figures of the run (see bench_requests.summarize)."""
+    last one ends (a closed loop); returns the figures of the run (see requests.summarize)."""
     pending = iter([(request_body(r, sampling, detokenize), r.output_tokens) for r in requests])
     timings: list[RequestTiming] = []
     clients = min(concurrency, len(requests))

@@ -6,7 +6,7 @@
   (reading, copying, and packing q/k/v and gate/up into one product each);
 - times the same load with the files in the page cache, against the host-to-device copy rate.
 
-    python -m ops.bench_load --model llama-3.1-8b --dir /tmp/bench-load
+    python -m ops.bench.load --model llama-3.1-8b --dir /tmp/bench-load
 """
 
 import argparse
@@ -19,10 +19,10 @@ import torch
 from gpu.config import ModelConfig
 from gpu.safetensors_stream import CHUNK_BYTES
 from gpu.weights import checkpoint_files, load_model, random_model
-from ops.bench_checkpoint import write_checkpoint
-from ops.bench_report import Report, Row
-from ops.ceilings import median_seconds
-from ops.shapes import SHAPES
+from ops.bench.ceilings import median_seconds
+from ops.bench.checkpoint import write_checkpoint
+from ops.bench.report import Report, Row
+from ops.bench.shapes import SHAPES
 
 GB = 1e9
 

@@ -9,7 +9,7 @@ import transformers
 
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
-from ops.bench_requests import Sampling
+from ops.bench.requests import Sampling
 
 
 def hf_model_sharing_weights(model: CausalLM, raw_config: dict) -> transformers.PreTrainedModel:

@@ -1,5 +1,5 @@
 """The benchmark's report: rows printed as they are measured (so a run cut short still reports),
-then one table under the run's conditions, and the details as JSON for `ops.bench_plot`.
+then one table under the run's conditions, and the details as JSON for `ops.bench.plot`.
 """
 
 import datetime
@@ -75,7 +75,7 @@ def run_identity(model: str, device: str) -> dict:
 
 def _commit() -> str:
     """HEAD's hash, marked when the tree differs from it: such figures are of no commit."""
-    repo = Path(__file__).parents[1]
+    repo = Path(__file__).parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -23,7 +23,7 @@ Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p
    one at a time (target: TTFT p50 at most 3 ms above in-process), twice: with text, then token ids
    alone (`detokenize` false: no tokenizer on the way back), then for each --concurrency
    level max(8, 2 x level) new requests of d's lengths from that many clients in a closed loop.
-   --plot draws the sweep (needs matplotlib; else `python -m ops.bench_plot out.json --out out.png`).
+   --plot draws the sweep (needs matplotlib; else `python -m ops.bench.plot out.json --out out.png`).
 """
 
 import argparse
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ops.bench_inprocess import InProcessBench
-from ops.bench_report import Report, run_identity
-from ops.bench_requests import BenchRequest, Sampling, random_requests
-from ops.shapes import SHAPES
+from ops.bench.inprocess import InProcessBench
+from ops.bench.report import Report, run_identity
+from ops.bench.requests import BenchRequest, Sampling, random_requests
+from ops.bench.shapes import SHAPES
 
 WORKLOADS = ("a", "b", "c", "d", "e")
 WARM_UP_REQUESTS = 8
@@ -58,7 +58,8 @@ def levels(text: str) -> list[int]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--mode", default="inprocess", choices=("inprocess", "http"))
@@ -111,7 +112,7 @@ def parse_args() -> argparse.Namespace:
         parser.error("--plot draws the HTTP sweep: give --mode http")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print(f"matplotlib is absent: no {args.plot} from this run; make it elsewhere from --json's file with "
-              f"python -m ops.bench_plot RESULTS.json --out {args.plot}", flush=True)
+              f"python -m ops.bench.plot RESULTS.json --out {args.plot}", flush=True)
         args.plot = None
     return args
 
@@ -127,7 +128,7 @@ def main() -> None:
     if "a" in workloads:
         bench.decode("a", 1, args.context, 129, "<= 6.0 ms (8B)")
         if args.kernel_profile and bench.device.type == "cuda":
-            from ops.diagnostics import kernel_profile
+            from ops.bench.kernel_profile import kernel_profile
 
             print(kernel_profile(bench.runner, args.context), flush=True)
     if "b" in workloads:
@@ -160,7 +161,7 @@ def main() -> None:
         if args.json:
             report.write_json(args.json)
     if args.plot:
-        from ops.bench_plot import plot_sweep
+        from ops.bench.plot import plot_sweep
 
         plot_sweep(report.as_json(), args.plot)
         print(f"plot: {args.plot}")
@@ -170,7 +171,7 @@ def run_system(bench: InProcessBench, report: Report, args: argparse.Namespace, 
                low_load: list[BenchRequest], offline: list[BenchRequest]) -> None:
     import uvloop
 
-    from ops.bench_system import SystemBench
+    from ops.bench.system import SystemBench
 
     with tempfile.TemporaryDirectory(prefix="bench-system-") as work:
         system = SystemBench(bench, report, Path(work), args.checkpoint_dir)

@@ -1,6 +1,6 @@
 """The benchmark's in-process workloads: the scheduler's batcher and the executor's batch stepped in
 this process (no bus) on random weights of a real shape, each judged against the ceilings measured
-in the same run. `ops.bench` runs them; `ops.bench_system` compares the whole system with them.
+in the same run. `ops.bench` runs them; `ops.bench.system` compares the whole system with them.
 """
 
 import argparse
@@ -16,10 +16,10 @@ from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
 from kernel.actor import freeze_startup_objects
-from ops.bench_report import Report, Row, p50_p90_p99
-from ops.bench_requests import BenchRequest, RequestTiming, summarize
-from ops.ceilings import copy_bandwidth, gemm_flops
-from ops.shapes import SHAPES
+from ops.bench.ceilings import copy_bandwidth, gemm_flops
+from ops.bench.report import Report, Row, p50_p90_p99
+from ops.bench.requests import BenchRequest, RequestTiming, summarize
+from ops.bench.shapes import SHAPES
 
 MAX_PREFILL_TOKENS = 8192
 MAX_NUM_SEQS = 256
@@ -267,7 +267,7 @@ class InProcessBench:
 
     def hf_baseline(self, name: str, ours: dict, requests: list[BenchRequest]) -> None:
         """transformers' batched generate on `requests`; frees our KV pool first (it needs the memory)."""
-        from ops.hf_baseline import hf_generate, hf_model_sharing_weights
+        from ops.bench.hf_baseline import hf_generate, hf_model_sharing_weights
 
         self.release_runner()
         hf = hf_model_sharing_weights(self.runner.model, self.raw)
@@ -282,7 +282,7 @@ class InProcessBench:
         self.report.details[f"{name}-hf"] = result
 
     def diagnose_hf(self, name: str, count: int) -> None:
-        from ops.hf_baseline import hf_diagnose, hf_model_sharing_weights
+        from ops.bench.hf_baseline import hf_diagnose, hf_model_sharing_weights
 
         hf = hf_model_sharing_weights(self.runner.model, self.raw)
         lens = self.rng.integers(100, 1025, size=count)

@@ -1,7 +1,7 @@
 """The sampler alone on the GPU: `gpu/sampler_kernel.py` against the torch path it replaces there,
 and against reading the logits once at the copy rate measured in the same run.
 
-    python -m ops.bench_sampler --model llama-3.1-8b
+    python -m ops.bench.sampler --model llama-3.1-8b
 
 Each setting runs at batch sizes 1, 4, 16, 64 and 256 over float32 logits of the model's vocabulary,
 of two kinds: flat (N(0, 0.5^2) per token, as a random-weight model gives: top-k keeps few of many nearly
@@ -20,9 +20,9 @@ import torch
 
 from gpu.sampler import SamplingTensors, sample
 from gpu.sampler_kernel import sample_on_gpu
-from ops.bench_report import Report, Row
-from ops.ceilings import copy_bandwidth
-from ops.shapes import SHAPES
+from ops.bench.ceilings import copy_bandwidth
+from ops.bench.report import Report, Row
+from ops.bench.shapes import SHAPES
 
 SETTINGS = {  # name: (temperature, top_p, top_k, min_p)
     "temperature 1": (1.0, 1.0, 0, 0.0),

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ops.bench_checkpoint import write_checkpoint
-from ops.bench_http import admin, run_clients
-from ops.bench_inprocess import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, InProcessBench
-from ops.bench_report import Report, Row, p50_p90_p99
-from ops.bench_requests import BenchRequest, random_requests
+from ops.bench.checkpoint import write_checkpoint
+from ops.bench.http_clients import admin, run_clients
+from ops.bench.inprocess import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, InProcessBench
+from ops.bench.process_cpu import CpuMeter
+from ops.bench.report import Report, Row, p50_p90_p99
+from ops.bench.requests import BenchRequest, random_requests
 from ops.local_server import RunningServer, start_server
-from ops.process_cpu import CpuMeter
 
 MIN_SWEEP_REQUESTS = 8
 

@@ -2,7 +2,7 @@
 off in the same process on the same requests, through the in-process engine (the scheduler's
 batcher and the executor's batch, no bus) on random weights of a real model shape.
 
-    python -m ops.bench_prefix --model llama-3.1-8b [--sessions 64 --turns 8] [--json out.json]
+    python -m ops.bench.prefix --model llama-3.1-8b [--sessions 64 --turns 8] [--json out.json]
 
 multi-turn: `--sessions` chats of `--turns` turns; every prompt starts with one shared system prompt
   of `--system-tokens`, then the chat so far (earlier user turns and the model's own answers), then
@@ -29,7 +29,7 @@ from actors.inprocess import InProcessEngine
 from gpu.config import ModelConfig
 from gpu.runner import ModelRunner
 from kernel.randomness import choice_seed
-from ops.shapes import SHAPES
+from ops.bench.shapes import SHAPES
 from schemas.generate import SamplingParams
 
 MAX_PREFILL_TOKENS = 8192

@@ -2,7 +2,7 @@
 latency, against concurrency. Made from the JSON `ops.bench --json` writes, so a run on a machine
 without matplotlib can be plotted elsewhere:
 
-    python -m ops.bench_plot results.json --out plot.png
+    python -m ops.bench.plot results.json --out plot.png
 
 matplotlib (the `bench` extra) is imported only here, and only when a plot is made.
 """

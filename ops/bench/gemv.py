@@ -4,7 +4,7 @@ Each product runs as a decode step runs it: replayed from a CUDA graph (no launc
 many copies of the weight as the model has layers, so it reads its weights from HBM, not L2. The
 reference is the device-to-device copy rate measured in the same run.
 
-    python -m ops.bench_gemv --model llama-3.1-8b [--sweep]
+    python -m ops.bench.gemv --model llama-3.1-8b [--sweep]
 
 `--sweep` also times every kernel configuration of a grid on each product and prints the fastest,
 which is how `gpu.gemv.gemv_config` was chosen.
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from gpu.config import ModelConfig
 from gpu.gemv import gemv, gemv_config, launch_gemv
-from ops.ceilings import copy_bandwidth
-from ops.shapes import SHAPES
+from ops.bench.ceilings import copy_bandwidth
+from ops.bench.shapes import SHAPES
 
 
 def products(config: ModelConfig) -> dict[str, tuple[int, int, int]]:

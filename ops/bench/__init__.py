@@ -1,0 +1,17 @@
+"""The benchmarks: the server's GPU path on random weights of real model shapes, each figure judged
+against a ceiling measured in the same run. Runnable modules:
+
+    python -m ops.bench          decode, prefill, offline throughput and low load on the in-process
+                                 engine (actors/inprocess.py); --mode http also through the whole system
+    python -m ops.bench.prefix   multi-turn chat and n-sampling, prefix sharing on and off
+    python -m ops.bench.gemv     batch-1 decode's matrix products: cuBLAS against gpu/gemv.py
+    python -m ops.bench.sampler  the GPU sampler against the torch one
+    python -m ops.bench.load     loading weights onto the GPU, against the disk's read rate
+    python -m ops.bench.plot     the HTTP sweep's plot, from `python -m ops.bench --json`'s file
+
+The rest serve them: `inprocess` (the workloads in this process), `system` (the same requests
+served by a real deployment over HTTP, through `checkpoint`, `http_clients` and `process_cpu`),
+`requests` (requests and their timings), `report` (the table and the JSON), `ceilings`, `shapes`,
+`hf_baseline` (transformers on the same weights) and `kernel_profile`. Importing this package
+imports none of them, so each tool loads only what it uses.
+"""
