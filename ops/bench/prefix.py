@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -35,23 +34,30 @@ from schemas.generate import SamplingParams
 MAX_PREFILL_TOKENS = 8192
 
 
-@dataclass
-class Run:
-    """What one workload measured with sharing on or off."""
+class Run(msgspec.Struct):
+    """What one workload measured with sharing on or off; counted while it runs, the rates at its end."""
 
     seconds: float = 0.0
     output_tokens: int = 0
     prompt_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: list[float] = field(default_factory=list)
+    cached_tokens: int = 0  # of the prompt tokens, those served from the prefix cache
+    ttft_s: list[float] = []
+    tokens_per_s: float = 0.0  # output tokens
+    hit_rate: float = 0.0
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds
 
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / max(self.prompt_tokens, 1)
+class Comparison(msgspec.Struct):
+    on: Run
+    off: Run
+    ratio: float  # of output tokens/s, on / off
+
+
+class PrefixResults(msgspec.Struct):
+    """What --json writes."""
+
+    device: str
+    args: dict
+    results: dict[str, Comparison]  # by workload, as the table names them
 
 
 class Driver:
@@ -88,6 +94,8 @@ class Driver:
                     if on_finish:
                         on_finish(rid)
         self.run.seconds = time.perf_counter() - started
+        self.run.tokens_per_s = self.run.output_tokens / self.run.seconds
+        self.run.hit_rate = self.run.cached_tokens / max(self.run.prompt_tokens, 1)
         return self.run
 
 
@@ -153,12 +161,11 @@ def p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(name: str, on: Run, off: Run, target: str) -> dict:
+def report(name: str, on: Run, off: Run, target: str) -> Comparison:
     ratio = on.tokens_per_s / off.tokens_per_s
     print(f"| {name} | {on.tokens_per_s:,.0f} | {off.tokens_per_s:,.0f} | {ratio:.2f}x | "
           f"{p50(on.ttft_s) * 1e3:.0f} / {p50(off.ttft_s) * 1e3:.0f} ms | {on.hit_rate:.0%} | {target} |", flush=True)
-    return {"on": on.__dict__ | {"tokens_per_s": on.tokens_per_s, "hit_rate": on.hit_rate},
-            "off": off.__dict__ | {"tokens_per_s": off.tokens_per_s, "hit_rate": off.hit_rate}, "ratio": ratio}
+    return Comparison(on, off, ratio)
 
 
 def build_runner(args: argparse.Namespace) -> ModelRunner:
@@ -216,7 +223,7 @@ def main() -> None:
         results[name] = report(name, on, off, target)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "args": vars(args), "results": results}, f, indent=2)
+            json.dump(msgspec.to_builtins(PrefixResults(device, vars(args), results)), f, indent=2)
 
 
 if __name__ == "__main__":
