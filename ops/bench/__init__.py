@@ -9,9 +9,10 @@ against a ceiling measured in the same run. Runnable modules:
     python -m ops.bench.load     loading weights onto the GPU, against the disk's read rate
     python -m ops.bench.plot     the HTTP sweep's plot, from `python -m ops.bench --json`'s file
 
-The rest serve them: `inprocess` (the workloads in this process), `system` (the same requests
-served by a real deployment over HTTP, through `checkpoint`, `http_clients` and `process_cpu`),
-`requests` (requests and their timings), `report` (the table and the JSON), `ceilings`, `shapes`,
+The rest serve them: `testbed` (the model on the device, and the ceilings), `inprocess` (the
+workloads in this process), `system` (the same requests served by a real deployment over HTTP,
+through `checkpoint`, `http_clients` and `process_cpu`), `requests` (requests and their timings),
+`records` (the results, typed), `report` (the table and the JSON), `ceilings`, `shapes`,
 `hf_baseline` (transformers on the same weights) and `kernel_profile`. Importing this package
 imports none of them, so each tool loads only what it uses.
 """

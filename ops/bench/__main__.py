@@ -37,6 +37,7 @@ from ops.bench.inprocess import InProcessBench
 from ops.bench.report import Report, run_identity
 from ops.bench.requests import BenchRequest, Sampling, random_requests
 from ops.bench.shapes import SHAPES
+from ops.bench.testbed import Testbed
 
 WORKLOADS = ("a", "b", "c", "d", "e")
 WARM_UP_REQUESTS = 8
@@ -121,24 +122,26 @@ def main() -> None:
     args = parse_args()
     workloads = args.workloads
     report = Report()
-    bench = InProcessBench(args, report)
-    report.details["run"] = run_identity(args.model, bench.device_name)
-    bench.measure_ceilings()
-    bench.build_runner()
+    testbed = Testbed(args, report)
+    details = report.details
+    details.run = run_identity(args.model, testbed.device_name)
+    testbed.measure_ceilings()
+    testbed.build_runner()
+    bench = InProcessBench(testbed)
     if "a" in workloads:
-        bench.decode("a", 1, args.context, 129, "<= 6.0 ms (8B)")
-        if args.kernel_profile and bench.device.type == "cuda":
+        details.a = bench.decode("a", 1, args.context, 129, "<= 6.0 ms (8B)")
+        if args.kernel_profile and testbed.device.type == "cuda":
             from ops.bench.kernel_profile import kernel_profile
 
-            print(kernel_profile(bench.runner, args.context), flush=True)
+            print(kernel_profile(testbed.runner, args.context), flush=True)
     if "b" in workloads:
-        bench.decode("b", args.decode_batch, args.context, 96, "<= 1.25x")
+        details.b = bench.decode("b", args.decode_batch, args.context, 96, "<= 1.25x")
     if "c" in workloads:
-        bench.prefill("c", 2048, 16)
+        details.c = bench.prefill("c", 2048, 16)
     if args.hf_diagnose:
-        bench.diagnose_hf("hf", args.hf_diagnose)
+        bench.diagnose_hf(args.hf_diagnose)
     warm = offline = low_load = None
-    vocab = bench.config.vocab_size
+    vocab = testbed.config.vocab_size
     if workloads & {"d", "e"}:
         rng = np.random.default_rng(args.seed + 4)
         warm = random_requests(rng, rng, vocab, WARM_UP_REQUESTS, args.lengths, (WARM_UP_OUTPUT_TOKENS,) * 2)
@@ -147,15 +150,15 @@ def main() -> None:
         rng = np.random.default_rng(args.seed + 3)
         low_load = random_requests(rng, rng, vocab, args.low_load_requests, (args.low_load_prompt,) * 2,
                                    (args.low_load_output,) * 2)
-        bench.low_load("e", low_load)
+        details.e = bench.low_load("e", low_load)
     if "d" in workloads:
         offline = bench.offline_requests(args.requests, args.lengths)
-        bench.throughput("d", offline)
+        details.d = bench.throughput("d", offline)
     if "d" in workloads and args.hf_requests != 0:
-        bench.hf_baseline("d", report.details["d"], offline[:args.hf_requests])
+        details.d_hf = bench.hf_baseline("d", details.d, offline[:args.hf_requests])
     try:
         if args.mode == "http":
-            run_system(bench, report, args, warm, low_load, offline)
+            run_system(testbed, report, args, warm, low_load, offline)
     finally:  # the in-process figures are kept even when the whole system fails
         report.print_table()
         if args.json:
@@ -167,17 +170,17 @@ def main() -> None:
         print(f"plot: {args.plot}")
 
 
-def run_system(bench: InProcessBench, report: Report, args: argparse.Namespace, warm: list[BenchRequest],
+def run_system(testbed: Testbed, report: Report, args: argparse.Namespace, warm: list[BenchRequest],
                low_load: list[BenchRequest], offline: list[BenchRequest]) -> None:
     import uvloop
 
     from ops.bench.system import SystemBench
 
     with tempfile.TemporaryDirectory(prefix="bench-system-") as work:
-        system = SystemBench(bench, report, Path(work), args.checkpoint_dir)
+        system = SystemBench(testbed, report, Path(work), args.checkpoint_dir)
         try:
             system.start()
-            uvloop.run(system.measure(warm, low_load, report.details["e"], offline, report.details["d"],
+            uvloop.run(system.measure(warm, low_load, report.details.e, offline, report.details.d,
                                       args.concurrency, args.sweep_requests))
         finally:
             system.stop()

@@ -9,6 +9,7 @@ import transformers
 
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
+from ops.bench.records import HfFigures
 from ops.bench.requests import Sampling
 
 
@@ -84,7 +85,7 @@ def generate_kwargs(sampling: Sampling) -> dict:
 
 def hf_generate(
     hf: transformers.PreTrainedModel, prompts: list[list[int]], output_lens: list[int], sampling: Sampling = Sampling()
-) -> dict:
+) -> HfFigures:
     """Batched `generate` of every prompt, in order, as many at once as fit: each batch
     left-padded to its longest prompt and run to its longest output. Returns seconds, the batch
     size, the output tokens the requests asked for, and the tokens generated."""
@@ -114,8 +115,7 @@ def hf_generate(
         generate(prompts[i : i + batch], max(output_lens[i : i + batch])) for i in range(0, len(prompts), batch)
     )
     _sync(device)
-    return {"seconds": time.perf_counter() - started, "batch_size": batch, "useful_tokens": sum(output_lens),
-            "generated_tokens": generated}
+    return HfFigures(time.perf_counter() - started, batch, useful_tokens=sum(output_lens), generated_tokens=generated)
 
 
 def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_tokens: int = 16) -> list[str]:

@@ -16,6 +16,7 @@ import time
 
 import aiohttp
 
+from ops.bench.records import RunFigures
 from ops.bench.requests import BenchRequest, RequestTiming, Sampling, summarize
 
 
@@ -58,7 +59,7 @@ async def stream_one(session: aiohttp.ClientSession, base_url: str, body: bytes,
 
 async def run_clients(
     base_url: str, requests: list[BenchRequest], concurrency: int, sampling: Sampling, detokenize: bool = True
-) -> dict:
+) -> RunFigures:
     """Sends `requests` in order from `concurrency` clients, each sending its next request when its
     last one ends (a closed loop); returns the figures of the run (see requests.summarize)."""
     pending = iter([(request_body(r, sampling, detokenize), r.output_tokens) for r in requests])

@@ -21,7 +21,8 @@ from gpu.safetensors_stream import CHUNK_BYTES
 from gpu.weights import checkpoint_files, load_model, random_model
 from ops.bench.ceilings import median_seconds
 from ops.bench.checkpoint import write_checkpoint
-from ops.bench.report import Report, Row
+from ops.bench.records import Row
+from ops.bench.report import Report
 from ops.bench.shapes import SHAPES
 
 GB = 1e9

@@ -1,5 +1,6 @@
 """The benchmark's report: rows printed as they are measured (so a run cut short still reports),
-then one table under the run's conditions, and the details as JSON for `ops.bench.plot`.
+then one table under the run's conditions, and the details (records.py) as JSON for
+`ops.bench.plot` and ops/performance_page.py.
 """
 
 import datetime
@@ -8,27 +9,22 @@ import platform
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+import msgspec
+
+from ops.bench.records import Details, Percentiles, RunIdentity, Row
+
 SOFTWARE = ("torch", "triton", "flashinfer-python", "transformers", "nats-py", "msgspec")
-
-
-@dataclass
-class Row:
-    workload: str
-    measured: str
-    bound: str
-    ratio: str
-    target: str = ""
 
 
 @dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
     conditions: list[str] = field(default_factory=list)  # device, model, settings: printed above the table
-    details: dict = field(default_factory=dict)  # per workload, for the JSON file
+    details: Details = field(default_factory=Details)  # per workload, for the JSON file
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -53,24 +49,24 @@ class Report:
                 print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
     def as_json(self) -> dict:
-        return {"conditions": self.conditions, "rows": [asdict(r) for r in self.rows], "details": self.details}
+        return msgspec.to_builtins({"conditions": self.conditions, "rows": self.rows, "details": self.details})
 
     def write_json(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump(self.as_json(), f, indent=2)
 
 
-def run_identity(model: str, device: str) -> dict:
+def run_identity(model: str, device: str) -> RunIdentity:
     """What a results page needs to say where a figure came from: the command that made it, the
     commit it ran on, when, on what device and with which software."""
-    return {
-        "command": shlex.join(["python", "-m", "ops.bench", *sys.argv[1:]]),
-        "commit": _commit(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "model": model,
-        "device": device,
-        "software": {"python": platform.python_version()} | {name: _version(name) for name in SOFTWARE},
-    }
+    return RunIdentity(
+        command=shlex.join(["python", "-m", "ops.bench", *sys.argv[1:]]),
+        commit=_commit(),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        model=model,
+        device=device,
+        software={"python": platform.python_version()} | {name: _version(name) for name in SOFTWARE},
+    )
 
 
 def _commit() -> str:
@@ -93,6 +89,6 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def p50_p90_p99(figures: dict[str, float]) -> str:
-    """A cell of one `percentiles_ms` dict: "p50 / p90 / p99 ms"."""
-    return f"{figures['p50']:.2f} / {figures['p90']:.2f} / {figures['p99']:.2f} ms"
+def p50_p90_p99(figures: Percentiles) -> str:
+    """A cell of one figure's percentiles: "p50 / p90 / p99 ms"."""
+    return f"{figures.p50:.2f} / {figures.p90:.2f} / {figures.p99:.2f} ms"

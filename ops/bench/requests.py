@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ops.bench.records import Percentiles, RunFigures
 from schemas.generate import SamplingParams
 
 
@@ -71,31 +72,32 @@ class RequestTiming:
         return cls(first_at - started, itl, chunks[-1][0] - started, sum(n for _, n in chunks))
 
 
-def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+def percentiles_ms(seconds: list[float]) -> Percentiles:
     if not seconds:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+        return Percentiles(0.0, 0.0, 0.0, 0.0)
     p50, p90, p99 = np.percentile(np.asarray(seconds) * 1e3, [50, 90, 99]).tolist()
-    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(np.mean(seconds) * 1e3)}
+    return Percentiles(p50, p90, p99, float(np.mean(seconds) * 1e3))
 
 
-def summarize(timings: list[RequestTiming], seconds: float, concurrency: int, requests: list[BenchRequest]) -> dict:
+def summarize(
+    timings: list[RequestTiming], seconds: float, concurrency: int, requests: list[BenchRequest]
+) -> RunFigures:
     """One run's figures, `timings` those of `requests`: prompt and output tokens/s over the whole
     run, TTFT and ITL percentiles in ms."""
     produced = sum(t.output_tokens for t in timings)
     prompt_tokens = sum(len(r.prompt_ids) for r in requests)
-    return {
-        "concurrency": concurrency,
-        "requests": len(timings),
-        "input_tokens": prompt_tokens,
-        "output_tokens": produced,
-        "seconds": seconds,
-        "input_tok_s": prompt_tokens / seconds,
-        "output_tok_s": produced / seconds,
-        "ttft_ms": percentiles_ms([t.ttft_s for t in timings]),
-        "itl_ms": percentiles_ms([gap for t in timings for gap in t.itl_s]),
-        "latency_ms": percentiles_ms([t.latency_s for t in timings]),
-        # When the server had taken the requests: for a burst, how long its arrival lasted.
-        "taken_ms": percentiles_ms([t.taken_s for t in timings]),
-        "last_taken_ms": max((t.taken_s for t in timings), default=0.0) * 1e3,
-    }
+    return RunFigures(
+        concurrency=concurrency,
+        requests=len(timings),
+        input_tokens=prompt_tokens,
+        output_tokens=produced,
+        seconds=seconds,
+        input_tok_s=prompt_tokens / seconds,
+        output_tok_s=produced / seconds,
+        ttft_ms=percentiles_ms([t.ttft_s for t in timings]),
+        itl_ms=percentiles_ms([gap for t in timings for gap in t.itl_s]),
+        latency_ms=percentiles_ms([t.latency_s for t in timings]),
+        taken_ms=percentiles_ms([t.taken_s for t in timings]),
+        last_taken_ms=max((t.taken_s for t in timings), default=0.0) * 1e3,
+    )
 

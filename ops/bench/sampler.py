@@ -21,7 +21,8 @@ import torch
 from gpu.sampler import SamplingTensors, sample
 from gpu.sampler_kernel import sample_on_gpu
 from ops.bench.ceilings import copy_bandwidth
-from ops.bench.report import Report, Row
+from ops.bench.records import Row
+from ops.bench.report import Report
 from ops.bench.shapes import SHAPES
 
 SETTINGS = {  # name: (temperature, top_p, top_k, min_p)

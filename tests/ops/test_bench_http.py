@@ -39,7 +39,7 @@ async def test_connections_open_before_the_first_request_and_each_is_kept():
         run = await run_clients(f"http://127.0.0.1:{port}", prompts, CLIENTS, Sampling())
     finally:
         await runner.cleanup()
-    assert run["requests"] == len(prompts) and run["output_tokens"] == 2 * len(prompts)
+    assert run.requests == len(prompts) and run.output_tokens == 2 * len(prompts)
     routes = [route for route, _, _ in arrivals]
     assert routes == ["health"] * CLIENTS + ["generate"] * len(prompts)  # every connection opened first
     opened = {connection for route, connection, _ in arrivals if route == "health"}

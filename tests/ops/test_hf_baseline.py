@@ -32,9 +32,9 @@ def test_transformers_draws_our_greedy_tokens_from_our_weights():
     assert theirs == ours
 
     result = hf_generate(hf, [prompt, prompt[:3], prompt[:5]], [4, 2, 6])
-    assert result["batch_size"] == 3  # on the CPU, one batch
-    assert result["useful_tokens"] == 12 and result["generated_tokens"] == 3 * 6
-    assert result["seconds"] > 0
+    assert result.batch_size == 3  # on the CPU, one batch
+    assert result.useful_tokens == 12 and result.generated_tokens == 3 * 6
+    assert result.seconds > 0
 
 
 def test_transformers_samples_as_the_benchmark_asks():

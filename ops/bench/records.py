@@ -1,0 +1,128 @@
+"""The records of what `python -m ops.bench` measured, as its `--json` file holds them: each field
+is a key of that JSON, which tests/ops, `ops.bench.plot` and ops/performance_page.py read, so a
+field keeps its name. Workloads fill them (inprocess.py, system.py); report.py writes them.
+"""
+
+import msgspec
+
+
+class Row(msgspec.Struct):
+    """A line of the printed table (and of the JSON's `rows`)."""
+
+    workload: str
+    measured: str
+    bound: str
+    ratio: str
+    target: str = ""
+
+
+class Percentiles(msgspec.Struct):
+    """Of one figure over a run, in ms."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+class RunFigures(msgspec.Struct, kw_only=True):
+    """One run of requests, in-process or over HTTP: tokens per second over the whole run, and
+    latency percentiles."""
+
+    concurrency: int
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+    input_tok_s: float
+    output_tok_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    latency_ms: Percentiles
+    taken_ms: Percentiles  # when the server had taken the requests: for a burst, how long its arrival lasted
+    last_taken_ms: float
+
+
+class OfflineFigures(RunFigures, kw_only=True):
+    """Workload d in-process: every request submitted at once."""
+
+    steps: int
+
+
+class LowLoadHttpFigures(RunFigures, kw_only=True):
+    """Workload e over HTTP, beside its in-process twin."""
+
+    cache_hit_tokens: int  # 0: every request was computed whole, as in-process
+    added_ttft_p50_ms: float
+
+
+class OfflineHttpFigures(RunFigures, kw_only=True):
+    """Workload d over HTTP, beside its in-process twin."""
+
+    ratio_to_in_process: float
+    cpu_cores: dict[str, float]  # each process's CPU seconds per second of the run
+
+
+class DecodeFigures(msgspec.Struct):
+    """Workloads a and b: medians over the steady decode steps, against the bytes a step reads."""
+
+    steps: int
+    wall_s: float
+    runner_s: float  # the launch's host time, spent while the GPU runs the step before
+    gpu_s: float | None  # graph replay time from CUDA events; None without CUDA graphs
+    bound_s: float
+    kv_tokens: float
+    weight_bytes_read: int
+
+
+class PrefillFigures(msgspec.Struct):
+    seconds: float
+    flop: int
+
+
+class HfFigures(msgspec.Struct):
+    """transformers' batched generate on the same requests and weights."""
+
+    seconds: float
+    batch_size: int
+    useful_tokens: int  # the output tokens the requests asked for
+    generated_tokens: int  # with padding to each batch's longest output
+
+
+class SystemSetup(msgspec.Struct):
+    """How the whole system was started for --mode http."""
+
+    model: str
+    device: str
+    flags: list[str]
+    checkpoint_s: float
+    startup_s: float
+
+
+class RunIdentity(msgspec.Struct):
+    """Where the figures came from: the command, its commit, when, the device and the software."""
+
+    command: str
+    commit: str
+    date: str
+    model: str
+    device: str
+    software: dict[str, str]
+
+
+class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
+    """Per workload, those the run measured (the rest are left out of the JSON); `d_hf` is the key
+    `d-hf`, and so on. In the order a run fills them."""
+
+    run: RunIdentity | None = None
+    a: DecodeFigures | None = None
+    b: DecodeFigures | None = None
+    c: PrefillFigures | None = None
+    e: RunFigures | None = None
+    d: OfflineFigures | None = None
+    d_hf: HfFigures | None = None
+    system: SystemSetup | None = None
+    e_http: LowLoadHttpFigures | None = None
+    e_ids_http: LowLoadHttpFigures | None = None
+    d_http: OfflineHttpFigures | None = None
+    sweep: list[RunFigures] | None = None
