@@ -133,6 +133,19 @@ def test_a_request_at_its_token_limit_gets_no_step_past_it(llama_dir):
     assert sum(draws) == 7
 
 
+def test_each_step_reports_the_host_time_of_its_launch(llama_dir):
+    """What the benchmark reads as the runner's share of a step: the launch's host time, and none
+    for the last step, which only books the one before it."""
+    engine = InProcessEngine(new_runner(llama_dir), max_prefill_tokens=8)
+    engine.submit("r", [5, 6, 7], greedy(2))
+    launch_s = []
+    while engine.busy:
+        engine.step()
+        launch_s.append(engine.launch_s)
+    assert len(launch_s) == 3  # the prompt, the second token, then the booking of that token
+    assert launch_s[0] > 0 and launch_s[1] > 0 and launch_s[2] == 0.0
+
+
 def test_a_sequence_dropped_while_its_step_runs_publishes_nothing_after(llama_dir):
     runner = new_runner(llama_dir)
     engine = InProcessEngine(runner, max_prefill_tokens=8)
