@@ -3,7 +3,7 @@
 # picks CUDA and bf16), then ask it over HTTP (chat, and a streamed completion). Prints what it saw.
 set -euo pipefail
 data_dir=$(mktemp -d)
-python -m kernel.supervisor --data-dir "$data_dir" --port 8077 > "$data_dir/log" 2>&1 &
+python -m kernel.supervisor --model demo --data-dir "$data_dir" --port 8077 > "$data_dir/log" 2>&1 &
 supervisor=$!
 trap 'kill -TERM $supervisor; wait $supervisor' EXIT
 for _ in $(seq 120); do grep -q '"event": "serving"' "$data_dir/log" && break; sleep 1; done

@@ -5,6 +5,7 @@ then one table under the run's conditions, and the details (records.py) as JSON 
 
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -70,7 +71,10 @@ def run_identity(model: str, device: str) -> RunIdentity:
 
 
 def _commit() -> str:
-    """HEAD's hash, marked when the tree differs from it: such figures are of no commit."""
+    """HEAD's hash, marked when the tree differs from it: such figures are of no commit. A tree
+    copied to another machine without its history names its commit in BENCH_COMMIT."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     repo = Path(__file__).parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
