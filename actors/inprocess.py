@@ -29,7 +29,11 @@ from schemas.step import StepOutput
 
 class InProcessEngine:
     def __init__(
-        self, runner: ModelRunner, max_num_seqs: int = 256, max_prefill_tokens: int = 2048, prefix_caching: bool = True,
+        self,
+        runner: ModelRunner,
+        max_num_seqs: int = 256,
+        max_prefill_tokens: int = 2048,
+        prefix_caching: bool = True,
         overlap: bool = True,
     ) -> None:
         self.runner = runner
@@ -37,7 +41,12 @@ class InProcessEngine:
         self.max_prefill_tokens = max_prefill_tokens
         max_len = min(runner.max_model_len, runner.num_kv_blocks * runner.block_size)
         self.batcher = ContinuousBatcher(
-            runner.num_kv_blocks, runner.block_size, max_len, runner.vocab_size, max_num_seqs, max_prefill_tokens,
+            runner.num_kv_blocks,
+            runner.block_size,
+            max_len,
+            runner.vocab_size,
+            max_num_seqs,
+            max_prefill_tokens,
             prefix_caching=prefix_caching,
         )
         self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids)
@@ -51,11 +60,21 @@ class InProcessEngine:
         self.launch_s = 0.0
 
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, tenant: Tenant = Tenant(),
-        output_ids: list[int] = (), fork_of: str | None = None,
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tenant: Tenant = Tenant(),
+        output_ids: list[int] = (),
+        fork_of: str | None = None,
     ) -> Error | None:
         error = self.batcher.submit(
-            request_id, prompt_ids, params, origin="in-process", output_ids=output_ids, tenant=tenant,
+            request_id,
+            prompt_ids,
+            params,
+            origin="in-process",
+            output_ids=output_ids,
+            tenant=tenant,
             fork_of=fork_of,
         )
         if error is None:
@@ -97,7 +116,9 @@ class InProcessEngine:
     def busy(self) -> bool:
         return bool(self.batcher.sequences)
 
-    def run(self, before_step: Callable[[int], None] | None = None, min_steps: int = 0, max_steps: int = 100_000) -> None:
+    def run(
+        self, before_step: Callable[[int], None] | None = None, min_steps: int = 0, max_steps: int = 100_000
+    ) -> None:
         """Steps until every request has finished and `min_steps` have passed; `before_step(i)`
         may submit more requests on the way."""
         for i in range(max_steps):

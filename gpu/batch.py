@@ -77,8 +77,13 @@ class HostBatch:
         """No sequence at all: what `padded` and `with_filler` grow the batches of CUDA graph capture from."""
         none = np.zeros(0, np.int32)
         return cls(
-            token_data=none, query_start=np.zeros(1, np.int32), kv_indptr=np.zeros(1, np.int32), kv_indices=none,
-            kv_last_page_len=none, logits_index=none, block_size=block_size,
+            token_data=none,
+            query_start=np.zeros(1, np.int32),
+            kv_indptr=np.zeros(1, np.int32),
+            kv_indices=none,
+            kv_last_page_len=none,
+            logits_index=none,
+            block_size=block_size,
         )
 
     @classmethod
@@ -117,8 +122,10 @@ class HostBatch:
             firsts = query_start[deferred]  # [D] the one token of each deferred sequence
             bad = (query_lens[deferred] != 1) | (tokens.input_ids[firsts] != FROM_PREVIOUS_STEP)
             if (i := first_true(bad)) is not None:
-                raise ValueError(f"sequence {deferred[i]}: a token from the previous step must be its only token, "
-                                 f"given as FROM_PREVIOUS_STEP ({FROM_PREVIOUS_STEP})")
+                raise ValueError(
+                    f"sequence {deferred[i]}: a token from the previous step must be its only token, "
+                    f"given as FROM_PREVIOUS_STEP ({FROM_PREVIOUS_STEP})"
+                )
             tokens.input_ids[firsts] = 0
         if limits is not None:
             check_ids(tokens.input_ids, kv_indices, query_start, kv_indptr, limits)
@@ -177,10 +184,14 @@ class HostBatch:
         pages = -(-extra // bs)
         return replace(
             self,
-            token_data=_appended(self.token_data, TokenColumns(
-                input_ids=np.zeros(extra, np.int32), positions=filler_positions,
-                slot_mapping=scratch_block * bs + filler_positions % bs,
-            )),
+            token_data=_appended(
+                self.token_data,
+                TokenColumns(
+                    input_ids=np.zeros(extra, np.int32),
+                    positions=filler_positions,
+                    slot_mapping=scratch_block * bs + filler_positions % bs,
+                ),
+            ),
             query_start=np.append(self.query_start, num_tokens).astype(np.int32),
             kv_indptr=np.append(self.kv_indptr, self.kv_indptr[-1] + pages).astype(np.int32),
             kv_indices=np.concatenate([self.kv_indices, np.full(pages, scratch_block, np.int32)]),
@@ -243,8 +254,12 @@ class ForwardBatch:
         along, to the staging buffer's device in one transfer; returns the batch and the extras on
         the device, in order. Without staging, wraps the arrays as CPU tensors."""
         arrays = BatchArrays(
-            token_data=host.token_data, query_start=host.query_start, kv_indptr=host.kv_indptr,
-            kv_indices=host.kv_indices, kv_last_page_len=host.kv_last_page_len, logits_index=host.logits_index,
+            token_data=host.token_data,
+            query_start=host.query_start,
+            kv_indptr=host.kv_indptr,
+            kv_indices=host.kv_indices,
+            kv_last_page_len=host.kv_last_page_len,
+            logits_index=host.logits_index,
         )
         if staging is None:
             device, *extras = map(on_cpu, (arrays, *extras))

@@ -17,9 +17,9 @@ import torch
 
 from gpu.attention.base import PLAIN_GRAPH
 from gpu.batch import ForwardBatch, HostBatch, token_thirds
-from gpu.staging import Staging
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
+from gpu.staging import Staging
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -56,7 +56,9 @@ class DecodeGraphs:
                 batch = self._upload(self._idle_batch(size))
                 static = self._static(batch)
                 backend.prepare_graph(batch, kind)
-                self.model.compute_logits(static, self.kv, out=self._logits[:size])  # compiles kernels, sizes workspaces
+                self.model.compute_logits(
+                    static, self.kv, out=self._logits[:size]
+                )  # compiles kernels, sizes workspaces
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -94,8 +96,12 @@ class DecodeGraphs:
         inputs = self._inputs[: 3 * batch.num_seqs]
         tokens = token_thirds(inputs)
         return replace(
-            batch, token_data=inputs, input_ids=tokens.input_ids, positions=tokens.positions,
-            slot_mapping=tokens.slot_mapping, logits_index=None,
+            batch,
+            token_data=inputs,
+            input_ids=tokens.input_ids,
+            positions=tokens.positions,
+            slot_mapping=tokens.slot_mapping,
+            logits_index=None,
         )
 
     def _idle_batch(self, size: int) -> HostBatch:

@@ -17,8 +17,16 @@ _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, n_rows, k_cols,
-    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    n_rows,
+    k_cols,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     # One program per BLOCK_N output rows; it streams those weight rows whole, accumulating in float32.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -34,8 +42,9 @@ def _gemv_kernel(
             up = tl.load(x_ptr + k_cols + cols, mask=col_mask, other=0.0).to(tl.float32)
             x = ((x / (1.0 + tl.exp(-x))).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
         # The weights are read once per step: keep them from evicting what the next kernel reuses.
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = tl.load(
+            w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0, eviction_policy="evict_first"
+        )
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
     if HAS_BIAS:
@@ -43,13 +52,17 @@ def _gemv_kernel(
     tl.store(y_ptr + rows, y.to(dtype), mask=row_mask)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
+) -> torch.Tensor:
     """x @ weight.T + bias for one row. x: [1, K] (with silu_mul: [1, 2K], gate | up, multiplied
     as silu(gate) * up first); weight: [N, K] contiguous; bias: [N] -> [1, N]"""
     n_rows, k_cols = weight.shape
     if not weight.is_contiguous() or x.shape[0] != 1 or x.shape[1] != k_cols * (2 if silu_mul else 1):
-        raise ValueError(f"gemv needs one row of {k_cols * (2 if silu_mul else 1)} and a contiguous [N, K] "
-                         f"weight, got {tuple(x.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"gemv needs one row of {k_cols * (2 if silu_mul else 1)} and a contiguous [N, K] "
+            f"weight, got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
     y = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
     launch_gemv(x.contiguous(), weight, bias, y, silu_mul, *gemv_config(n_rows, k_cols))
     return y
@@ -64,13 +77,24 @@ def gemv_config(n_rows: int, k_cols: int) -> tuple[int, int, int, int]:
     return (8 if k_cols >= 8192 else 2), block_k, (8 if block_k >= 512 else 4), 3
 
 
-def launch_gemv(x, weight, bias, y, silu_mul: bool, block_n: int, block_k: int, num_warps: int, num_stages: int) -> None:
+def launch_gemv(
+    x, weight, bias, y, silu_mul: bool, block_n: int, block_k: int, num_warps: int, num_stages: int
+) -> None:
     """Runs the kernel with a given configuration into y [1, N]; `gemv` is the checked entry point."""
     n_rows, k_cols = weight.shape
     _gemv_kernel[(triton.cdiv(n_rows, block_n),)](
-        x, weight, bias if bias is not None else weight, y, n_rows, k_cols,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        n_rows,
+        k_cols,
+        HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
 
 

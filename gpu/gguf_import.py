@@ -25,8 +25,21 @@ from gpu.model_dir import is_complete, write_once
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 Q = gguf.GGMLQuantizationType
 SUPPORTED_TYPES = (
-    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-    Q.IQ4_NL, Q.IQ4_XS,
+    Q.F32,
+    Q.F16,
+    Q.BF16,
+    Q.Q8_0,
+    Q.Q4_0,
+    Q.Q4_1,
+    Q.Q5_0,
+    Q.Q5_1,
+    Q.Q2_K,
+    Q.Q3_K,
+    Q.Q4_K,
+    Q.Q5_K,
+    Q.Q6_K,
+    Q.IQ4_NL,
+    Q.IQ4_XS,
 )
 UNSUPPORTED_EXIT_CODE = 2
 _HASH_CHUNK_BYTES = 16 << 20
@@ -69,8 +82,10 @@ def read_header(path: Path) -> GgufHeader:
             f"{path.name}: tensors of type {', '.join(kinds)} ({unsupported[0].name} and {len(unsupported) - 1} more) "
             f"cannot be dequantized; supported: {', '.join(t.name for t in SUPPORTED_TYPES)}"
         )
-    ends = [_field(reader, key) for key in (gguf.Keys.Tokenizer.EOS_ID, gguf.Keys.Tokenizer.EOT_ID,
-                                            gguf.Keys.Tokenizer.EOM_ID)]
+    ends = [
+        _field(reader, key)
+        for key in (gguf.Keys.Tokenizer.EOS_ID, gguf.Keys.Tokenizer.EOT_ID, gguf.Keys.Tokenizer.EOM_ID)
+    ]
     return GgufHeader(
         architecture,
         _field(reader, gguf.Keys.Attention.KEY_LENGTH.format(arch=architecture)),
@@ -95,8 +110,10 @@ def _field(reader: gguf.GGUFReader, key: str):
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, desc="Hashing GGUF", unit="B", unit_scale=True,
-                                     disable=None) as progress:
+    with (
+        open(path, "rb") as f,
+        tqdm(total=path.stat().st_size, desc="Hashing GGUF", unit="B", unit_scale=True, disable=None) as progress,
+    ):
         while chunk := f.read(_HASH_CHUNK_BYTES):
             digest.update(chunk)
             progress.update(len(chunk))
@@ -124,8 +141,9 @@ def _convert(path: Path, header: GgufHeader, out: Path) -> None:
         if header.head_dim and hasattr(config, "head_dim"):  # Qwen2's is always hidden_size / heads
             config.head_dim = header.head_dim
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, config=config, dtype=torch.float32
+        )
     except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
         raise UnsupportedGguf(f"{path.name}: transformers could not read it: {exc}") from None
     _special_tokens_as_the_file_says(tokenizer, header, path)
@@ -154,16 +172,22 @@ def _special_tokens_as_the_file_says(tokenizer, header: GgufHeader, path: Path) 
     model was trained on. Marking them special makes each encode as its own id again."""
     from tokenizers import AddedToken
 
-    split = [token for token, id_ in header.control_tokens.items()
-             if tokenizer.encode(token, add_special_tokens=False) != [id_]]
+    split = [
+        token
+        for token, id_ in header.control_tokens.items()
+        if tokenizer.encode(token, add_special_tokens=False) != [id_]
+    ]
     if not split:
         return
     tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in split], special_tokens=True)
-    still = [token for token in split
-             if tokenizer.encode(token, add_special_tokens=False) != [header.control_tokens[token]]]
+    still = [
+        token for token in split if tokenizer.encode(token, add_special_tokens=False) != [header.control_tokens[token]]
+    ]
     if still:
-        raise UnsupportedGguf(f"{path.name}: its special tokens {still[:4]} do not encode as themselves with this "
-                              "transformers version; upgrade transformers")
+        raise UnsupportedGguf(
+            f"{path.name}: its special tokens {still[:4]} do not encode as themselves with this "
+            "transformers version; upgrade transformers"
+        )
 
 
 def _bos_as_the_file_says(tokenizer, header: GgufHeader, path: Path) -> None:
@@ -179,14 +203,17 @@ def _bos_as_the_file_says(tokenizer, header: GgufHeader, path: Path) -> None:
         tokenizer.bos_token = bos
     if not header.add_bos_token or tokenizer.encode("a")[:1] == [header.bos_token_id]:
         return
-    prepend = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                            special_tokens=[(bos, header.bos_token_id)])
+    prepend = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, header.bos_token_id)]
+    )
     backend = tokenizer.backend_tokenizer
     existing = backend.post_processor
     backend.post_processor = prepend if existing is None else processors.Sequence([existing, prepend])
     if tokenizer.encode("a")[:1] != [header.bos_token_id]:
-        raise UnsupportedGguf(f"{path.name}: its tokenizer must start with BOS, and this transformers version "
-                              "builds one that does not; upgrade transformers")
+        raise UnsupportedGguf(
+            f"{path.name}: its tokenizer must start with BOS, and this transformers version "
+            "builds one that does not; upgrade transformers"
+        )
 
 
 def main() -> None:

@@ -14,8 +14,17 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, x_stride, residual_stride, out_stride, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    x_stride,
+    residual_stride,
+    out_stride,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -32,25 +41,49 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """residual += x (in place), then RMSNorm of it; with no residual, x itself is normed and becomes
     the residual. x, residual: [T, hidden] -> (normed [T, hidden], residual)"""
     out = torch.empty_like(x)
     rows, cols = x.shape
     if rows:
         _add_rms_norm_kernel[(rows,)](
-            x, residual if residual is not None else x, weight, out,
-            x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), cols, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols), num_warps=_warps(cols),
+            x,
+            residual if residual is not None else x,
+            weight,
+            out,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            cols,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(cols),
+            num_warps=_warps(cols),
         )
     return out, residual if residual is not None else x
 
 
 @triton.jit
 def _rope_store_kv_kernel(
-    qkv_ptr, positions_ptr, inv_freq_ptr, q_out_ptr, cache_ptr, slots_ptr, q_norm_ptr, k_norm_ptr,
-    qkv_stride, num_heads, num_kv_heads, block_size, eps,
-    HEAD_DIM: tl.constexpr, HALF_BLOCK: tl.constexpr, HAS_QK_NORM: tl.constexpr,
+    qkv_ptr,
+    positions_ptr,
+    inv_freq_ptr,
+    q_out_ptr,
+    cache_ptr,
+    slots_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    qkv_stride,
+    num_heads,
+    num_kv_heads,
+    block_size,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr,
 ):
     # One program per (token, q or k head); a k program also copies the matching v head.
     token = tl.program_id(0).to(tl.int64)
@@ -119,10 +152,23 @@ def rope_store_kv(
     if tokens:
         has_norm = q_norm is not None
         _rope_store_kv_kernel[(tokens, num_heads + num_kv_heads)](
-            qkv, positions, inv_freq, q, cache_layer, slot_mapping,
-            q_norm if has_norm else qkv, k_norm if has_norm else qkv,
-            qkv.stride(0), num_heads, num_kv_heads, cache_layer.shape[2], eps,
-            HEAD_DIM=head_dim, HALF_BLOCK=triton.next_power_of_2(head_dim // 2), HAS_QK_NORM=has_norm, num_warps=1,
+            qkv,
+            positions,
+            inv_freq,
+            q,
+            cache_layer,
+            slot_mapping,
+            q_norm if has_norm else qkv,
+            k_norm if has_norm else qkv,
+            qkv.stride(0),
+            num_heads,
+            num_kv_heads,
+            cache_layer.shape[2],
+            eps,
+            HEAD_DIM=head_dim,
+            HALF_BLOCK=triton.next_power_of_2(head_dim // 2),
+            HAS_QK_NORM=has_norm,
+            num_warps=1,
         )
     return q
 

@@ -53,7 +53,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     # positions: [T] int64, inv_freq: [D/2] float32 -> cos, sin: [T, D] in `dtype`
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
     angles = torch.cat((freqs, freqs), dim=-1)  # [T, D]: the two halves rotate together

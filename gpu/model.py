@@ -80,9 +80,17 @@ class Attention(nn.Module):
             from gpu.kernels import rope_store_kv
 
             return rope_store_kv(
-                qkv, rope.positions, rope.inv_freq, kv.layers[self.layer_index], rope.slot_mapping,
-                self.num_heads, self.num_kv_heads, self.head_dim,
-                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None, self.eps,
+                qkv,
+                rope.positions,
+                rope.inv_freq,
+                kv.layers[self.layer_index],
+                rope.slot_mapping,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.q_norm.weight if self.qk_norm else None,
+                self.k_norm.weight if self.qk_norm else None,
+                self.eps,
             )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -138,7 +146,11 @@ class RopeInputs:
     the torch path, and the KV slots the new tokens write."""
 
     def __init__(
-        self, positions: torch.Tensor, slot_mapping: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+        self,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        inv_freq: torch.Tensor,
+        dtype: torch.dtype,
         fused: bool,
     ) -> None:
         self.positions = positions  # [T]
@@ -230,7 +242,11 @@ class CausalLM(nn.Module):
         return RopeInputs(positions, slot_mapping, self.rope_inv_freq, x.dtype, fused=_uses_kernels(x))
 
     def logits(
-        self, x: torch.Tensor, residual: torch.Tensor, logits_index: torch.Tensor | None, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        logits_index: torch.Tensor | None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """float32 logits [R, vocab] of the tokens in `logits_index` (all when None), from the last
         layer's output and residual [T, hidden]; written to `out` when given."""

@@ -31,24 +31,53 @@ ARCHS = tuple(_ARCHS)
 # rounding rarely flips an argmax), while weights stay small (tests/gpu/test_model_builder.py).
 _SIZES = {
     "demo": dict(
-        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=32, max_position_embeddings=4096, initializer_range=0.1, vocab=2048,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        vocab=2048,
     ),
     # FlashInfer's prebuilt kernels are for head_dim 128: the smallest model its path can be tested on.
     # Four query heads to a KV head, as in llama-3.1-8b: FlashInfer decodes it on tensor cores.
     "hd128": dict(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=128, max_position_embeddings=4096, initializer_range=0.1, vocab=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        vocab=1024,
     ),
     # The default model's attention (SmolLM2-135M-Instruct: head_dim 64, three query heads to a KV
     # head, tied embeddings) in four layers: its stand-in where its real weights are not at hand.
     "smollm2": dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3,
-        head_dim=64, max_position_embeddings=4096, initializer_range=0.1, tie_word_embeddings=True, vocab=2048,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        tie_word_embeddings=True,
+        vocab=2048,
     ),
     "tiny": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, max_position_embeddings=2048, initializer_range=0.2, vocab=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        vocab=1024,
     ),
 }
 
@@ -57,8 +86,13 @@ def _hf_model(arch: str, size: str, vocab_size: int, bos_id: int, eos_ids: list[
     config_class, model_class, specific = _ARCHS[arch]
     shape = {k: v for k, v in _SIZES[size].items() if k != "vocab"}
     config = getattr(transformers, config_class)(
-        vocab_size=vocab_size, rope_theta=10000.0, rms_norm_eps=1e-5, bos_token_id=bos_id, eos_token_id=eos_ids,
-        **({"tie_word_embeddings": False} | shape), **specific,
+        vocab_size=vocab_size,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=bos_id,
+        eos_token_id=eos_ids,
+        **({"tie_word_embeddings": False} | shape),
+        **specific,
     )
     return getattr(transformers, model_class)(config)
 

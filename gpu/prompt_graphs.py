@@ -56,8 +56,11 @@ class _Buffers:
     def rows(self, num_tokens: int) -> "_Buffers":
         """The buffers of a step of `num_tokens` tokens: views of the first rows."""
         return _Buffers(
-            inputs=self.inputs[: 3 * num_tokens], queries=self.queries[:num_tokens],
-            attended=self.attended[:num_tokens], residual=self.residual[:num_tokens], hidden=self.hidden[:num_tokens],
+            inputs=self.inputs[: 3 * num_tokens],
+            queries=self.queries[:num_tokens],
+            attended=self.attended[:num_tokens],
+            residual=self.residual[:num_tokens],
+            hidden=self.hidden[:num_tokens],
         )
 
 

@@ -27,8 +27,8 @@ from gpu.config import ModelConfig
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
-from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.previous_draw import PreviousDraw
+from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensors, sample
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
@@ -96,8 +96,17 @@ class ModelRunner:
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
         self._setup(
-            config, load_model(model_dir, config, device_, dtype_), device_, dtype_, num_kv_blocks, kv_cache_bytes,
-            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes, cuda_graph_token_counts,
+            config,
+            load_model(model_dir, config, device_, dtype_),
+            device_,
+            dtype_,
+            num_kv_blocks,
+            kv_cache_bytes,
+            block_size,
+            attention_backend,
+            cuda_graphs,
+            cuda_graph_batch_sizes,
+            cuda_graph_token_counts,
         )
 
     @classmethod
@@ -120,15 +129,33 @@ class ModelRunner:
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
         runner._setup(
-            config, random_model(config, device_, dtype_, seed), device_, dtype_, num_kv_blocks, kv_cache_bytes,
-            block_size, attention_backend, cuda_graphs, cuda_graph_batch_sizes, cuda_graph_token_counts,
+            config,
+            random_model(config, device_, dtype_, seed),
+            device_,
+            dtype_,
+            num_kv_blocks,
+            kv_cache_bytes,
+            block_size,
+            attention_backend,
+            cuda_graphs,
+            cuda_graph_batch_sizes,
+            cuda_graph_token_counts,
         )
         return runner
 
     def _setup(
-        self, config: ModelConfig, model: CausalLM, device: torch.device, dtype: torch.dtype,
-        num_kv_blocks: int | None, kv_cache_bytes: int | None, block_size: int, attention_backend: str,
-        cuda_graphs: bool | None, cuda_graph_batch_sizes: tuple[int, ...], cuda_graph_token_counts: tuple[int, ...],
+        self,
+        config: ModelConfig,
+        model: CausalLM,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_kv_blocks: int | None,
+        kv_cache_bytes: int | None,
+        block_size: int,
+        attention_backend: str,
+        cuda_graphs: bool | None,
+        cuda_graph_batch_sizes: tuple[int, ...],
+        cuda_graph_token_counts: tuple[int, ...],
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -147,8 +174,13 @@ class ModelRunner:
         if self.num_kv_blocks < 1:
             raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")
         self.kv = KVCache(
-            config.num_hidden_layers, self.num_kv_blocks, block_size, config.num_key_value_heads, config.head_dim,
-            dtype, device,
+            config.num_hidden_layers,
+            self.num_kv_blocks,
+            block_size,
+            config.num_key_value_heads,
+            config.head_dim,
+            dtype,
+            device,
         )
         self.limits = BatchLimits(self.max_model_len, self.num_kv_blocks, self.vocab_size)
         self.staging = Staging(device) if device.type == "cuda" else None
@@ -226,8 +258,13 @@ class ModelRunner:
         previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]
         deferred = np.flatnonzero(previous_rows >= 0)  # [D]
         host = HostBatch.build(
-            list(map(_token_ids, seqs)), list(map(_starts, seqs)), list(map(_tables, seqs)), self.block_size,
-            logits_rows=rows, limits=self.limits, deferred=deferred,
+            list(map(_token_ids, seqs)),
+            list(map(_starts, seqs)),
+            list(map(_tables, seqs)),
+            self.block_size,
+            logits_rows=rows,
+            limits=self.limits,
+            deferred=deferred,
         )
         host_feed = self._previous.feed_for(deferred, previous_rows, host.query_start)
         chosen = [seqs[i] for i in rows]
@@ -248,8 +285,14 @@ class ModelRunner:
             self.model.attention_backend.prepare(batch)
         self._release_staging()
         return _Step(
-            batch=batch, num_seqs=n, rows=rows, sampling=sampling, settings=settings, decode_graph=decode_graph,
-            graph_kind=graph_kind, prompt_graph=prompt_tokens is not None,
+            batch=batch,
+            num_seqs=n,
+            rows=rows,
+            sampling=sampling,
+            settings=settings,
+            decode_graph=decode_graph,
+            graph_kind=graph_kind,
+            prompt_graph=prompt_tokens is not None,
         )
 
     def _padded(self, host: HostBatch, decode_graph: int | None, prompt_tokens: int | None) -> HostBatch:

@@ -30,10 +30,23 @@ HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
 DTYPES = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
-    "C64": torch.complex64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "C64": torch.complex64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U64": torch.uint64,
+    "U32": torch.uint32,
+    "U16": torch.uint16,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -69,11 +82,15 @@ def read_header(path: Path) -> list[StoredTensor]:
     expected = data_start
     for tensor in tensors:  # the data is the tensors' bytes and nothing else
         if tensor.begin != expected:
-            raise ValueError(f"{path}: the bytes of {tensor.name} start at {tensor.begin - data_start} in the data, "
-                             f"not at {expected - data_start} where the tensor before ends; the file is corrupt")
+            raise ValueError(
+                f"{path}: the bytes of {tensor.name} start at {tensor.begin - data_start} in the data, "
+                f"not at {expected - data_start} where the tensor before ends; the file is corrupt"
+            )
         expected = tensor.end
     if expected != size:
-        raise ValueError(f"{path}: the tensors' bytes end at {expected} but the file has {size}; it is corrupt or cut short")
+        raise ValueError(
+            f"{path}: the tensors' bytes end at {expected} but the file has {size}; it is corrupt or cut short"
+        )
     return tensors
 
 
@@ -88,8 +105,10 @@ def _entry(path: Path, name: str, info, data_start: int) -> StoredTensor:
     if dtype is None:
         raise ValueError(f"{path}: {name} has dtype {info['dtype']}, which this loader does not read")
     if end - begin != math.prod(shape) * dtype.itemsize:
-        raise ValueError(f"{path}: the bytes of {name} ({begin}..{end}) do not hold {info['dtype']} {list(shape)}; "
-                         "the file is corrupt")
+        raise ValueError(
+            f"{path}: the bytes of {name} ({begin}..{end}) do not hold {info['dtype']} {list(shape)}; "
+            "the file is corrupt"
+        )
     return StoredTensor(name, dtype, shape, data_start + begin, data_start + end)
 
 
@@ -149,7 +168,9 @@ def _chunks_to_read(tensors: list[StoredTensor]) -> list[tuple[int, int]]:
             spans[-1][1] = stored.end
         else:
             spans.append([stored.begin, stored.end])
-    return [(offset, min(CHUNK_BYTES, end - offset)) for begin, end in spans for offset in range(begin, end, CHUNK_BYTES)]
+    return [
+        (offset, min(CHUNK_BYTES, end - offset)) for begin, end in spans for offset in range(begin, end, CHUNK_BYTES)
+    ]
 
 
 def _read_at(fd: int, view, offset: int, path: Path) -> None:

@@ -77,7 +77,9 @@ class SamplingArrays(NamedTuple, Generic[Array]):
         temperature = np.fromiter((s.temperature for s in chosen), np.float32, n)
         temperature[temperature < GREEDY_BELOW_TEMPERATURE] = 0.0
         top_k = np.fromiter((s.top_k for s in chosen), np.int64, n)
-        top_k[top_k >= vocab_size] = 0  # keeps every token: off, or a row with a top-p sizes its head over the whole row
+        top_k[top_k >= vocab_size] = (
+            0  # keeps every token: off, or a row with a top-p sizes its head over the whole row
+        )
         return cls(
             temperature=temperature,
             top_p=np.fromiter((s.top_p for s in chosen), np.float32, n),

@@ -15,7 +15,14 @@ CHUNK_TOKENS = 128  # of a row's best logits, read at a time
 
 @triton.jit(do_not_specialize=["width"])
 def _head_kernel(
-    values_ptr, width, temperature_ptr, top_p_ptr, top_k_ptr, head_ptr, bounds_ptr, CHUNK: tl.constexpr,
+    values_ptr,
+    width,
+    temperature_ptr,
+    top_p_ptr,
+    top_k_ptr,
+    head_ptr,
+    bounds_ptr,
+    CHUNK: tl.constexpr,
 ):
     """The head of each sampled row with both a top-k and a top-p: how many tokens it keeps (top-k,
     then top-p over the top-k head's renormalized probabilities, as gpu.sampler.filter_top_k_top_p
@@ -69,6 +76,7 @@ def heads(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.Tensor, 
     values = logits.topk(width, dim=-1).values  # [S, width], descending
     sizes = torch.empty(rows, dtype=torch.int64, device=logits.device)
     bounds = torch.empty(rows, 2, dtype=torch.float32, device=logits.device)
-    _head_kernel[(rows,)](values, width, params.temperature, params.top_p, params.top_k, sizes, bounds,
-                          CHUNK=CHUNK_TOKENS)
+    _head_kernel[(rows,)](
+        values, width, params.temperature, params.top_p, params.top_k, sizes, bounds, CHUNK=CHUNK_TOKENS
+    )
     return sizes, bounds

@@ -115,8 +115,12 @@ def _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, out
     worked-out head), no top-k but a worked-out head's, above every token outside the head (so
     inside it; only a tie across the head's end needs the rank) and at or above min-p's threshold."""
     unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
-    kept = (top_p >= 1.0) & ((keep >= vocab) | (floor > float("-inf"))) & (candidate_x > outside) \
+    kept = (
+        (top_p >= 1.0)
+        & ((keep >= vocab) | (floor > float("-inf")))
+        & (candidate_x > outside)
         & (candidate_x >= top + log_min_p)
+    )
     return ~(greedy | unfiltered | kept)
 
 
@@ -149,15 +153,31 @@ def _fold_softmax(top, denominator, block_top, block_sum):
 
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every batch size
 def _sample_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, bounds_ptr, state_f_ptr, state_i_ptr, rows, out_ptr,
-    HAS_HEADS: tl.constexpr, FROM_STATE: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    stride,
+    vocab,
+    temperature_ptr,
+    top_p_ptr,
+    top_k_ptr,
+    min_p_ptr,
+    seed_ptr,
+    position_ptr,
+    head_ptr,
+    bounds_ptr,
+    state_f_ptr,
+    state_i_ptr,
+    rows,
+    out_ptr,
+    HAS_HEADS: tl.constexpr,
+    FROM_STATE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
     keep, top_p, log_min_p, floor, outside = _row_filters(
-        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS)
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS
+    )
 
     if FROM_STATE:  # the split passes below went first: go on from where they left the row
         top = tl.load(state_f_ptr + row)
@@ -182,8 +202,7 @@ def _sample_kernel(
             candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
             best = tl.maximum(best, block_best)
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
-        looking = _still_looking_after_first(
-            greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
+        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
 
     # Then one pass per candidate while it is outside the kept head (the best token always stays).
     while looking:
@@ -220,9 +239,22 @@ def _sample_kernel(
 
 @triton.jit(do_not_specialize=["rows"])
 def _chunk_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, seed_ptr, position_ptr, bounds_ptr, state_f_ptr, state_i_ptr,
-    part_f_ptr, part_i_ptr, rows,
-    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+    logits_ptr,
+    stride,
+    vocab,
+    temperature_ptr,
+    seed_ptr,
+    position_ptr,
+    bounds_ptr,
+    state_f_ptr,
+    state_i_ptr,
+    part_f_ptr,
+    part_i_ptr,
+    rows,
+    HAS_HEADS: tl.constexpr,
+    FIRST: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
     """One block of a pass: with FIRST, its top, its softmax sum relative to that top and its best
     draw; else the tokens in it that rank above the row's candidate, their mass and best draw."""
@@ -258,9 +290,26 @@ def _chunk_kernel(
 
 @triton.jit(do_not_specialize=["rows", "num_chunks"])
 def _combine_kernel(
-    logits_ptr, stride, vocab, temperature_ptr, top_p_ptr, top_k_ptr, min_p_ptr, seed_ptr, position_ptr,
-    head_ptr, bounds_ptr, state_f_ptr, state_i_ptr, part_f_ptr, part_i_ptr, rows, num_chunks,
-    HAS_HEADS: tl.constexpr, FIRST: tl.constexpr, CHUNKS: tl.constexpr,
+    logits_ptr,
+    stride,
+    vocab,
+    temperature_ptr,
+    top_p_ptr,
+    top_k_ptr,
+    min_p_ptr,
+    seed_ptr,
+    position_ptr,
+    head_ptr,
+    bounds_ptr,
+    state_f_ptr,
+    state_i_ptr,
+    part_f_ptr,
+    part_i_ptr,
+    rows,
+    num_chunks,
+    HAS_HEADS: tl.constexpr,
+    FIRST: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
     """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
     folded block by block, in order, as that pass adds them."""
@@ -271,7 +320,8 @@ def _combine_kernel(
     part = rows * CHUNKS
     temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
     keep, top_p, log_min_p, floor, outside = _row_filters(
-        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS)
+        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS
+    )
     base = logits_ptr + row.to(tl.int64) * stride
     # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
     bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
@@ -284,8 +334,7 @@ def _combine_kernel(
             block_sum = tl.load(part_f_ptr + part + first_slot + chunk)
             top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
         candidate_x = tl.math.div_rn(tl.load(base + next_candidate), temperature)
-        looking = _still_looking_after_first(
-            greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
+        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
         tl.store(state_f_ptr + row, top)
         tl.store(state_f_ptr + rows + row, denominator)
         tl.store(state_i_ptr + row, next_candidate.to(tl.int64))
@@ -316,15 +365,33 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         logits = logits.contiguous()
     has_heads = params.largest_joint_top_k > 0
     sizes, bounds = heads(logits, params) if has_heads else (out, out)  # unread without heads
-    row_args = (logits, logits.stride(0), vocab, params.temperature, params.top_p, params.top_k, params.min_p,
-                params.seed, params.position, sizes, bounds)
+    row_args = (
+        logits,
+        logits.stride(0),
+        vocab,
+        params.temperature,
+        params.top_p,
+        params.top_k,
+        params.min_p,
+        params.seed,
+        params.position,
+        sizes,
+        bounds,
+    )
     state_f = state_i = out  # pointers the kernel reads only after a split (any will do)
     split = rows <= SPLIT_ROWS
     if split:
         state_f, state_i = _split_passes(row_args, params.any_rejections, has_heads)
     _sample_kernel[(rows,)](
-        *row_args, state_f, state_i, rows, out, HAS_HEADS=has_heads, FROM_STATE=split,
-        BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=NUM_WARPS,
+        *row_args,
+        state_f,
+        state_i,
+        rows,
+        out,
+        HAS_HEADS=has_heads,
+        FROM_STATE=split,
+        BLOCK=min(BLOCK, triton.next_power_of_2(vocab)),
+        num_warps=NUM_WARPS,
     )
     return out
 
@@ -345,13 +412,36 @@ def _split_passes(row_args: tuple, rejections: bool, has_heads: bool) -> tuple[t
     part_i = torch.empty(2, rows, chunks, dtype=torch.int32, device=device)
     for first in [True] + [False] * (SPLIT_ROUNDS if rejections else 0):
         _chunk_kernel[(rows, num_chunks)](
-            logits, stride, vocab, temperature, seed, position, bounds, state_f, state_i, part_f, part_i, rows,
-            HAS_HEADS=has_heads, FIRST=first, BLOCK=block, CHUNKS=chunks,
+            logits,
+            stride,
+            vocab,
+            temperature,
+            seed,
+            position,
+            bounds,
+            state_f,
+            state_i,
+            part_f,
+            part_i,
+            rows,
+            HAS_HEADS=has_heads,
+            FIRST=first,
+            BLOCK=block,
+            CHUNKS=chunks,
             num_warps=NUM_WARPS,  # the one-program pass's blocks and warps
         )
         _combine_kernel[(rows,)](
-            *row_args, state_f, state_i, part_f, part_i, rows, num_chunks,
-            HAS_HEADS=has_heads, FIRST=first, CHUNKS=chunks, num_warps=1,
+            *row_args,
+            state_f,
+            state_i,
+            part_f,
+            part_i,
+            rows,
+            num_chunks,
+            HAS_HEADS=has_heads,
+            FIRST=first,
+            CHUNKS=chunks,
+            num_warps=1,
         )
     return state_f, state_i
 
@@ -364,5 +454,7 @@ def compile_sampler(vocab_size: int, device: torch.device) -> None:
     for top_k in ([0], [2, 0], [0] * (SPLIT_ROWS + 1), [2] * (SPLIT_ROWS + 1)):
         rows = len(top_k)
         logits = torch.zeros(rows, vocab_size, device=device)
-        sample_on_gpu(logits, SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, top_k, [0.0] * rows,
-                                                          [0] * rows, [0] * rows, device))
+        sample_on_gpu(
+            logits,
+            SamplingTensors.from_lists([1.0] * rows, [0.5] * rows, top_k, [0.0] * rows, [0] * rows, [0] * rows, device),
+        )

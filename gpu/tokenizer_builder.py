@@ -31,44 +31,180 @@ CHAT_TEMPLATE = (
 )
 
 _SUBJECTS = (
-    "the cat", "a small dog", "my neighbour", "the old sailor", "every student", "our team", "the machine",
-    "a quiet river", "the teacher", "this server", "the young engineer", "her brother", "the committee",
-    "a curious child", "the market", "each request", "the model", "the scheduler", "a tired traveller",
-    "the gardener", "their manager", "the weather", "the city council", "a bright star", "the library",
+    "the cat",
+    "a small dog",
+    "my neighbour",
+    "the old sailor",
+    "every student",
+    "our team",
+    "the machine",
+    "a quiet river",
+    "the teacher",
+    "this server",
+    "the young engineer",
+    "her brother",
+    "the committee",
+    "a curious child",
+    "the market",
+    "each request",
+    "the model",
+    "the scheduler",
+    "a tired traveller",
+    "the gardener",
+    "their manager",
+    "the weather",
+    "the city council",
+    "a bright star",
+    "the library",
 )
 _VERBS = (
-    "found", "built", "wanted", "carried", "noticed", "opened", "watched", "followed", "explained", "painted",
-    "remembered", "measured", "answered", "visited", "changed", "described", "started", "finished", "sent",
-    "received", "cleaned", "counted", "discovered", "protected", "repaired", "ignored", "shared", "wrote",
+    "found",
+    "built",
+    "wanted",
+    "carried",
+    "noticed",
+    "opened",
+    "watched",
+    "followed",
+    "explained",
+    "painted",
+    "remembered",
+    "measured",
+    "answered",
+    "visited",
+    "changed",
+    "described",
+    "started",
+    "finished",
+    "sent",
+    "received",
+    "cleaned",
+    "counted",
+    "discovered",
+    "protected",
+    "repaired",
+    "ignored",
+    "shared",
+    "wrote",
 )
 _OBJECTS = (
-    "a red box", "the long letter", "three apples", "the broken window", "an answer", "the map", "a new idea",
-    "the tokens", "the evening news", "a warm coat", "the garden path", "every question", "the final report",
-    "a heavy stone", "the blue door", "some fresh bread", "the old photograph", "a simple program",
-    "the mountain road", "two tickets", "the silver key", "a strange noise", "the whole story", "the cache",
+    "a red box",
+    "the long letter",
+    "three apples",
+    "the broken window",
+    "an answer",
+    "the map",
+    "a new idea",
+    "the tokens",
+    "the evening news",
+    "a warm coat",
+    "the garden path",
+    "every question",
+    "the final report",
+    "a heavy stone",
+    "the blue door",
+    "some fresh bread",
+    "the old photograph",
+    "a simple program",
+    "the mountain road",
+    "two tickets",
+    "the silver key",
+    "a strange noise",
+    "the whole story",
+    "the cache",
 )
 _PLACES = (
-    "in the morning", "near the station", "after dinner", "before the storm", "at the edge of town",
-    "under the bridge", "during the meeting", "on a cold day", "by the window", "across the street",
-    "in the kitchen", "at night", "inside the house", "along the river", "behind the school", "at noon",
+    "in the morning",
+    "near the station",
+    "after dinner",
+    "before the storm",
+    "at the edge of town",
+    "under the bridge",
+    "during the meeting",
+    "on a cold day",
+    "by the window",
+    "across the street",
+    "in the kitchen",
+    "at night",
+    "inside the house",
+    "along the river",
+    "behind the school",
+    "at noon",
 )
 _ADVERBS = ("quickly", "slowly", "carefully", "happily", "quietly", "suddenly", "finally", "again", "never", "often")
 _JOINERS = ("and then", "because", "although", "while", "so", "but", "until", "since", "when", "after")
 _NAMES = (
-    "Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Laura", "Martin",
-    "Nora", "Oscar", "Paula", "Quentin", "Rosa", "Samuel", "Tina", "Victor", "Wendy", "Xavier", "Yusuf", "Zoe",
+    "Alice",
+    "Bob",
+    "Carol",
+    "David",
+    "Emma",
+    "Frank",
+    "Grace",
+    "Henry",
+    "Irene",
+    "Jack",
+    "Laura",
+    "Martin",
+    "Nora",
+    "Oscar",
+    "Paula",
+    "Quentin",
+    "Rosa",
+    "Samuel",
+    "Tina",
+    "Victor",
+    "Wendy",
+    "Xavier",
+    "Yusuf",
+    "Zoe",
 )
 _IDENTIFIERS = (
-    "value", "count", "index", "result", "items", "buffer", "config", "request", "response", "tokens",
-    "offset", "length", "total", "name", "path", "data", "queue", "block", "table", "cache", "batch", "score",
+    "value",
+    "count",
+    "index",
+    "result",
+    "items",
+    "buffer",
+    "config",
+    "request",
+    "response",
+    "tokens",
+    "offset",
+    "length",
+    "total",
+    "name",
+    "path",
+    "data",
+    "queue",
+    "block",
+    "table",
+    "cache",
+    "batch",
+    "score",
 )
 _CODE_LINES = (
-    "def {f}_{g}({a}, {b}):", "    return {a} + {b} * {n}", "for {a} in range({n}):", "    {a} += {b}[{n}]",
-    "if {a} == {b}:", "    raise ValueError(\"bad {a}: {{}}\".format({b}))", "{a} = [{b} for {b} in {f} if {b}]",
-    "import {f}", "from {f}.{g} import {a}", "class {F}{G}:", "    def __init__(self, {a}):",
-    "        self.{a} = {a}", "while {a} < {n}:", "print(f\"{a}={{{a}}}\")", "{{\"{a}\": {n}, \"{b}\": \"{f}\"}}",
-    "int {a} = {n};", "if ({a} != {b}) {{ return {n}; }}", "const {a} = {b}.map(x => x * {n});",
-    "SELECT {a}, {b} FROM {f} WHERE {a} > {n};", "// {f}: {a} is never negative", "# {f} the {b} before {g}",
+    "def {f}_{g}({a}, {b}):",
+    "    return {a} + {b} * {n}",
+    "for {a} in range({n}):",
+    "    {a} += {b}[{n}]",
+    "if {a} == {b}:",
+    '    raise ValueError("bad {a}: {{}}".format({b}))',
+    "{a} = [{b} for {b} in {f} if {b}]",
+    "import {f}",
+    "from {f}.{g} import {a}",
+    "class {F}{G}:",
+    "    def __init__(self, {a}):",
+    "        self.{a} = {a}",
+    "while {a} < {n}:",
+    'print(f"{a}={{{a}}}")',
+    '{{"{a}": {n}, "{b}": "{f}"}}',
+    "int {a} = {n};",
+    "if ({a} != {b}) {{ return {n}; }}",
+    "const {a} = {b}.map(x => x * {n});",
+    "SELECT {a}, {b} FROM {f} WHERE {a} > {n};",
+    "// {f}: {a} is never negative",
+    "# {f} the {b} before {g}",
 )
 
 
@@ -108,9 +244,7 @@ def training_corpus(num_sentences: int = 1200, num_code_lines: int = 500, num_ma
 # transformers 5 loads any `qwen2` checkpoint's tokenizer as Qwen2Tokenizer, which swaps in this
 # pre-tokenizer and an NFC normalizer; training Qwen2 tokenizers with them keeps the file and the
 # class in agreement (and like Qwen2's own, they normalize text to NFC).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def train_tokenizer(vocab_size: int, qwen2_style: bool = False) -> PreTrainedTokenizerFast:
@@ -118,10 +252,12 @@ def train_tokenizer(vocab_size: int, qwen2_style: bool = False) -> PreTrainedTok
     tokenizer = Tokenizer(models.BPE())
     if qwen2_style:
         tokenizer.normalizer = normalizers.NFC()
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -136,10 +272,14 @@ def train_tokenizer(vocab_size: int, qwen2_style: bool = False) -> PreTrainedTok
         raise RuntimeError(f"the corpus yields {tokenizer.get_vocab_size()} tokens, not {vocab_size}")
     bos_id = tokenizer.token_to_id(BOS)
     # Plain encodes with add_special_tokens=True start with bos, as Llama 3's tokenizer does.
-    tokenizer.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]),
-    ])
+    tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+            ),
+        ]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS,

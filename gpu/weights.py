@@ -56,7 +56,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device,
 
 
 def _check_contents(
-    model_dir: str | Path, config: ModelConfig, params: dict[str, nn.Parameter], contents: dict[Path, list[StoredTensor]]
+    model_dir: str | Path,
+    config: ModelConfig,
+    params: dict[str, nn.Parameter],
+    contents: dict[Path, list[StoredTensor]],
 ) -> None:
     """ValueError, before any weight is read, when the checkpoint's tensors are not the model's."""
     found: set[str] = set()
@@ -84,7 +87,9 @@ def _check_contents(
         )
 
 
-def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, std: float = 0.02) -> CausalLM:
+def random_model(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> CausalLM:
     """A model of `config`'s shape with normal(0, std) weights (norms at 1), made on `device` directly:
     benchmarks of real shapes need no checkpoint and no host-side copy of the weights."""
     with torch.device("meta"):

@@ -150,7 +150,9 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
 
 
 async def _serve(
-    actor_class: type[Actor], config: KernelConfig, args: argparse.Namespace,
+    actor_class: type[Actor],
+    config: KernelConfig,
+    args: argparse.Namespace,
     credentials: bus_auth.BusCredentials | None,
 ) -> None:
     stop_requested = asyncio.Event()

@@ -6,7 +6,6 @@ a nats exception, so callers handle one kind of failure; a subscription the serv
 raises `BusUnavailable`.
 """
 
-import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -57,8 +56,10 @@ class PayloadTooLarge(Exception):
     which NATS refuses whole: nothing was sent."""
 
     def __init__(self, message: msgspec.Struct, subject: str, size: int, limit: int) -> None:
-        super().__init__(f"{type(message).__name__} of {size} bytes on {subject} is over the bus's max_payload of "
-                         f"{limit} (--bus-max-payload-bytes for the embedded server)")
+        super().__init__(
+            f"{type(message).__name__} of {size} bytes on {subject} is over the bus's max_payload of "
+            f"{limit} (--bus-max-payload-bytes for the embedded server)"
+        )
 
 
 class Subscription:
@@ -178,19 +179,30 @@ class Bus:
         A handler that raises gets an `internal` Error sent back and the exception logged; the
         subscription keeps serving, since one bad message must not stop the others.
         """
-        return await self._subscribe(subject, message_type,
-                                     lambda message, reply_to, _subject: handler(message, reply_to), queue)
+        return await self._subscribe(
+            subject, message_type, lambda message, reply_to, _subject: handler(message, reply_to), queue
+        )
 
-    async def subscribe_under(self, subject: str, message_type: Any, handler: TokenHandler, queue: str = "") -> Subscription:
+    async def subscribe_under(
+        self, subject: str, message_type: Any, handler: TokenHandler, queue: str = ""
+    ) -> Subscription:
         """As `subscribe`, to every subject one token below `subject` (`<subject>.*`); `handler`
         gets that token too. Where each user may publish only below its own token (the per-tenant
         subjects), the token says who sent the message, whatever the message itself claims."""
         start = len(subject) + 1
-        return await self._subscribe(f"{subject}.*", message_type,
-                                     lambda message, reply_to, received: handler(message, reply_to, received[start:]), queue)
+        return await self._subscribe(
+            f"{subject}.*",
+            message_type,
+            lambda message, reply_to, received: handler(message, reply_to, received[start:]),
+            queue,
+        )
 
     async def _subscribe(
-        self, subject: str, message_type: Any, call: Callable[[Any, str | None, str], Awaitable[msgspec.Struct | None]], queue: str
+        self,
+        subject: str,
+        message_type: Any,
+        call: Callable[[Any, str | None, str], Awaitable[msgspec.Struct | None]],
+        queue: str,
     ) -> Subscription:
         """`call` gets the message, the reply subject and the subject it came on."""
 
@@ -200,8 +212,9 @@ class Bus:
                 message = decode(msg.data, message_type)
             except msgspec.DecodeError as exc:
                 log.warning("undecodable_message", subject=subject, error=str(exc))
-                await self._reply(reply_to, Error("invalid_request", f"could not decode message: {exc}",
-                                                  param=field_at_fault(exc)))
+                await self._reply(
+                    reply_to, Error("invalid_request", f"could not decode message: {exc}", param=field_at_fault(exc))
+                )
                 return
             self._note_traffic(message)
             try:
@@ -223,7 +236,7 @@ class Bus:
             # has run by the time that PONG is back: the second PING follows the SUB.
             for _ in range(2):
                 await self._nc.flush()
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error) as exc:
             await subscription.close()  # else the client would restore it on reconnecting, unknown to the caller
             raise BusUnavailable(f"the server did not confirm the subscription to {subject}: {exc}") from exc
         return subscription
@@ -248,5 +261,5 @@ class Bus:
     async def close(self) -> None:
         try:
             await self._nc.drain()
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             await self._nc.close()

@@ -68,8 +68,18 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
         ),
         "scheduler": Grant(
             publish=[s.executor_commands, s.executor_describe, s.heartbeat("scheduler")],
-            subscribe=[s.scheduler, sessions, s.executor_info, s.step_outputs, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
-                       s.heartbeat("frontdoor"), s.heartbeat("gateway")],
+            subscribe=[
+                s.scheduler,
+                sessions,
+                s.executor_info,
+                s.step_outputs,
+                s.admin_stats,
+                s.admin_flush_cache,
+                s.admin_cache,
+                s.admin_publish,
+                s.heartbeat("frontdoor"),
+                s.heartbeat("gateway"),
+            ],
             answers_requests=True,
         ),
         "tokenizer": Grant(
@@ -85,15 +95,25 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             answers_requests=True,
         ),
         "frontdoor": Grant(
-            publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.admin_stats, s.admin_flush_cache, s.admin_cache, s.admin_publish,
-                     s.heartbeat("frontdoor")],
+            publish=[
+                s.tokenizer,
+                s.tokenizer_untrack,
+                s.scheduler,
+                s.admin_stats,
+                s.admin_flush_cache,
+                s.admin_cache,
+                s.admin_publish,
+                s.heartbeat("frontdoor"),
+            ],
             subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
         ),
         "supervisor": Grant(publish=[], subscribe=[s.all_heartbeats]),
     }
     if keyed:
-        table |= {tenant_user(t): Grant(publish=[s.tenant_generate(t), s.tenant_sessions(t)], subscribe=[])
-                  for t in sorted(tenants)}
+        table |= {
+            tenant_user(t): Grant(publish=[s.tenant_generate(t), s.tenant_sessions(t)], subscribe=[])
+            for t in sorted(tenants)
+        }
     else:  # as over HTTP, the admin subjects are open without keys until an admin key closes them
         table["client"] = Grant(publish=[s.generate, s.sessions] + ([] if admin else [admin_subjects]), subscribe=[])
     if admin:
@@ -124,7 +144,10 @@ def load_credentials(path: str | Path) -> BusCredentials:
 
 
 def prepare(
-    data_dir: Path, namespace: str, max_payload: int | None = None, tenants: Collection[str] | None = None,
+    data_dir: Path,
+    namespace: str,
+    max_payload: int | None = None,
+    tenants: Collection[str] | None = None,
     admin: bool = False,
 ) -> Path:
     """Makes sure every user of `grants(..., tenants, admin)` has credentials in `<data_dir>/bus/`

@@ -68,7 +68,10 @@ class ChildProcess:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", f"actors.{self.actor}", *self.argv,
+            sys.executable,
+            "-m",
+            f"actors.{self.actor}",
+            *self.argv,
             start_new_session=True,  # Ctrl-C reaches the supervisor only, which stops children in order
             preexec_fn=_die_with_parent,
         )

@@ -122,23 +122,23 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 HELP = {
     "nats_url": "use this NATS server instead of starting an embedded one (e.g. nats://host:4222)",
     "nats_credentials": 'a JSON file {"user": ..., "password": ...} to connect to the NATS server with; the '
-                        "supervisor writes one per actor under <data-dir>/bus/ for its embedded server",
+    "supervisor writes one per actor under <data-dir>/bus/ for its embedded server",
     "namespace": "subject prefix, so several deployments can share one NATS cluster",
     "bus_max_payload_bytes": "the largest message the embedded NATS server takes (its max_payload, at most 64 MiB; "
-                             "an external server has its own): a prompt crosses the bus whole, at up to 5 bytes a "
-                             "token, and a longer one gets 400",
+    "an external server has its own): a prompt crosses the bus whole, at up to 5 bytes a "
+    "token, and a longer one gets 400",
     "data_dir": "where the embedded server, converted and built models and other state live",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral), a .gguf file of one (converted once "
-             f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
-             f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",
+    f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
+    f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",
     "served_model_name": "the model name clients send; default: the built-in name, the .gguf file's name without "
-                         "the suffix, or the model directory's name",
+    "the suffix, or the model directory's name",
     "host": "HTTP listen address",
     "port": "HTTP listen port",
     "device": "cpu, cuda, cuda:N, or auto (cuda when available)",
     "dtype": "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16 on CUDA)",
     "attention_backend": "auto (FlashInfer on CUDA where installed and it fits, else our Triton kernels; torch on CPU), "
-                         "flashinfer, triton or torch",
+    "flashinfer, triton or torch",
     "max_model_len": "context window in tokens (prompt + output); default: the model's",
     "block_size": "tokens per KV cache block",
     "num_kv_blocks": "KV cache blocks to allocate; default: sized from free memory",
@@ -146,24 +146,24 @@ HELP = {
     "tokenizers": "tokenizer processes, sharing the work as a NATS queue group",
     "max_prefill_tokens": "prompt tokens computed per step (chunked prefill budget)",
     "public_prefix_tenants": "a cached prefix becomes public (shared by all tenants) once this many tenants sent it "
-                             "within --public-prefix-window-s (README: what that reveals)",
+    "within --public-prefix-window-s (README: what that reveals)",
     "public_prefix_window_s": "the window for --public-prefix-tenants",
     "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
-                             "oldest pins become evictable like any cached prefix (default: half the KV cache)",
+    "oldest pins become evictable like any cached prefix (default: half the KV cache)",
     "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "
-                    "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
-                    "counts its own",
+    "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
+    "counts its own",
     "restart_period_s": "the window for --max-restarts",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
     "busy_poll_ms": "after each bus message they send or receive, the actors on a request's path (frontdoor, "
-                    "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
-                    "each bus hop skips a wake-up, for a core each while requests flow (default: 50 where the "
-                    "model runs on a GPU and the machine has at least 8 cores, else 0; at most 60000)",
+    "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
+    "each bus hop skips a wake-up, for a core each while requests flow (default: 50 where the "
+    "model runs on a GPU and the machine has at least 8 cores, else 0; at most 60000)",
     "api_keys": "a JSON file mapping each API key to its tenant; with it, HTTP requests need a key and bus "
-                "clients their tenant's credentials (<data-dir>/bus/tenants/)",
+    "clients their tenant's credentials (<data-dir>/bus/tenants/)",
     "admin_key": "the key for /admin/ routes (with --api-keys, required for them); on the bus, admin.json's user",
     "max_migrations": "times a request may move to a restarted scheduler or tokenizer before it fails (retriable)",
     "log_format": "json (one object per line) or console (human-readable)",
@@ -227,13 +227,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per setting, under a heading per component; every default is None so we can
     tell what was given."""
     parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file")
-    headings = {group.name: parser.add_argument_group(group.name, group.type.__doc__)
-                for group in msgspec.structs.fields(KernelConfig)}
+    headings = {
+        group.name: parser.add_argument_group(group.name, group.type.__doc__)
+        for group in msgspec.structs.fields(KernelConfig)
+    }
     for group, field in _settings():
         help_text = f"{HELP[field.name]} (default: {field.default})"
         if field.type is bool:  # --name / --no-name
-            headings[group].add_argument(_flag(field.name), dest=field.name, default=None, help=help_text,
-                                         action=argparse.BooleanOptionalAction)
+            headings[group].add_argument(
+                _flag(field.name), dest=field.name, default=None, help=help_text, action=argparse.BooleanOptionalAction
+            )
             continue
         headings[group].add_argument(
             _flag(field.name),

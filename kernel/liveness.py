@@ -29,7 +29,9 @@ class Liveness:
         now = time.monotonic() if now is None else now
         deadline = now + self.missed_beats * beat.interval_s
         known = self.instances.get(beat.instance_id)
-        self.instances[beat.instance_id] = Instance(beat.actor, beat.instance_id, beat.pid, beat.ready, beat.interval_s, deadline)
+        self.instances[beat.instance_id] = Instance(
+            beat.actor, beat.instance_id, beat.pid, beat.ready, beat.interval_s, deadline
+        )
         return known is None
 
     def expire(self, now: float | None = None) -> list[Instance]:

@@ -41,7 +41,9 @@ async def prepare_model(value: str | None, data_dir: Path) -> PreparedModel:
         return PreparedModel(given, Path(os.path.abspath(given)).name)
     if given.is_file():
         if given.suffix != ".gguf":
-            raise ModelUnavailable(f"--model {value}: a file, but not a .gguf file; give a model directory or a GGUF file")
+            raise ModelUnavailable(
+                f"--model {value}: a file, but not a .gguf file; give a model directory or a GGUF file"
+            )
         return PreparedModel(await _import_gguf(given, models_dir), given.stem)
     if value == DEFAULT_MODEL:
         return PreparedModel(await _import_gguf(_default_gguf(), models_dir), DEFAULT_MODEL)
@@ -81,5 +83,7 @@ async def _run(module: str, *args: str) -> str:
     child = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE)
     out, _ = await child.communicate()
     if child.returncode != 0:
-        raise ModelUnavailable(f"preparing the model failed ({module} exited with {child.returncode}; its error is above)")
+        raise ModelUnavailable(
+            f"preparing the model failed ({module} exited with {child.returncode}; its error is above)"
+        )
     return out.decode().strip()

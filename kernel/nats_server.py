@@ -48,8 +48,17 @@ class EmbeddedNats:
         store.mkdir(parents=True, exist_ok=True)
         config = ["-c", str(self.config_file)] if self.config_file else []
         self.process = await asyncio.create_subprocess_exec(
-            find_binary(), *config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(store),
-            "-l", str(self.data_dir / "nats-server.log"),
+            find_binary(),
+            *config,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(store),
+            "-l",
+            str(self.data_dir / "nats-server.log"),
             start_new_session=True,
         )
         await self._wait_until_listening(ready_timeout_s)
@@ -59,14 +68,16 @@ class EmbeddedNats:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             if self.process.returncode is not None:
-                raise RuntimeError(f"nats-server exited with {self.process.returncode}; see {self.data_dir}/nats-server.log")
+                raise RuntimeError(
+                    f"nats-server exited with {self.process.returncode}; see {self.data_dir}/nats-server.log"
+                )
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()
                 return
             except OSError:
                 if asyncio.get_running_loop().time() > deadline:
-                    raise RuntimeError(f"nats-server did not listen on port {self.port} within {timeout_s} s")
+                    raise RuntimeError(f"nats-server did not listen on port {self.port} within {timeout_s} s") from None
                 await asyncio.sleep(0.05)
 
     async def stop(self, timeout_s: float = 5.0) -> None:

@@ -54,18 +54,29 @@ class Supervisor:
     async def run(self, stop_requested: asyncio.Event) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         model = await prepare_model(self.config.engine.model, self.data_dir)
-        engine = msgspec.structs.replace(self.config.engine, model=str(model.path),
-                                         served_model_name=self.config.engine.served_model_name or model.name)
+        engine = msgspec.structs.replace(
+            self.config.engine,
+            model=str(model.path),
+            served_model_name=self.config.engine.served_model_name or model.name,
+        )
         self.config = msgspec.structs.replace(self.config, engine=engine)
         if self.config.bus.nats_url is None:
             tenancy = self.config.tenancy
             keys = tenants.read_api_keys(tenancy.api_keys) if tenancy.api_keys else None
-            self.nats = EmbeddedNats(self.data_dir, config_file=bus_auth.prepare(
-                self.data_dir, self.config.bus.namespace, self.config.bus.bus_max_payload_bytes,
-                tenants=None if keys is None else set(keys.values()), admin=tenancy.admin_key is not None))
+            self.nats = EmbeddedNats(
+                self.data_dir,
+                config_file=bus_auth.prepare(
+                    self.data_dir,
+                    self.config.bus.namespace,
+                    self.config.bus.bus_max_payload_bytes,
+                    tenants=None if keys is None else set(keys.values()),
+                    admin=tenancy.admin_key is not None,
+                ),
+            )
             await self.nats.start()
             self.config = msgspec.structs.replace(
-                self.config, bus=msgspec.structs.replace(self.config.bus, nats_url=self.nats.url))
+                self.config, bus=msgspec.structs.replace(self.config.bus, nats_url=self.nats.url)
+            )
         own_credentials = self._credentials_file("supervisor")
         credentials = bus_auth.load_credentials(own_credentials) if own_credentials else None
         bus = await Bus.connect(self.config.bus.nats_url, name="supervisor", credentials=credentials)
@@ -114,8 +125,13 @@ class Supervisor:
         if not self._announced and self._ready >= set(ACTORS):
             self._announced = True
             url = f"http://{self.config.http.host}:{self.config.http.port}"
-            log.info("serving", url=url, model=self.config.engine.model_name, model_dir=self.config.engine.model,
-                     nats_url=self.config.bus.nats_url)
+            log.info(
+                "serving",
+                url=url,
+                model=self.config.engine.model_name,
+                model_dir=self.config.engine.model,
+                nats_url=self.config.bus.nats_url,
+            )
 
     async def _watch(self, child: ChildProcess) -> None:
         while True:
@@ -194,7 +210,7 @@ async def _main(config: KernelConfig) -> int:
         await supervisor.shutdown()
         gave_up, others = group.split(GaveUp)
         if others:
-            raise others
+            raise others from None
         print(f"supervisor: {gave_up.exceptions[0]}", file=sys.stderr)
         return 1
     return 0

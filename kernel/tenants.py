@@ -31,7 +31,9 @@ def read_api_keys(path: str | Path) -> dict[str, str]:
         raise KeysFileError(f"{path}: expected a JSON object of API key -> tenant name")
     bad = sorted({t for t in keys.values() if not TENANT_NAME.fullmatch(t)})
     if bad:
-        raise KeysFileError(f"{path}: tenant names are 1 to 64 letters, digits, '_' or '-', not {', '.join(map(repr, bad))}")
+        raise KeysFileError(
+            f"{path}: tenant names are 1 to 64 letters, digits, '_' or '-', not {', '.join(map(repr, bad))}"
+        )
     return keys
 
 

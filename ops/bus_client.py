@@ -30,8 +30,13 @@ async def connect(url: str, credentials_file: str | Path, **options) -> nats.NAT
     """Connects as the user of a credential file the supervisor wrote, with replies at the inbox
     prefix the file names: the only inboxes that user may read, so no other client reads its replies."""
     credentials = json.loads(Path(credentials_file).read_text())
-    return await nats.connect(url, user=credentials["user"], password=credentials["password"],
-                              inbox_prefix=credentials["inbox_prefix"], **options)
+    return await nats.connect(
+        url,
+        user=credentials["user"],
+        password=credentials["password"],
+        inbox_prefix=credentials["inbox_prefix"],
+        **options,
+    )
 
 
 class GenerateFailed(Exception):
@@ -57,8 +62,9 @@ async def stream_generate(
     async def ask(resume_from: int) -> None:
         nonlocal asked_for
         asked_for = resume_from
-        await nc.publish(subject, msgspec.msgpack.encode(msgspec.structs.replace(request, resume_from=resume_from)),
-                         reply=inbox)
+        await nc.publish(
+            subject, msgspec.msgpack.encode(msgspec.structs.replace(request, resume_from=resume_from)), reply=inbox
+        )
 
     try:
         await ask(0)

@@ -40,8 +40,12 @@ def workload(count: int) -> list[dict]:
     """Odd items go over HTTP, even ones over the bus; each door gets greedy and seeded requests, and
     half the bus requests want no text (`detokenize`, which the HTTP clients, on OpenAI's routes, ignore)."""
     return [
-        {"prompt": f"Request {i}: " + "tell me more " * (i % 5), "seed": 1000 + i,
-         "temperature": 0.0 if i // 2 % 2 == 0 else 0.8, "detokenize": i // 4 % 2 == 0}
+        {
+            "prompt": f"Request {i}: " + "tell me more " * (i % 5),
+            "seed": 1000 + i,
+            "temperature": 0.0 if i // 2 % 2 == 0 else 0.8,
+            "detokenize": i // 4 % 2 == 0,
+        }
         for i in range(count)
     ]
 
@@ -50,8 +54,15 @@ async def over_http(base_url: str, item: dict, max_tokens: int, progress: asynci
     log = ClientLog()
     async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
         stream = await client.completions.create(
-            model="demo", prompt=item["prompt"], max_tokens=max_tokens, temperature=item["temperature"],
-            seed=item["seed"], stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model="demo",
+            prompt=item["prompt"],
+            max_tokens=max_tokens,
+            temperature=item["temperature"],
+            seed=item["seed"],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         async for chunk in stream:
             if chunk.choices:
                 log.text += chunk.choices[0].text
@@ -64,8 +75,13 @@ async def over_http(base_url: str, item: dict, max_tokens: int, progress: asynci
 
 async def over_bus(nc, item: dict, max_tokens: int, progress: asyncio.Event, request_id: str) -> ClientLog:
     """Through the reference bus client, which resumes a stream after a bus outage."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=item["temperature"], seed=item["seed"], ignore_eos=True,
-                            detokenize=item["detokenize"])
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=item["temperature"],
+        seed=item["seed"],
+        ignore_eos=True,
+        detokenize=item["detokenize"],
+    )
     log, chunks = ClientLog(token_ids=[], request_id=request_id, detokenize=item["detokenize"]), []
     request = GenerateRequest(text=item["prompt"], params=params, request_id=request_id)
     async for reply in stream_generate(nc, request):
@@ -93,7 +109,8 @@ async def run_workload(
     progress = asyncio.Event()
     run = uuid.uuid4().hex[:8]
     tasks = [
-        over_http(server.base_url, item, max_tokens, progress) if i % 2
+        over_http(server.base_url, item, max_tokens, progress)
+        if i % 2
         else over_bus(nc, item, max_tokens, progress, f"drill-{run}-{i}")
         for i, item in enumerate(workload(count))
     ]
@@ -162,9 +179,17 @@ async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_d
         pid = server.process_pids()[actor]
         logs, killed_at = await run_workload(server, count, max_tokens, kill=lambda: os.kill(pid, signal.SIGKILL))
         differing, token_errors = compare(reference, logs)
-        return {"actor": actor, "tokenizers": tokenizers, "requests": count, "max_tokens": max_tokens, "lost": len(failures(logs)), "differing": differing,
-                "tokens_repeated_or_missing": token_errors, "longest_stall_s": round(stall_s(logs, killed_at), 2),
-                "restarted": await restarted(server, actor, pid)}
+        return {
+            "actor": actor,
+            "tokenizers": tokenizers,
+            "requests": count,
+            "max_tokens": max_tokens,
+            "lost": len(failures(logs)),
+            "differing": differing,
+            "tokens_repeated_or_missing": token_errors,
+            "longest_stall_s": round(stall_s(logs, killed_at), 2),
+            "restarted": await restarted(server, actor, pid),
+        }
     finally:
         server.stop()
 

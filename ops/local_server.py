@@ -114,10 +114,24 @@ def start_server(data_dir: Path, *flags: str, model: str | None = DEMO_MODEL) ->
     """The supervisor serving `model` (None: the default chat model) with `flags`; returns once it serves."""
     port = free_port()
     model_flags = ["--model", model] if model else []
-    command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(port),
-               *model_flags, *flags]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "kernel.supervisor",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(port),
+        *model_flags,
+        *flags,
+    ]
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     server = RunningServer(process, data_dir, port)
     threading.Thread(target=server._read_logs, daemon=True).start()
     try:

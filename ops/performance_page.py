@@ -34,8 +34,10 @@ def section(results: dict, plot: Path | None, page_dir: Path) -> str:
         "",
         "| workload | measured | bound / ceiling / detail | ratio | target |",
         "| --- | --- | --- | --- | --- |",
-        *[f"| {row['workload'].strip()} | {row['measured']} | {row['bound']} | {row['ratio']} | {row['target']} |"
-          for row in results["rows"]],
+        *[
+            f"| {row['workload'].strip()} | {row['measured']} | {row['bound']} | {row['ratio']} | {row['target']} |"
+            for row in results["rows"]
+        ],
         "",
         f"Command: `{run['command']}`",
     ]

@@ -75,7 +75,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     stream: bool = False
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] = 1
     model: str | None = None
-    user: str = ""  # the tenant, or with API keys a narrower scope within it; cached prefixes are shared only within one
+    user: str = (
+        ""  # the tenant, or with API keys a narrower scope within it; cached prefixes are shared only within one
+    )
     # To resume a stream after a bus outage: its id (from its chunks, or chosen by the client when it
     # first sent the request) and the number of the next chunk the client expects.
     request_id: str | None = None

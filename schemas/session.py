@@ -22,7 +22,9 @@ IdleTimeout = Annotated[float, msgspec.Meta(gt=0, le=MAX_IDLE_TIMEOUT_S)]
 
 
 class OpenSession(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="open_session"):
-    user: str = ""  # as `GenerateRequest.user`: the tenant, or with API keys a narrower one; only its requests may use it
+    user: str = (
+        ""  # as `GenerateRequest.user`: the tenant, or with API keys a narrower one; only its requests may use it
+    )
     capacity_tokens: TokenCount | None = None  # most KV tokens kept pinned for it; None: the global budget
     idle_timeout_s: IdleTimeout | None = None  # it closes itself after this long unused; None: the default
 

@@ -40,8 +40,13 @@ class ExecutorActor(Actor):
         cfg = self.config.engine
         self.executor_id = uuid.uuid4().hex[:12]
         self.runner = await asyncio.to_thread(
-            ModelRunner, cfg.model, device=pick_device(cfg.device), dtype=cfg.dtype,
-            num_kv_blocks=cfg.num_kv_blocks, block_size=cfg.block_size, attention_backend=cfg.attention_backend,
+            ModelRunner,
+            cfg.model,
+            device=pick_device(cfg.device),
+            dtype=cfg.dtype,
+            num_kv_blocks=cfg.num_kv_blocks,
+            block_size=cfg.block_size,
+            attention_backend=cfg.attention_backend,
         )
         pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
@@ -56,8 +61,14 @@ class ExecutorActor(Actor):
         await self.bus.publish(self.subjects.executor_info, self.info())
         self.spawn(self._step_loop(), "step_loop")
         self.bus.on_reconnect(self._after_bus_outage)
-        self.log.info("model_loaded", model=cfg.model, blocks=self.runner.num_kv_blocks,
-                      max_model_len=self.max_model_len, device=str(self.runner.device), dtype=str(self.runner.dtype))
+        self.log.info(
+            "model_loaded",
+            model=cfg.model,
+            blocks=self.runner.num_kv_blocks,
+            max_model_len=self.max_model_len,
+            device=str(self.runner.device),
+            dtype=str(self.runner.dtype),
+        )
 
     @property
     def polls_bus(self) -> bool:
@@ -162,8 +173,12 @@ class ExecutorActor(Actor):
         started = time.perf_counter()
         launched = self._launch(copies, inputs)
         if (blocked_s := time.perf_counter() - started) > SLOW_LAUNCH_S:
-            self.log.warning("slow_launch", seconds=round(blocked_s, 3), sequences=len(inputs),
-                             tokens=sum(len(s.token_ids) for s in inputs))
+            self.log.warning(
+                "slow_launch",
+                seconds=round(blocked_s, 3),
+                sequences=len(inputs),
+                tokens=sum(len(s.token_ids) for s in inputs),
+            )
         if previous is None:
             return launched, None
         while not previous.done():  # busy-waits, as cudaEventSynchronize usually does

@@ -65,8 +65,13 @@ class RunningBatch:
                 # The leading blocks already hold the KV of a cached prefix: prefill starts after it.
                 # A run of the same id still in flight is replaced: book discards its results.
                 self.sequences[request_id] = RunningSequence(
-                    request_id, params, list(block_table), num_outputs, position=cached_tokens,
-                    stop_ids=stop_ids, cached_tokens=cached_tokens,
+                    request_id,
+                    params,
+                    list(block_table),
+                    num_outputs,
+                    position=cached_tokens,
+                    stop_ids=stop_ids,
+                    cached_tokens=cached_tokens,
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -178,10 +183,16 @@ class RunningBatch:
                 if seq.pending is planned:  # no later step reads it on the device: feed it from here
                     seq.pending, seq.last_token = None, token
                 finish = "stop" if token in seq.stop_ids else "length" if planned.last else None
-            updates.append(SequenceUpdate(
-                seq.request_id, [] if token is None else [token], planned.output_index, planned.prefill_tokens,
-                finish, seq.cached_tokens,
-            ))
+            updates.append(
+                SequenceUpdate(
+                    seq.request_id,
+                    [] if token is None else [token],
+                    planned.output_index,
+                    planned.prefill_tokens,
+                    finish,
+                    seq.cached_tokens,
+                )
+            )
             seq.cached_tokens = None
             if finish:
                 del self.sequences[seq.request_id]

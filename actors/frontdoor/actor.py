@@ -7,7 +7,6 @@ from actors.frontdoor.tenants import Tenants
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 
-
 # Connections the kernel queues until we accept them, so a burst of new clients is taken at once,
 # those over max_concurrent_requests included (they get a quick 429). With aiohttp's default of
 # 128 the kernel drops the other handshakes, which TCP retries only a second later. The kernel caps
@@ -23,13 +22,21 @@ class FrontdoorActor(Actor):
 
     async def start(self) -> None:
         cfg = self.config
-        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s,
-                                        cfg.requests.max_migrations)
+        self.pipeline = RequestPipeline(
+            self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s, cfg.requests.max_migrations
+        )
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         tenants = Tenants.from_config(cfg.tenancy.api_keys, cfg.tenancy.admin_key)
-        app = HttpApi(self.pipeline, self.bus, self.subjects, tenants, cfg.engine.model_name, cfg.http.max_body_bytes,
-                      cfg.http.max_concurrent_requests).build_app()
+        app = HttpApi(
+            self.pipeline,
+            self.bus,
+            self.subjects,
+            tenants,
+            cfg.engine.model_name,
+            cfg.http.max_body_bytes,
+            cfg.http.max_concurrent_requests,
+        ).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()

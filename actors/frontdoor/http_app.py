@@ -12,7 +12,8 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from actors.frontdoor import native_protocol as native, openai_protocol as protocol
+from actors.frontdoor import native_protocol as native
+from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.request_fields import ParsedRequest
 from actors.frontdoor.tenants import Tenants
@@ -21,7 +22,14 @@ from actors.lib.origin.request_stream import RequestGroup
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import (
-    CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
+    CacheFlushed,
+    CacheReport,
+    FlushCache,
+    GetCache,
+    GetStats,
+    PrefixPublished,
+    PublishPrefix,
+    SchedulerStats,
 )
 from schemas.errors import Error
 from schemas.session import AsTenant, CloseSession, OpenSession, SessionClosed, SessionOpened
@@ -56,8 +64,14 @@ class HttpApi:
     requests to the scheduler over the frontdoor's `bus`."""
 
     def __init__(
-        self, pipeline: RequestPipeline, bus: Bus, subjects: Subjects, tenants: Tenants, model_name: str,
-        max_body_bytes: int, max_concurrent_requests: int,
+        self,
+        pipeline: RequestPipeline,
+        bus: Bus,
+        subjects: Subjects,
+        tenants: Tenants,
+        model_name: str,
+        max_body_bytes: int,
+        max_concurrent_requests: int,
     ) -> None:
         self.pipeline = pipeline
         self.bus = bus
@@ -145,8 +159,15 @@ class HttpApi:
         reply = await self.bus.request(self.subjects.scheduler, message, SessionOpened, SESSION_TIMEOUT_S)
         if isinstance(reply, Error):
             return error_response(reply)
-        return web.json_response({"id": reply.session_id, "object": "session", "created": int(time.time()),
-                                  "capacity_tokens": reply.capacity_tokens, "idle_timeout_s": reply.idle_timeout_s})
+        return web.json_response(
+            {
+                "id": reply.session_id,
+                "object": "session",
+                "created": int(time.time()),
+                "capacity_tokens": reply.capacity_tokens,
+                "idle_timeout_s": reply.idle_timeout_s,
+            }
+        )
 
     async def close_session(self, request: web.Request) -> web.Response:
         """The session's owner is the tenant, narrowed by `?user=` as it was when it was opened."""
@@ -171,8 +192,13 @@ class HttpApi:
         if isinstance(parsed, Error):
             return error_response(parsed)
         if self.pipeline.in_flight >= self.max_concurrent_requests:
-            response = error_response(Error(
-                "overloaded", f"more than {self.max_concurrent_requests} requests in flight; retry later", retriable=True))
+            response = error_response(
+                Error(
+                    "overloaded",
+                    f"more than {self.max_concurrent_requests} requests in flight; retry later",
+                    retriable=True,
+                )
+            )
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
         tenant = self.tenants.request_tenant(request["identity"], parsed.user)
@@ -202,28 +228,49 @@ class HttpApi:
         choices = [("".join(text), finish) for text, finish in zip(texts, finishes)]
         return web.json_response(self._final_body(parsed.kind, group, choices, token_ids[0], completion_tokens))
 
-    def _final_body(self, kind: str, group: RequestGroup, choices: list[tuple[str, str]], token_ids: list[int],
-                    completion_tokens: int) -> dict:
-        args = (group.request_id, self.model_name, self.created, choices, len(group.prompt_ids), completion_tokens,
-                group.cached_tokens)
+    def _final_body(
+        self,
+        kind: str,
+        group: RequestGroup,
+        choices: list[tuple[str, str]],
+        token_ids: list[int],
+        completion_tokens: int,
+    ) -> dict:
+        args = (
+            group.request_id,
+            self.model_name,
+            self.created,
+            choices,
+            len(group.prompt_ids),
+            completion_tokens,
+            group.cached_tokens,
+        )
         if kind == "chat":
             return protocol.chat_completion_response(*args)
         if kind == "completion":
             return protocol.completion_response(*args)
-        (text, finish), = choices  # the native route has no n
+        ((text, finish),) = choices  # the native route has no n
         return {
-            "request_id": group.request_id, "text": text, "token_ids": token_ids, "finish_reason": finish,
-            "prompt_tokens": len(group.prompt_ids), "completion_tokens": completion_tokens,
+            "request_id": group.request_id,
+            "text": text,
+            "token_ids": token_ids,
+            "finish_reason": finish,
+            "prompt_tokens": len(group.prompt_ids),
+            "completion_tokens": completion_tokens,
             "cached_tokens": group.cached_tokens,
         }
 
-    async def _stream_events(self, request: web.Request, parsed: ParsedRequest, group: RequestGroup) -> web.StreamResponse:
+    async def _stream_events(
+        self, request: web.Request, parsed: ParsedRequest, group: RequestGroup
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         kind, rid, model, created = parsed.kind, group.request_id, self.model_name, self.created
         if kind == "chat":
             for index in range(len(group.choices)):
-                await response.write(protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant", index=index)))
+                await response.write(
+                    protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant", index=index))
+                )
         completion_tokens = 0
         async for index, output in group:
             if output.error:
@@ -235,8 +282,9 @@ class HttpApi:
                 completion_tokens += output.completion_tokens
         else:
             if parsed.include_usage_in_stream:
-                usage = protocol.usage_chunk(kind, rid, model, created, len(group.prompt_ids), completion_tokens,
-                                             group.cached_tokens)
+                usage = protocol.usage_chunk(
+                    kind, rid, model, created, len(group.prompt_ids), completion_tokens, group.cached_tokens
+                )
                 await response.write(protocol.sse_event(usage))
         await response.write(protocol.SSE_DONE)
         await response.write_eof()
@@ -245,9 +293,15 @@ class HttpApi:
     def _chunk(self, kind: str, rid: str, index: int, output) -> dict:
         model, created = self.model_name, self.created
         if kind == "chat":
-            return protocol.chat_chunk(rid, model, created, delta_text=output.text, finish_reason=output.finish_reason,
-                                       index=index)
+            return protocol.chat_chunk(
+                rid, model, created, delta_text=output.text, finish_reason=output.finish_reason, index=index
+            )
         if kind == "completion":
             return protocol.completion_chunk(rid, model, created, output.text, output.finish_reason, index=index)
-        return {"request_id": rid, "text": output.text, "token_ids": output.token_ids,
-                "finish_reason": output.finish_reason, "completion_tokens": output.completion_tokens}
+        return {
+            "request_id": rid,
+            "text": output.text,
+            "token_ids": output.token_ids,
+            "finish_reason": output.finish_reason,
+            "completion_tokens": output.completion_tokens,
+        }

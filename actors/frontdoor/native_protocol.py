@@ -4,11 +4,19 @@
 import msgspec
 
 from actors.frontdoor.request_fields import (
-    Body, Id, ParsedRequest, SamplingFields, decode_body, invalid, sampling_params, session_turn,
+    Body,
+    Id,
+    ParsedRequest,
+    SamplingFields,
+    decode_body,
+    invalid,
+    sampling_params,
+    session_turn,
 )
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams, TokenCount, TokenId
-from schemas.session import IdleTimeout, TokenCount as SessionTokens
+from schemas.session import IdleTimeout
+from schemas.session import TokenCount as SessionTokens
 
 
 class NativeSampling(SamplingFields, kw_only=True, forbid_unknown_fields=True):
@@ -82,6 +90,10 @@ def parse_generate_request(body: bytes) -> ParsedRequest | Error:
         return session
     params = msgspec.structs.replace(sampling_params(sampling, max_tokens), detokenize=sampling.detokenize)
     request = GenerateRequest(
-        text=req.text, input_ids=req.input_ids, params=params, stream=req.stream, session=session,
+        text=req.text,
+        input_ids=req.input_ids,
+        params=params,
+        stream=req.stream,
+        session=session,
     )
     return ParsedRequest("generate", request, include_usage_in_stream=False)

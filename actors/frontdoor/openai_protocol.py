@@ -23,7 +23,13 @@ from actors.frontdoor.openai_responses import (  # noqa: F401  (re-exported for 
     usage_chunk,
 )
 from actors.frontdoor.request_fields import (
-    Id, ParsedRequest, SamplingFields, decode_body, invalid, sampling_params, session_turn,
+    Id,
+    ParsedRequest,
+    SamplingFields,
+    decode_body,
+    invalid,
+    sampling_params,
+    session_turn,
 )
 from schemas.errors import Error
 from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, TokenCount, TokenId
@@ -225,9 +231,8 @@ def _openai_parsed(
     if isinstance(session, Error):
         return session
     stream = bool(req.stream)
-    request = msgspec.structs.replace(prompt, params=sampling_params(req, max_tokens), stream=stream, model=model,
-                                      n=req.n or 1, session=session)
+    request = msgspec.structs.replace(
+        prompt, params=sampling_params(req, max_tokens), stream=stream, model=model, n=req.n or 1, session=session
+    )
     include_usage = stream and req.stream_options is not None and bool(req.stream_options.include_usage)
     return ParsedRequest(kind, request, include_usage, req.user or "")
-
-

@@ -38,8 +38,13 @@ def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, ch
 
 
 def chat_completion_response(
-    request_id: str, model: str, created: int, choices: list[tuple[str, str]], prompt_tokens: int,
-    completion_tokens: int, cached_tokens: int = 0,
+    request_id: str,
+    model: str,
+    created: int,
+    choices: list[tuple[str, str]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
     """`choices`: (text, finish_reason) of each; the usage counts the prompt once, every choice's tokens."""
     bodies = [
@@ -51,10 +56,18 @@ def chat_completion_response(
 
 
 def completion_response(
-    request_id: str, model: str, created: int, choices: list[tuple[str, str]], prompt_tokens: int,
-    completion_tokens: int, cached_tokens: int = 0,
+    request_id: str,
+    model: str,
+    created: int,
+    choices: list[tuple[str, str]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
-    bodies = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
+    bodies = [
+        {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        for i, (text, finish) in enumerate(choices)
+    ]
     body = _envelope("completion", "text_completion", request_id, model, created, bodies)
     return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 

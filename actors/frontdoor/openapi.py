@@ -18,16 +18,28 @@ def _json_body(schema_name: str, required: bool = True) -> dict:
 
 
 def _responses(ok: str, *errors: int) -> dict:
-    error = {"description": "an OpenAI-style error", "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}}}
+    error = {
+        "description": "an OpenAI-style error",
+        "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
+    }
     return {"200": {"description": ok}, **{str(code): error for code in errors}}
 
 
 ERROR_BODY = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
 
 
@@ -40,34 +52,77 @@ def openapi_document() -> dict:
     post_errors = (400, 404, 413, 429, 503)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "kernel-llm", "version": "0.1.0",
-                 "description": "OpenAI-compatible completions and chat, a native generate route, sessions for "
-                                "multi-turn work, health and admin."},
+        "info": {
+            "title": "kernel-llm",
+            "version": "0.1.0",
+            "description": "OpenAI-compatible completions and chat, a native generate route, sessions for "
+            "multi-turn work, health and admin.",
+        },
         "paths": {
-            "/v1/chat/completions": {"post": {"requestBody": _json_body("ChatCompletionRequest"),
-                                              "responses": _responses("a chat completion, or an SSE stream of chunks", *post_errors)}},
-            "/v1/completions": {"post": {"requestBody": _json_body("CompletionRequest"),
-                                         "responses": _responses("a completion, or an SSE stream of chunks", *post_errors)}},
-            "/generate": {"post": {"requestBody": _json_body("GenerateBody"),
-                                   "responses": _responses("generated text and token ids, or an SSE stream", *post_errors)}},
-            "/v1/sessions": {"post": {"requestBody": _json_body("SessionBody", required=False),
-                                      "responses": _responses("the new session: its id, for `session_id`", 400, 413, 503)}},
-            "/v1/sessions/{session_id}": {"delete": {
-                "parameters": [
-                    {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                    {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "the `user` the session was opened with"},
-                ],
-                "responses": _responses("the session is closed and its pinned KV released", 404, 503)}},
+            "/v1/chat/completions": {
+                "post": {
+                    "requestBody": _json_body("ChatCompletionRequest"),
+                    "responses": _responses("a chat completion, or an SSE stream of chunks", *post_errors),
+                }
+            },
+            "/v1/completions": {
+                "post": {
+                    "requestBody": _json_body("CompletionRequest"),
+                    "responses": _responses("a completion, or an SSE stream of chunks", *post_errors),
+                }
+            },
+            "/generate": {
+                "post": {
+                    "requestBody": _json_body("GenerateBody"),
+                    "responses": _responses("generated text and token ids, or an SSE stream", *post_errors),
+                }
+            },
+            "/v1/sessions": {
+                "post": {
+                    "requestBody": _json_body("SessionBody", required=False),
+                    "responses": _responses("the new session: its id, for `session_id`", 400, 413, 503),
+                }
+            },
+            "/v1/sessions/{session_id}": {
+                "delete": {
+                    "parameters": [
+                        {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                        {
+                            "name": "user",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "the `user` the session was opened with",
+                        },
+                    ],
+                    "responses": _responses("the session is closed and its pinned KV released", 404, 503),
+                }
+            },
             "/v1/models": {"get": {"responses": _responses("the served model")}},
             "/health": {"get": {"responses": _responses("the process answers")}},
-            "/health/ready": {"get": {"responses": {**_responses("every actor can serve now"),
-                                                    "503": {"description": "an actor is down or stuck"}}}},
+            "/health/ready": {
+                "get": {
+                    "responses": {
+                        **_responses("every actor can serve now"),
+                        "503": {"description": "an actor is down or stuck"},
+                    }
+                }
+            },
             "/admin/stats": {"get": {"responses": _responses("queue, running batch, KV blocks and prefix cache", 503)}},
             "/admin/flush_cache": {"post": {"responses": _responses("cached blocks no request uses are freed", 503)}},
-            "/admin/cache": {"get": {"responses": _responses("KV blocks free, cached, in use; public and private per tenant; hit rate", 503)}},
-            "/admin/publish": {"post": {"requestBody": _json_body("PublishBody"),
-                                        "responses": _responses("the prefix is readable by every tenant", 400, 413, 503)}},
+            "/admin/cache": {
+                "get": {
+                    "responses": _responses(
+                        "KV blocks free, cached, in use; public and private per tenant; hit rate", 503
+                    )
+                }
+            },
+            "/admin/publish": {
+                "post": {
+                    "requestBody": _json_body("PublishBody"),
+                    "responses": _responses("the prefix is readable by every tenant", 400, 413, 503),
+                }
+            },
             "/openapi.json": {"get": {"responses": _responses("this document")}},
         },
         "components": {"schemas": components},

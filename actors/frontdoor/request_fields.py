@@ -12,8 +12,18 @@ import msgspec
 
 from schemas.errors import Error
 from schemas.generate import (
-    GenerateRequest, MinP, SamplingParams, Seed, SessionTurn, StopString, StopStrings, Temperature, TokenCount, TokenId,
-    TopK, TopP,
+    GenerateRequest,
+    MinP,
+    SamplingParams,
+    Seed,
+    SessionTurn,
+    StopString,
+    StopStrings,
+    Temperature,
+    TokenCount,
+    TokenId,
+    TopK,
+    TopP,
 )
 
 Body = TypeVar("Body", bound=msgspec.Struct)

@@ -33,7 +33,11 @@ class Tenants:
 
     def identify(self, path: str, authorization: str | None) -> Identity | Error:
         """The caller's identity, or a 401 when the route needs a key it did not give."""
-        key = authorization.removeprefix("Bearer ").strip() if authorization and authorization.startswith("Bearer ") else None
+        key = (
+            authorization.removeprefix("Bearer ").strip()
+            if authorization and authorization.startswith("Bearer ")
+            else None
+        )
         admin = bool(self.admin_key and key and hmac.compare_digest(key, self.admin_key))
         if path in PUBLIC_PATHS:
             return Identity(None, admin)

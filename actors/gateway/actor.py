@@ -21,16 +21,21 @@ class GatewayActor(Actor):
 
     async def start(self) -> None:
         cfg = self.config
-        self.pipeline = RequestPipeline(self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s,
-                                        cfg.requests.max_migrations)
+        self.pipeline = RequestPipeline(
+            self.bus, self.subjects, self.instance_id, cfg.requests.request_timeout_s, cfg.requests.max_migrations
+        )
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
-            await self.bus.subscribe(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
+            await self.bus.subscribe(
+                self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP
+            )
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
-            await self.bus.subscribe_under(self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP)
+            await self.bus.subscribe_under(
+                self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP
+            )
 
     async def stop(self) -> None:
         await self.bus_api.close()

@@ -48,7 +48,9 @@ class BusApi:
         self.streams: dict[str, BusStream] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    async def on_generate(self, request: GenerateRequest, reply_to: str | None, tenant: str | None = None) -> Error | None:
+    async def on_generate(
+        self, request: GenerateRequest, reply_to: str | None, tenant: str | None = None
+    ) -> Error | None:
         """`tenant`: with API keys, the last token of the subject it came on; None without them."""
         if reply_to is None:
             return None  # nobody to answer
@@ -57,13 +59,19 @@ class BusApi:
         known = self.streams.get(request.request_id) if request.request_id else None
         if known is not None and known.tenant != tenant:
             # Another tenant's request: neither its replies nor its id are this tenant's.
-            return Error("invalid_request", f"request_id {request.request_id!r} is taken; choose another", param="request_id")
+            return Error(
+                "invalid_request", f"request_id {request.request_id!r} is taken; choose another", param="request_id"
+            )
         if known is not None:
             await self._resume(known, request.resume_from, reply_to)
             return None
         if request.resume_from:
-            return Error("not_found", f"no request {request.request_id!r} to resume here; send it again from the start",
-                         param="request_id", retriable=True)
+            return Error(
+                "not_found",
+                f"no request {request.request_id!r} to resume here; send it again from the start",
+                param="request_id",
+                retriable=True,
+            )
         request_id = request.request_id or uuid.uuid4().hex
         stream = self.streams[request_id] = BusStream(reply_to, tenant=tenant)
         # Generation outlives this callback: the subscription must go on to the next request.
@@ -86,8 +94,9 @@ class BusApi:
             await self._finish(stream, [Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)])
 
     async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
-        group = await self.pipeline.submit(request, tenant=request_tenant(stream.tenant, request.user),
-                                           request_id=request_id)
+        group = await self.pipeline.submit(
+            request, tenant=request_tenant(stream.tenant, request.user), request_id=request_id
+        )
         if isinstance(group, Error):
             await self._finish(stream, [group])
             return
@@ -106,10 +115,18 @@ class BusApi:
                     stream.chunks.append(chunk)
                     await self.bus.reply(stream.reply_to, chunk)
                 if output.finish_reason:
-                    results.append(GenerateResult(
-                        request_id, "".join(texts[index]), token_ids[index], output.finish_reason,
-                        len(group.prompt_ids), output.completion_tokens, group.cached_tokens, index,
-                    ))
+                    results.append(
+                        GenerateResult(
+                            request_id,
+                            "".join(texts[index]),
+                            token_ids[index],
+                            output.finish_reason,
+                            len(group.prompt_ids),
+                            output.completion_tokens,
+                            group.cached_tokens,
+                            index,
+                        )
+                    )
             await self._finish(stream, sorted(results, key=lambda r: r.index))
         finally:
             await group.close()
@@ -124,7 +141,9 @@ class BusApi:
         while True:
             await asyncio.sleep(FORGET_INTERVAL_S)
             horizon = time.monotonic() - KEEP_FINISHED_S
-            for request_id in [r for r, s in self.streams.items() if s.finished_at is not None and s.finished_at < horizon]:
+            for request_id in [
+                r for r, s in self.streams.items() if s.finished_at is not None and s.finished_at < horizon
+            ]:
                 del self.streams[request_id]
 
     async def close(self) -> None:

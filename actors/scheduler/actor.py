@@ -17,7 +17,14 @@ from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
 from kernel.tenants import request_tenant
 from schemas.admin import (
-    CacheFlushed, CacheReport, FlushCache, GetCache, GetStats, PrefixPublished, PublishPrefix, SchedulerStats,
+    CacheFlushed,
+    CacheReport,
+    FlushCache,
+    GetCache,
+    GetStats,
+    PrefixPublished,
+    PublishPrefix,
+    SchedulerStats,
 )
 from schemas.errors import Error
 from schemas.health import Heartbeat
@@ -97,13 +104,19 @@ class SchedulerActor(Actor):
         if self.batcher is None:
             engine, tenancy = self.config.engine, self.config.tenancy
             self.batcher = ContinuousBatcher(
-                info.num_blocks, info.block_size, info.max_model_len, info.vocab_size,
-                engine.max_num_seqs, engine.max_prefill_tokens, prefix_caching=engine.prefix_caching,
+                info.num_blocks,
+                info.block_size,
+                info.max_model_len,
+                info.vocab_size,
+                engine.max_num_seqs,
+                engine.max_prefill_tokens,
+                prefix_caching=engine.prefix_caching,
                 tenancy=TenancyPolicy(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
             )
         else:
-            self.log.warning("executor_changed", old=self.executor_id, new=info.executor_id,
-                             requeued=len(self.batcher.sequences))
+            self.log.warning(
+                "executor_changed", old=self.executor_id, new=info.executor_id, requeued=len(self.batcher.sequences)
+            )
             self.batcher.reset_executor(info.num_blocks, info.block_size, info.max_model_len, info.vocab_size)
         budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
@@ -112,7 +125,9 @@ class SchedulerActor(Actor):
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
         self.executor_id = info.executor_id
-        self.log.info("executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len)
+        self.log.info(
+            "executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len
+        )
         # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
         await self._send(self.batcher.schedule())
 
@@ -142,8 +157,9 @@ class SchedulerActor(Actor):
             case BeginTurn() | RecordTurn():
                 return self._session(message, message.tenant)
 
-    async def _on_session(self, message: PublicSessionRequest, _reply_to: str | None,
-                          key_tenant: str | None = None) -> SessionReply:
+    async def _on_session(
+        self, message: PublicSessionRequest, _reply_to: str | None, key_tenant: str | None = None
+    ) -> SessionReply:
         """A client's, on the public subject. `key_tenant`: with API keys, the subject's last token,
         which `user` only narrows; without them `user` names the tenant."""
         return self._session(message, request_tenant(key_tenant, message.user))
@@ -175,7 +191,11 @@ class SchedulerActor(Actor):
             await asyncio.sleep(ORPHAN_CHECK_S)
             for dead in self.origins.expire():
                 origin = self.subjects.origin(dead.instance_id)
-                orphans = [s.request_id for s in (self.batcher.sequences.values() if self.batcher else []) if s.origin == origin]
+                orphans = [
+                    s.request_id
+                    for s in (self.batcher.sequences.values() if self.batcher else [])
+                    if s.origin == origin
+                ]
                 for request_id in orphans:
                     self.batcher.abort(request_id)
                 if orphans:

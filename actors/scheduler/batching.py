@@ -128,8 +128,15 @@ class ContinuousBatcher:
     def stats(self) -> SchedulerStats:
         cache = self.kv.cache.stats()
         return SchedulerStats(
-            len(self.requests.waiting), len(self.requests.running), self.kv.pool.num_blocks, self.kv.pool.num_free,
-            cache.cached_blocks, cache.evictable_blocks, cache.hit_tokens, cache.queried_tokens, self.preemptions,
+            len(self.requests.waiting),
+            len(self.requests.running),
+            self.kv.pool.num_blocks,
+            self.kv.pool.num_free,
+            cache.cached_blocks,
+            cache.evictable_blocks,
+            cache.hit_tokens,
+            cache.queried_tokens,
+            self.preemptions,
         )
 
     # -- scheduling -----------------------------------------------------------------------
@@ -190,7 +197,9 @@ class ContinuousBatcher:
             return False
         self.requests.start(seq)
         seq.start_run(computed)
-        self._commands.append(StartSequence(seq.request_id, seq.params, list(seq.blocks), len(seq.output_ids), computed))
+        self._commands.append(
+            StartSequence(seq.request_id, seq.params, list(seq.blocks), len(seq.output_ids), computed)
+        )
         return True
 
     def _send_chunk(self, seq: Sequence, budget: int) -> int:

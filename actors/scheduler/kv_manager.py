@@ -112,8 +112,16 @@ class KVManager:
         in_use = len({b for seq in running for b in seq.blocks})
         hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
         return CacheReport(
-            self.pool.num_blocks, usage.free_blocks, usage.cached_blocks, usage.evictable_blocks, in_use,
-            usage.public_blocks, usage.private_blocks, usage.hit_tokens, usage.queried_tokens, hit_rate,
+            self.pool.num_blocks,
+            usage.free_blocks,
+            usage.cached_blocks,
+            usage.evictable_blocks,
+            in_use,
+            usage.public_blocks,
+            usage.private_blocks,
+            usage.hit_tokens,
+            usage.queried_tokens,
+            hit_rate,
         )
 
     def publish(self, tokens: list[int]) -> PrefixPublished:

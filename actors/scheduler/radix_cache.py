@@ -134,7 +134,7 @@ class RadixCache:
             return 0
         key, tick, now = tuple(tokens), next(self._ticks), self._clock()
         node, pos = self._root, 0
-        for node, pos in descend(self._root, key, self.block_size):
+        for node, pos in descend(self._root, key, self.block_size):  # noqa: B007 (pos is read after the loop)
             node.last_access = tick
             self._stored(node, tenant, now)
         if pos == len(key):
@@ -160,7 +160,7 @@ class RadixCache:
         self.tenancy.publish(tuple(tokens))
         key = tuple(tokens[: len(tokens) // self.block_size * self.block_size])
         node = self._root
-        for node, _ in descend(self._root, key, self.block_size):
+        for node, _ in descend(self._root, key, self.block_size):  # noqa: B007 (node is read after the loop)
             pass  # down to the node that ends where the published tokens leave the tree
         return self._make_public(node)
 
@@ -224,8 +224,16 @@ class RadixCache:
             else:
                 for name in {tenant.name for tenant in node.visibility.owners}:
                     private[name] += len(node.blocks)
-        return CacheUsage(self.pool.num_free, self._evictable + self._locked, self._evictable, self._locked,
-                          public, dict(private), self._hit_tokens, self._queried_tokens)
+        return CacheUsage(
+            self.pool.num_free,
+            self._evictable + self._locked,
+            self._evictable,
+            self._locked,
+            public,
+            dict(private),
+            self._hit_tokens,
+            self._queried_tokens,
+        )
 
     def cached_blocks(self) -> list[int]:
         """Every block the tree holds."""

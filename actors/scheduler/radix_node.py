@@ -49,9 +49,16 @@ def split(node: Node, num_blocks: int, block_size: int) -> Node:
     """Cuts `node` after `num_blocks` blocks; returns the new upper part. The lower part stays
     `node`, so a lock held through it still covers both."""
     bs = block_size
-    upper = Node(node.key[: num_blocks * bs], node.blocks[:num_blocks], node.parent,
-                 lock_ref=node.lock_ref, last_access=node.last_access, visibility=node.visibility.copy(),
-                 hits=node.hits, hits_at=node.hits_at)
+    upper = Node(
+        node.key[: num_blocks * bs],
+        node.blocks[:num_blocks],
+        node.parent,
+        lock_ref=node.lock_ref,
+        last_access=node.last_access,
+        visibility=node.visibility.copy(),
+        hits=node.hits,
+        hits_at=node.hits_at,
+    )
     node.parent.children[upper.key[:bs]] = upper
     node.key, node.blocks, node.parent = node.key[num_blocks * bs :], node.blocks[num_blocks:], upper
     upper.children[node.key[:bs]] = node

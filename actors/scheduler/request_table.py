@@ -51,7 +51,11 @@ class RequestTable:
             return Error("invalid_request", "max_tokens must be at least 1", param="max_tokens")
         bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            return Error("invalid_request", f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", param="prompt")
+            return Error(
+                "invalid_request",
+                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             return Error(
@@ -63,8 +67,14 @@ class RequestTable:
         return None
 
     def add(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, origin: str, output_ids: list[int],
-        tenant: Tenant, fork_of: str | None,
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        origin: str,
+        output_ids: list[int],
+        tenant: Tenant,
+        fork_of: str | None,
     ) -> Sequence | Error:
         """Queues a request, its `max_tokens` filled in with what the context leaves if not given;
         or the reason it cannot be served."""
@@ -73,8 +83,9 @@ class RequestTable:
         error = self.validate(request_id, prompt_ids, params)
         if error:
             return error
-        seq = Sequence(request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids),
-                       tenant, fork_of)
+        seq = Sequence(
+            request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids), tenant, fork_of
+        )
         self.by_id[request_id] = seq
         self.waiting.append(seq)
         return seq

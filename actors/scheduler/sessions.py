@@ -86,7 +86,9 @@ class SessionTable:
     # -- the conversation ------------------------------------------------------------------
 
     def open(self, message: OpenSession, tenant: Tenant) -> SessionOpened:
-        capacity = self.budget_tokens if message.capacity_tokens is None else min(message.capacity_tokens, self.budget_tokens)
+        capacity = (
+            self.budget_tokens if message.capacity_tokens is None else min(message.capacity_tokens, self.budget_tokens)
+        )
         idle_timeout_s = message.idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S
         session = Session(uuid.uuid4().hex, tenant, capacity, idle_timeout_s, self.clock())
         self.sessions[session.session_id] = session
@@ -104,8 +106,11 @@ class SessionTable:
         if isinstance(session, Error):
             return session
         if message.turn_id in self._by_turn:
-            return Error("invalid_request", f"request id {message.turn_id!r} already names a turn of an open session",
-                         param="request_id")
+            return Error(
+                "invalid_request",
+                f"request id {message.turn_id!r} already names a turn of an open session",
+                param="request_id",
+            )
         parent_id = message.parent_turn if message.parent_turn is not None else next(reversed(session.turns), None)
         parent = session.turns.get(parent_id) if parent_id is not None else None
         if parent_id is not None and parent is None:
@@ -231,8 +236,11 @@ class SessionTable:
     def _find(self, session_id: str, tenant: Tenant) -> Session | Error:
         session = self.sessions.get(session_id)
         if session is None or session.tenant != tenant:
-            return Error("not_found", f"no open session {session_id!r}: it was closed, expired or never opened",
-                         param="session_id")
+            return Error(
+                "not_found",
+                f"no open session {session_id!r}: it was closed, expired or never opened",
+                param="session_id",
+            )
         return session
 
     def _close(self, session: Session) -> None:

@@ -100,12 +100,18 @@ class TokenizerActor(Actor):
             if isinstance(rendered, Error):
                 return rendered
         if reply not in before or reply not in whole:
-            return Error("invalid_request", "this model's chat template cannot continue a conversation; "
-                         "send the session's turns as text or input_ids", param="messages")
-        continuation = whole[whole.index(reply) + len(reply):]
-        closing = before[before.index(reply) + len(reply):]
+            return Error(
+                "invalid_request",
+                "this model's chat template cannot continue a conversation; "
+                "send the session's turns as text or input_ids",
+                param="messages",
+            )
+        continuation = whole[whole.index(reply) + len(reply) :]
+        closing = before[before.index(reply) + len(reply) :]
         token_ids = self.tokenizer.encode(continuation, add_special_tokens=False)
-        closing_ids = self.tokenizer.encode(closing, add_special_tokens=False) if continuation.startswith(closing) else []
+        closing_ids = (
+            self.tokenizer.encode(closing, add_special_tokens=False) if continuation.startswith(closing) else []
+        )
         closing_tokens = len(closing_ids) if token_ids[: len(closing_ids)] == closing_ids else 0
         return Encoded(token_ids, closing_tokens)
 
@@ -134,14 +140,23 @@ class TokenizerActor(Actor):
             start = detokenizer.completion_tokens
             if not update.continues(start):
                 continue
-            text = detokenizer.push(update.token_ids, final=update.finish_reason is not None, first_index=update.output_index)
+            text = detokenizer.push(
+                update.token_ids, final=update.finish_reason is not None, first_index=update.output_index
+            )
             finish = "stop" if text.stopped else update.finish_reason
             if text.stopped and update.finish_reason is None:
                 await self.bus.publish(self.subjects.scheduler, Abort(update.request_id, reason="stop"))
-            batches[tracked.origin].append(RequestOutput(
-                update.request_id, text.token_ids, text.text, finish, detokenizer.completion_tokens,
-                output_index=start, cached_tokens=tracked.cached_tokens,
-            ))
+            batches[tracked.origin].append(
+                RequestOutput(
+                    update.request_id,
+                    text.token_ids,
+                    text.text,
+                    finish,
+                    detokenizer.completion_tokens,
+                    output_index=start,
+                    cached_tokens=tracked.cached_tokens,
+                )
+            )
             if finish:
                 del self.tracked[update.request_id]
         for origin, outputs in batches.items():

@@ -48,7 +48,7 @@ class StreamingDetokenizer:
         consumed are skipped, so a repeat after a restart upstream is harmless.
         """
         if first_index is not None:
-            token_ids = token_ids[max(0, self.completion_tokens - first_index):]
+            token_ids = token_ids[max(0, self.completion_tokens - first_index) :]
         consumed = []
         for token_id in token_ids:
             if self.stopped:
@@ -59,7 +59,7 @@ class StreamingDetokenizer:
             if piece:
                 self._append(piece)
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._holdback)
-        released = self.text[self._released:end]
+        released = self.text[self._released : end]
         self._released = end
         return TextUpdate(consumed, released, self.stopped)
 

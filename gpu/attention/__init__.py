@@ -26,7 +26,12 @@ def flashinfer_fits(config: ModelConfig, dtype: torch.dtype, device: torch.devic
 
 
 def make_backend(
-    name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_graph_batch: int, max_model_len: int,
+    name: str,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_graph_batch: int,
+    max_model_len: int,
     block_size: int,
 ) -> AttentionBackend:
     """`auto` is FlashInfer where it fits (and imports), else our Triton kernels on CUDA, else (on the

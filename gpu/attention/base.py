@@ -12,7 +12,6 @@ import torch
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
-
 PLAIN_GRAPH = "plain"  # the kind of decode graph every backend captures
 
 

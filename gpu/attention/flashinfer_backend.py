@@ -18,7 +18,11 @@ import torch
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
 from gpu.attention.flashinfer_prefill import PagedPrefill
 from gpu.attention.shared_prefix import (
-    MAX_GROUPS, MIN_SPARED_TOKEN_READS, SharedPrefixes, find_shared_prefixes, merge_attention_states,
+    MAX_GROUPS,
+    MIN_SPARED_TOKEN_READS,
+    SharedPrefixes,
+    find_shared_prefixes,
+    merge_attention_states,
 )
 from gpu.batch import ForwardBatch
 from gpu.kv_cache import KVCache
@@ -69,8 +73,10 @@ class FlashInferAttention(AttentionBackend):
         import flashinfer
 
         if head_dim not in SUPPORTED_HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"FlashInfer attention needs head_dim in {SUPPORTED_HEAD_DIMS} and bf16/fp16, "
-                             f"got {head_dim} and {dtype}")
+            raise ValueError(
+                f"FlashInfer attention needs head_dim in {SUPPORTED_HEAD_DIMS} and bf16/fp16, "
+                f"got {head_dim} and {dtype}"
+            )
         self._flashinfer = flashinfer
         self._heads = (num_heads, num_kv_heads, head_dim)
         self._kwargs = dict(sm_scale=scale, q_data_type=dtype, kv_data_type=dtype, non_blocking=True)
@@ -78,7 +84,10 @@ class FlashInferAttention(AttentionBackend):
         self._prefill = PagedPrefill(flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self.decode_tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self._workspace, "NHD", use_tensor_cores=self.decode_tensor_cores, backend="fa2",
+            self._workspace,
+            "NHD",
+            use_tensor_cores=self.decode_tensor_cores,
+            backend="fa2",
         )
         self._shared_prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         # The shared-prefix plans' own arrays (suffix pages, the prefix, who shares) reach the device here.
@@ -134,16 +143,27 @@ class FlashInferAttention(AttentionBackend):
                 indptr, indices = self._plan_prefix_pass(shared, self._shared_prefill, batch.block_size)
                 self._order = self._order[: int(shared.query_indptr[-1])]  # eagerly, the pass takes its rows only
             self._decode.plan(
-                indptr, indices, batch.host_kv_last_page_len[:decodes], *self._heads, batch.block_size,
-                pos_encoding_mode="NONE", **self._kwargs,
+                indptr,
+                indices,
+                batch.host_kv_last_page_len[:decodes],
+                *self._heads,
+                batch.block_size,
+                pos_encoding_mode="NONE",
+                **self._kwargs,
             )
             self._decode_run = self._decode
             self._staging.release()  # the plans have enqueued their reads of its pinned arrays
         if decodes < batch.num_seqs:
             pages = batch.host_kv_indptr[decodes:]
             self._prefill.plan(
-                batch.host_query_start[decodes:] - decodes, pages - pages[0], batch.kv_indices[int(pages[0]):],
-                batch.host_kv_last_page_len[decodes:], *self._heads, batch.block_size, causal=True, **self._kwargs,
+                batch.host_query_start[decodes:] - decodes,
+                pages - pages[0],
+                batch.kv_indices[int(pages[0]) :],
+                batch.host_kv_last_page_len[decodes:],
+                *self._heads,
+                batch.block_size,
+                causal=True,
+                **self._kwargs,
             )
 
     def graph_kinds(self, size: int) -> tuple[str, ...]:
@@ -152,7 +172,9 @@ class FlashInferAttention(AttentionBackend):
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size = batch.num_seqs
         if size > len(self._graph_last_page_len):
-            raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}")
+            raise ValueError(
+                f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}"
+            )
         if kind is None:  # replaying: only a kind captured at this size may be chosen
             shared = None
             if size in self._graph_prefix:
@@ -161,8 +183,9 @@ class FlashInferAttention(AttentionBackend):
         elif kind == SHARED_PREFIX_GRAPH:  # capturing
             shared = self._capture_plan(batch)
         elif kind != PLAIN_GRAPH:
-            raise ValueError(f"unknown CUDA-graph kind {kind!r}; this backend captures {PLAIN_GRAPH!r} and "
-                             f"{SHARED_PREFIX_GRAPH!r}")
+            raise ValueError(
+                f"unknown CUDA-graph kind {kind!r}; this backend captures {PLAIN_GRAPH!r} and {SHARED_PREFIX_GRAPH!r}"
+            )
         self._decodes, self._prefix_run = size, None
         if kind == PLAIN_GRAPH:
             indptr, indices = batch.host_kv_indptr, batch.kv_indices
@@ -170,7 +193,10 @@ class FlashInferAttention(AttentionBackend):
             prefix_run = self._graph_prefix.get(size)
             if prefix_run is None:
                 prefix_run = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                    self._workspace, "NHD", use_cuda_graph=True, **self._graph_prefix_buffers,
+                    self._workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    **self._graph_prefix_buffers,
                 )
                 self._graph_prefix[size] = prefix_run
             indptr, indices = self._plan_prefix_pass(_padded_to_max_groups(shared), prefix_run, batch.block_size)
@@ -187,9 +213,13 @@ class FlashInferAttention(AttentionBackend):
         that no row merges (the pass must be captured at the most rows it will take)."""
         host, size = batch.host, batch.num_seqs
         return SharedPrefixes(
-            order=np.arange(size, dtype=np.int32), query_indptr=np.array([0, size], np.int32),
-            pages_indptr=np.array([0, 1], np.int32), pages=host.kv_indices[:1], slots=np.full(size, -1, np.int32),
-            suffix_indptr=host.kv_indptr, suffix_indices=host.kv_indices,
+            order=np.arange(size, dtype=np.int32),
+            query_indptr=np.array([0, size], np.int32),
+            pages_indptr=np.array([0, 1], np.int32),
+            pages=host.kv_indices[:1],
+            slots=np.full(size, -1, np.int32),
+            suffix_indptr=host.kv_indptr,
+            suffix_indices=host.kv_indices,
         )
 
     def _plan_prefix_pass(self, shared: SharedPrefixes, prefix_run, block_size: int):
@@ -197,15 +227,26 @@ class FlashInferAttention(AttentionBackend):
         shared blocks. Returns the host indptr and device indices of the decode pass, over what
         each row reads besides; the caller releases the staging once it has planned that pass."""
         arrays = _PrefixPassArrays(
-            query_indptr=shared.query_indptr, pages_indptr=shared.pages_indptr, pages=shared.pages,
-            last_page_len=np.full(shared.num_groups, block_size, np.int32), order=shared.order, slots=shared.slots,
-            suffix_indptr=shared.suffix_indptr, suffix_indices=shared.suffix_indices,
+            query_indptr=shared.query_indptr,
+            pages_indptr=shared.pages_indptr,
+            pages=shared.pages,
+            last_page_len=np.full(shared.num_groups, block_size, np.int32),
+            order=shared.order,
+            slots=shared.slots,
+            suffix_indptr=shared.suffix_indptr,
+            suffix_indices=shared.suffix_indices,
         )
         [device] = self._staging.upload(arrays)
         pinned = self._staging.pinned
         prefix_run.plan(
-            pinned(device.query_indptr), pinned(device.pages_indptr), device.pages, pinned(device.last_page_len),
-            *self._heads, block_size, causal=False, **self._kwargs,
+            pinned(device.query_indptr),
+            pinned(device.pages_indptr),
+            device.pages,
+            pinned(device.last_page_len),
+            *self._heads,
+            block_size,
+            causal=False,
+            **self._kwargs,
         )
         self._prefix_run, self._slots, self._order = prefix_run, device.slots, device.order
         return pinned(device.suffix_indptr), device.suffix_indices
@@ -217,16 +258,24 @@ class FlashInferAttention(AttentionBackend):
             return wrapper
         if wrapper is None:
             wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace, "NHD", use_cuda_graph=True,
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
                 paged_kv_indptr_buffer=self._graph_indptr[: size + 1],
                 paged_kv_indices_buffer=self._graph_indices,
                 paged_kv_last_page_len_buffer=self._graph_last_page_len[:size],
-                use_tensor_cores=self.decode_tensor_cores, backend="fa2",
+                use_tensor_cores=self.decode_tensor_cores,
+                backend="fa2",
             )
             self._graph_decode[size] = wrapper
         wrapper.plan(
-            indptr, indices, batch.host_kv_last_page_len, *self._heads, batch.block_size,
-            pos_encoding_mode="NONE", **self._kwargs,
+            indptr,
+            indices,
+            batch.host_kv_last_page_len,
+            *self._heads,
+            batch.block_size,
+            pos_encoding_mode="NONE",
+            **self._kwargs,
         )
         return wrapper
 
@@ -242,23 +291,49 @@ class FlashInferAttention(AttentionBackend):
         num_heads, num_kv_heads, head_dim = self._heads
         size, page = batch.num_seqs, batch.block_size
         workspaces = (
-            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
         )
         if self.decode_tensor_cores:  # the prefill planner, one query row per sequence (qo_indptr 0, 1, ..)
             # It takes the KV lengths too, though FlashInfer 0.7.2's fa2 planner schedules by pages.
             kv_lens = torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * page + batch.host_kv_last_page_len
             wrapper._plan_info = wrapper._cached_module.plan(
-                *workspaces, self._row_indptr[: size + 1], indptr, kv_lens,
-                size, size, num_heads, num_kv_heads, page,  # query rows, sequences, heads, page size
-                True, head_dim, head_dim,  # CUDA-graph mode, head dims of q/k and v
-                False, -1,  # causal, window
-                -1, False, 0, 0,  # fixed split size, split-KV off, colocated CTAs, uniform query length
+                *workspaces,
+                self._row_indptr[: size + 1],
+                indptr,
+                kv_lens,
+                size,
+                size,
+                num_heads,
+                num_kv_heads,
+                page,  # query rows, sequences, heads, page size
+                True,
+                head_dim,
+                head_dim,  # CUDA-graph mode, head dims of q/k and v
+                False,
+                -1,  # causal, window
+                -1,
+                False,
+                0,
+                0,  # fixed split size, split-KV off, colocated CTAs, uniform query length
             )
             return
         empty = self._empty
         wrapper._plan_info = wrapper._cached_module.plan(
-            *workspaces, indptr, size, num_heads, num_kv_heads, page,
-            True, -1, 0.0, head_dim, head_dim, empty, empty,  # CUDA-graph mode, window, soft cap, head dims, dtypes
+            *workspaces,
+            indptr,
+            size,
+            num_heads,
+            num_kv_heads,
+            page,
+            True,
+            -1,
+            0.0,
+            head_dim,
+            head_dim,
+            empty,
+            empty,  # CUDA-graph mode, window, soft cap, head dims, dtypes
         )
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:

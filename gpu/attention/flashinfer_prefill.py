@@ -38,8 +38,10 @@ class PagedPrefill:
             self._args = self._run_watched(q, cache, out)
             return out
         if len(q) != self.wrapper._qo_indptr_last or out.shape != q.shape:  # what run() would refuse
-            raise ValueError(f"queries {tuple(q.shape)} and output {tuple(out.shape)} do not fit the plan's "
-                             f"{self.wrapper._qo_indptr_last} tokens")
+            raise ValueError(
+                f"queries {tuple(q.shape)} and output {tuple(out.shape)} do not fit the plan's "
+                f"{self.wrapper._qo_indptr_last} tokens"
+            )
         args = self._args
         args[_Q], args[_OUT] = q, out
         args[_K], args[_V] = cache.unbind(1)
@@ -65,8 +67,15 @@ class PagedPrefill:
         finally:
             wrapper._cached_module = module
         keys, values = cache.unbind(1)
-        if not (len(handed) == _ARGUMENTS and handed[_Q] is q and handed[_OUT] is out and handed[_K].data_ptr() == keys.data_ptr()
-                and handed[_V].data_ptr() == values.data_ptr()):
-            raise RuntimeError("FlashInfer's prefill run did not hand paged_run its arguments as 0.7.2's does "
-                               "(another version, or a backend other than fa2/fa3); PagedPrefill must learn how")
+        if not (
+            len(handed) == _ARGUMENTS
+            and handed[_Q] is q
+            and handed[_OUT] is out
+            and handed[_K].data_ptr() == keys.data_ptr()
+            and handed[_V].data_ptr() == values.data_ptr()
+        ):
+            raise RuntimeError(
+                "FlashInfer's prefill run did not hand paged_run its arguments as 0.7.2's does "
+                "(another version, or a backend other than fa2/fa3); PagedPrefill must learn how"
+            )
         return handed

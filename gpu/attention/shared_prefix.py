@@ -101,8 +101,18 @@ def find_shared_prefixes(
 
 
 @triton.jit
-def _merge_kernel(out_ptr, lse_ptr, other_ptr, other_lse_ptr, slots_ptr, out_strides, other_strides, num_heads,
-                  head_dim, BLOCK: tl.constexpr):
+def _merge_kernel(
+    out_ptr,
+    lse_ptr,
+    other_ptr,
+    other_lse_ptr,
+    slots_ptr,
+    out_strides,
+    other_strides,
+    num_heads,
+    head_dim,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -119,13 +129,24 @@ def _merge_kernel(out_ptr, lse_ptr, other_ptr, other_lse_ptr, slots_ptr, out_str
     tl.store(out_at, merged.to(out_ptr.dtype.element_ty), mask=merge)
 
 
-def merge_attention_states(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor,
-                           slots: torch.Tensor) -> None:
+def merge_attention_states(
+    out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Row r of `out` becomes the attention over both passes' keys, in place, merged with row
     slots[r] of `other`; rows whose slot is -1 stay as they are. out: [T, heads, head_dim],
     other: [T', heads, head_dim], unit stride along head_dim; lse: [T, heads], other_lse:
     [T', heads], float32 contiguous, base 2; slots: [T] int32."""
     rows, heads, head_dim = out.shape
     if rows:
-        _merge_kernel[(rows, heads)](out, lse, other, other_lse, slots, out.stride()[:2], other.stride()[:2], heads,
-                                     head_dim, BLOCK=triton.next_power_of_2(head_dim))
+        _merge_kernel[(rows, heads)](
+            out,
+            lse,
+            other,
+            other_lse,
+            slots,
+            out.stride()[:2],
+            other.stride()[:2],
+            heads,
+            head_dim,
+            BLOCK=triton.next_power_of_2(head_dim),
+        )

@@ -68,14 +68,19 @@ class TritonAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.host.is_decode:
             self._plan = _Plan(
-                kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, last_page_len=batch.kv_last_page_len,
+                kv_indptr=batch.kv_indptr,
+                kv_indices=batch.kv_indices,
+                last_page_len=batch.kv_last_page_len,
                 num_splits=self._splits(batch.num_seqs),
             )
         else:
             tiles = extend_tiles(batch.query_start, batch.host.query_lens, *self._tile_shape)
             self._plan = _Plan(
-                kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, last_page_len=batch.kv_last_page_len,
-                query_start=batch.query_start, tiles=tiles,
+                kv_indptr=batch.kv_indptr,
+                kv_indices=batch.kv_indices,
+                last_page_len=batch.kv_last_page_len,
+                query_start=batch.query_start,
+                tiles=tiles,
             )
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:

@@ -54,9 +54,27 @@ def _split_len(context_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _attend_keys(
-    acc, m, l, q, q_pos, cache_ptr, kv_indices_ptr, page_first, key_start, key_end, qk_scale, block_size,
-    page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid,
-    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    acc,
+    m,
+    l,
+    q,
+    q_pos,
+    cache_ptr,
+    kv_indices_ptr,
+    page_first,
+    key_start,
+    key_end,
+    qk_scale,
+    block_size,
+    page_stride,
+    kv_stride,
+    slot_stride,
+    kv_head_offset,
+    dims,
+    dim_valid,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     # Online softmax over keys key_start ..< key_end: acc [BLOCK_M, BLOCK_D], m and l [BLOCK_M].
     for start in range(key_start, key_end, BLOCK_N):
@@ -81,11 +99,32 @@ def _attend_keys(
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, out_ptr, lse_ptr, cache_ptr, query_start_ptr, kv_indptr_ptr, kv_indices_ptr, last_page_len_ptr,
-    tile_seq_ptr, tile_index_ptr, qk_scale, block_size, q_token_stride, q_head_stride,
-    page_stride, kv_stride, slot_stride, kv_head_stride,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DECODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q_ptr,
+    out_ptr,
+    lse_ptr,
+    cache_ptr,
+    query_start_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    last_page_len_ptr,
+    tile_seq_ptr,
+    tile_index_ptr,
+    qk_scale,
+    block_size,
+    q_token_stride,
+    q_head_stride,
+    page_stride,
+    kv_stride,
+    slot_stride,
+    kv_head_stride,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DECODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Grid: (tiles, kv_heads, splits). A decode batch has one token per sequence: tile = sequence.
     kv_head = tl.program_id(1)
@@ -130,12 +169,50 @@ def _attention_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     acc, m, l = _attend_keys(
-        acc, m, l, q, q_pos, cache_ptr, kv_indices_ptr, page_first, key_start, unmasked_end, qk_scale, block_size,
-        page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid, BLOCK_N, DOT_PRECISION, False,
+        acc,
+        m,
+        l,
+        q,
+        q_pos,
+        cache_ptr,
+        kv_indices_ptr,
+        page_first,
+        key_start,
+        unmasked_end,
+        qk_scale,
+        block_size,
+        page_stride,
+        kv_stride,
+        slot_stride,
+        kv_head_offset,
+        dims,
+        dim_valid,
+        BLOCK_N,
+        DOT_PRECISION,
+        False,
     )
     acc, m, l = _attend_keys(
-        acc, m, l, q, q_pos, cache_ptr, kv_indices_ptr, page_first, unmasked_end, key_end, qk_scale, block_size,
-        page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid, BLOCK_N, DOT_PRECISION, True,
+        acc,
+        m,
+        l,
+        q,
+        q_pos,
+        cache_ptr,
+        kv_indices_ptr,
+        page_first,
+        unmasked_end,
+        key_end,
+        qk_scale,
+        block_size,
+        page_stride,
+        kv_stride,
+        slot_stride,
+        kv_head_offset,
+        dims,
+        dim_valid,
+        BLOCK_N,
+        DOT_PRECISION,
+        True,
     )
 
     out_rows = (q_start + token).to(tl.int64) * num_heads + head  # [T, heads] row of each tile row
@@ -152,16 +229,23 @@ def _attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_ptr, lse_ptr, out_ptr, kv_indptr_ptr, last_page_len_ptr, block_size,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    kv_indptr_ptr,
+    last_page_len_ptr,
+    block_size,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Grid: (seqs, heads); decode, so token = sequence.
     seq = tl.program_id(0)
     row = seq.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
-    context_len = (
-        (tl.load(kv_indptr_ptr + seq + 1) - tl.load(kv_indptr_ptr + seq) - 1) * block_size
-        + tl.load(last_page_len_ptr + seq)
+    context_len = (tl.load(kv_indptr_ptr + seq + 1) - tl.load(kv_indptr_ptr + seq) - 1) * block_size + tl.load(
+        last_page_len_ptr + seq
     )
     splits = tl.arange(0, BLOCK_S)
     used = (splits < NUM_SPLITS) & (splits * _split_len(context_len, NUM_SPLITS, BLOCK_N) < context_len)
@@ -171,7 +255,8 @@ def _merge_splits_kernel(
     dim_valid = dims < HEAD_DIM
     parts = tl.load(
         part_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :],
-        mask=used[:, None] & dim_valid[None, :], other=0.0,
+        mask=used[:, None] & dim_valid[None, :],
+        other=0.0,
     )  # [BLOCK_S, BLOCK_D]
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
     tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty), mask=dim_valid)
@@ -193,8 +278,14 @@ def extend_tiles(
 
 
 def decode_attention(
-    q: torch.Tensor, cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-    last_page_len: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence. q: [S, heads, head_dim]; cache: [blocks, 2, block_size, kv_heads,
     head_dim]; kv_indptr [S+1], kv_indices [P], last_page_len [S] int32 -> `out` (new if None) [S, heads, head_dim]"""
@@ -213,16 +304,31 @@ def decode_attention(
         q, part, lse, cache, no_query_start, kv_indptr, kv_indices, last_page_len, None, seqs, num_splits, config, scale
     )
     _merge_splits_kernel[(seqs, heads)](
-        part, lse, out, kv_indptr, last_page_len, cache.shape[2], HEAD_DIM=head_dim,
-        BLOCK_D=_block_d(head_dim), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_N=config.block_n, num_warps=4 if head_dim >= 128 else 2,
+        part,
+        lse,
+        out,
+        kv_indptr,
+        last_page_len,
+        cache.shape[2],
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_N=config.block_n,
+        num_warps=4 if head_dim >= 128 else 2,
     )
     return out
 
 
 def extend_attention(
-    q: torch.Tensor, cache: torch.Tensor, query_start: torch.Tensor, kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor, last_page_len: torch.Tensor, tiles: ExtendTiles, scale: float,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    query_start: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    tiles: ExtendTiles,
+    scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Any number of new tokens per sequence, causal over its cached prefix and themselves.
@@ -230,8 +336,10 @@ def extend_attention(
     group = q.shape[1] // cache.shape[3]
     config = _config(group, q.shape[2], q.dtype, decode=False)
     if tiles.tokens != config.block_m // group:
-        raise ValueError(f"the tiles were planned for {tiles.tokens} tokens each, but {q.dtype} queries of "
-                         f"{q.shape[1]} heads over {cache.shape[3]} KV heads take {config.block_m // group}")
+        raise ValueError(
+            f"the tiles were planned for {tiles.tokens} tokens each, but {q.dtype} queries of "
+            f"{q.shape[1]} heads over {cache.shape[3]} KV heads take {config.block_m // group}"
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     num_tiles = len(tiles.seq)
     if num_tiles:
@@ -241,22 +349,55 @@ def extend_attention(
     return out
 
 
-def _launch(q, out, lse, cache, query_start, kv_indptr, kv_indices, last_page_len, tiles: ExtendTiles | None,
-            num_tiles: int, num_splits: int, config: _Config, scale: float) -> None:
+def _launch(
+    q,
+    out,
+    lse,
+    cache,
+    query_start,
+    kv_indptr,
+    kv_indices,
+    last_page_len,
+    tiles: ExtendTiles | None,
+    num_tiles: int,
+    num_splits: int,
+    config: _Config,
+    scale: float,
+) -> None:
     if q.stride(-1) != 1:
         q = q.contiguous()
     head_dim, kv_heads = q.shape[2], cache.shape[3]
     decode = tiles is None  # decode reads no tiles: any int32 pointer stands in
     _attention_kernel[(num_tiles, kv_heads, num_splits)](
-        q, out, lse, cache, query_start, kv_indptr, kv_indices, last_page_len,
-        kv_indptr if decode else tiles.seq, kv_indptr if decode else tiles.index,
-        scale * LOG2_E, cache.shape[2], q.stride(0), q.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-        GROUP=q.shape[1] // kv_heads, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, NUM_SPLITS=num_splits, DECODE=decode,
+        q,
+        out,
+        lse,
+        cache,
+        query_start,
+        kv_indptr,
+        kv_indices,
+        last_page_len,
+        kv_indptr if decode else tiles.seq,
+        kv_indptr if decode else tiles.index,
+        scale * LOG2_E,
+        cache.shape[2],
+        q.stride(0),
+        q.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        GROUP=q.shape[1] // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        NUM_SPLITS=num_splits,
+        DECODE=decode,
         # float32 must stay float32: TF32 would cost it the precision it was chosen for.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
 
 

@@ -59,31 +59,50 @@ def levels(text: str) -> list[int]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--mode", default="inprocess", choices=("inprocess", "http"))
     parser.add_argument("--workloads", default="a,b,c,d")
     parser.add_argument("--requests", type=int, default=256, help="requests of workload d")
-    parser.add_argument("--lengths", type=token_range, default=(100, 1024),
-                        help="LOW,HIGH: prompt and output lengths of d and the sweep")
-    parser.add_argument("--hf-requests", type=int, default=None,
-                        help="of those, run through transformers (default: all; 0: skip)")
+    parser.add_argument(
+        "--lengths",
+        type=token_range,
+        default=(100, 1024),
+        help="LOW,HIGH: prompt and output lengths of d and the sweep",
+    )
+    parser.add_argument(
+        "--hf-requests", type=int, default=None, help="of those, run through transformers (default: all; 0: skip)"
+    )
     parser.add_argument("--decode-batch", type=int, default=256, help="batch of workload b")
     parser.add_argument("--context", type=int, default=1024, help="context of workloads a and b")
     parser.add_argument("--low-load-requests", type=int, default=40, help="requests of workload e")
     parser.add_argument("--low-load-prompt", type=int, default=500, help="prompt tokens of each request of e")
     parser.add_argument("--low-load-output", type=int, default=16, help="output tokens of each request of e")
-    parser.add_argument("--concurrency", type=levels, default=[1, 4, 16, 64, 256],
-                        help="levels of the HTTP sweep (--mode http; empty: no sweep)")
-    parser.add_argument("--sweep-requests", type=int, default=None,
-                        help="requests per level (default: max(8, 2 x level))")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None,
-                        help="write (or reuse) --mode http's checkpoint here and keep it (default: a temporary one)")
+    parser.add_argument(
+        "--concurrency",
+        type=levels,
+        default=[1, 4, 16, 64, 256],
+        help="levels of the HTTP sweep (--mode http; empty: no sweep)",
+    )
+    parser.add_argument(
+        "--sweep-requests", type=int, default=None, help="requests per level (default: max(8, 2 x level))"
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="write (or reuse) --mode http's checkpoint here and keep it (default: a temporary one)",
+    )
     parser.add_argument("--kv-cache-gb", type=float, default=None)
-    parser.add_argument("--attention-backend", default="auto", choices=("auto", "flashinfer", "triton", "torch"),
-                        help="of the in-process runner and (--mode http) of the server's executor")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "flashinfer", "triton", "torch"),
+        help="of the in-process runner and (--mode http) of the server's executor",
+    )
     parser.add_argument("--seed", type=int, default=0)
     drawing = parser.add_argument_group("how every request draws its tokens (default: greedy)")
     drawing.add_argument("--temperature", type=float, default=0.0)
@@ -92,15 +111,18 @@ def parse_args() -> argparse.Namespace:
     drawing.add_argument("--min-p", type=float, default=0.0, help="0: off")
     parser.add_argument("--json", default=None, help="also write the details here")
     parser.add_argument("--plot", default=None, help="a PNG of the HTTP sweep (needs matplotlib)")
-    parser.add_argument("--profile", action="store_true",
-                        help="cProfile the in-process engine's steps in workloads a and b")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the in-process engine's steps in workloads a and b"
+    )
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")
     args = parser.parse_args()
     args.workloads = set(args.workloads.split(","))
     if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
-        parser.error("sampling as the server accepts it: --temperature in [0, 2], --top-p in (0, 1], "
-                     "--top-k -1 or more, --min-p in [0, 1]")
+        parser.error(
+            "sampling as the server accepts it: --temperature in [0, 2], --top-p in (0, 1], "
+            "--top-k -1 or more, --min-p in [0, 1]"
+        )
     args.sampling = Sampling(args.temperature, args.top_p, args.top_k, args.min_p)
     unknown = args.workloads - set(WORKLOADS)
     if unknown:
@@ -112,8 +134,11 @@ def parse_args() -> argparse.Namespace:
     if args.plot and args.mode != "http":
         parser.error("--plot draws the HTTP sweep: give --mode http")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        print(f"matplotlib is absent: no {args.plot} from this run; make it elsewhere from --json's file with "
-              f"python -m ops.bench.plot RESULTS.json --out {args.plot}", flush=True)
+        print(
+            f"matplotlib is absent: no {args.plot} from this run; make it elsewhere from --json's file with "
+            f"python -m ops.bench.plot RESULTS.json --out {args.plot}",
+            flush=True,
+        )
         args.plot = None
     return args
 
@@ -148,14 +173,15 @@ def main() -> None:
         bench.warm_up(warm)
     if "e" in workloads:
         rng = np.random.default_rng(args.seed + 3)
-        low_load = random_requests(rng, rng, vocab, args.low_load_requests, (args.low_load_prompt,) * 2,
-                                   (args.low_load_output,) * 2)
+        low_load = random_requests(
+            rng, rng, vocab, args.low_load_requests, (args.low_load_prompt,) * 2, (args.low_load_output,) * 2
+        )
         details.e = bench.low_load("e", low_load)
     if "d" in workloads:
         offline = bench.offline_requests(args.requests, args.lengths)
         details.d = bench.throughput("d", offline)
     if "d" in workloads and args.hf_requests != 0:
-        details.d_hf = bench.hf_baseline("d", details.d, offline[:args.hf_requests])
+        details.d_hf = bench.hf_baseline("d", details.d, offline[: args.hf_requests])
     try:
         if args.mode == "http":
             run_system(testbed, report, args, warm, low_load, offline)
@@ -170,8 +196,14 @@ def main() -> None:
         print(f"plot: {args.plot}")
 
 
-def run_system(testbed: Testbed, report: Report, args: argparse.Namespace, warm: list[BenchRequest],
-               low_load: list[BenchRequest], offline: list[BenchRequest]) -> None:
+def run_system(
+    testbed: Testbed,
+    report: Report,
+    args: argparse.Namespace,
+    warm: list[BenchRequest],
+    low_load: list[BenchRequest],
+    offline: list[BenchRequest],
+) -> None:
     import uvloop
 
     from ops.bench.system import SystemBench
@@ -180,8 +212,11 @@ def run_system(testbed: Testbed, report: Report, args: argparse.Namespace, warm:
         system = SystemBench(testbed, report, Path(work), args.checkpoint_dir)
         try:
             system.start()
-            uvloop.run(system.measure(warm, low_load, report.details.e, offline, report.details.d,
-                                      args.concurrency, args.sweep_requests))
+            uvloop.run(
+                system.measure(
+                    warm, low_load, report.details.e, offline, report.details.d, args.concurrency, args.sweep_requests
+                )
+            )
         finally:
             system.stop()
 

@@ -40,8 +40,13 @@ def copy_bandwidth(device: torch.device, size_bytes: int = 2 << 30) -> float:
 def gemm_flops(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
     """FLOP/s of an n x n x n matrix product, rotating over three input pairs so no pair sits in cache."""
     gen = torch.Generator(device=device).manual_seed(0)
-    pairs = [(torch.randn(n, n, device=device, dtype=dtype, generator=gen),
-              torch.randn(n, n, device=device, dtype=dtype, generator=gen)) for _ in range(3)]
+    pairs = [
+        (
+            torch.randn(n, n, device=device, dtype=dtype, generator=gen),
+            torch.randn(n, n, device=device, dtype=dtype, generator=gen),
+        )
+        for _ in range(3)
+    ]
     out = torch.empty(n, n, device=device, dtype=dtype)
     turn = iter(range(1 << 30))
 

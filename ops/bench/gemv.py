@@ -10,9 +10,8 @@ reference is the device-to-device copy rate measured in the same run.
 which is how `gpu.gemv.gemv_config` was chosen.
 """
 
-import itertools
-
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +55,9 @@ def graph_time_s(run_all, replays: int = 20) -> float:
 SWEEP = list(itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8), (2, 3, 4)))
 
 
-def sweep(name: str, x: torch.Tensor, weights: list[torch.Tensor], fused: bool, weight_bytes: int, bandwidth: float) -> None:
+def sweep(
+    name: str, x: torch.Tensor, weights: list[torch.Tensor], fused: bool, weight_bytes: int, bandwidth: float
+) -> None:
     """Prints the fastest configurations of the grid for this product, and where the default stands."""
     y = torch.empty(1, weights[0].shape[0], device=x.device, dtype=x.dtype)
     timed = []
@@ -78,9 +79,13 @@ def main() -> None:
     device = torch.device("cuda")
     config = ModelConfig.from_dict(SHAPES[args.model])
     bandwidth = copy_bandwidth(device)
-    print(f"{torch.cuda.get_device_name(device)}, {args.model}, bf16, batch 1; "
-          f"device copy (read + write) {bandwidth / 1e12:.3f} TB/s")
-    print(f"{'product':26s} {'N x K':>14s} {'count':>5s} | {'cuBLAS us':>9s} {'TB/s':>6s} | {'ours us':>8s} {'TB/s':>6s} | ours/copy")
+    print(
+        f"{torch.cuda.get_device_name(device)}, {args.model}, bf16, batch 1; "
+        f"device copy (read + write) {bandwidth / 1e12:.3f} TB/s"
+    )
+    print(
+        f"{'product':26s} {'N x K':>14s} {'count':>5s} | {'cuBLAS us':>9s} {'TB/s':>6s} | {'ours us':>8s} {'TB/s':>6s} | ours/copy"
+    )
     totals = [0.0, 0.0, 0]
     for name, (rows, cols, count) in products(config).items():
         fused = name.startswith("down")
@@ -97,16 +102,20 @@ def main() -> None:
         weight_bytes = rows * cols * 2
         if args.sweep:
             sweep(name, x, weights, fused, weight_bytes, bandwidth)
-        print(f"{name:26s} {rows:>6d} x {cols:<6d} {count:>5d} | {cublas_s * 1e6:9.1f} {weight_bytes / cublas_s / 1e12:6.3f} "
-              f"| {ours_s * 1e6:8.1f} {weight_bytes / ours_s / 1e12:6.3f} | {weight_bytes / ours_s / bandwidth:.2f}")
+        print(
+            f"{name:26s} {rows:>6d} x {cols:<6d} {count:>5d} | {cublas_s * 1e6:9.1f} {weight_bytes / cublas_s / 1e12:6.3f} "
+            f"| {ours_s * 1e6:8.1f} {weight_bytes / ours_s / 1e12:6.3f} | {weight_bytes / ours_s / bandwidth:.2f}"
+        )
         totals[0] += cublas_s * count
         totals[1] += ours_s * count
         totals[2] += weight_bytes * count
-        del weights
+        weights.clear()  # frees this product's copies before the next one's are made
     cublas_s, ours_s, total_bytes = totals
-    print(f"one step's products, {total_bytes / 1e9:.2f} GB: cuBLAS {cublas_s * 1e3:.3f} ms "
-          f"({total_bytes / cublas_s / 1e12:.3f} TB/s), ours {ours_s * 1e3:.3f} ms ({total_bytes / ours_s / 1e12:.3f} TB/s), "
-          f"bound at the copy rate {total_bytes / bandwidth * 1e3:.3f} ms")
+    print(
+        f"one step's products, {total_bytes / 1e9:.2f} GB: cuBLAS {cublas_s * 1e3:.3f} ms "
+        f"({total_bytes / cublas_s / 1e12:.3f} TB/s), ours {ours_s * 1e3:.3f} ms ({total_bytes / ours_s / 1e12:.3f} TB/s), "
+        f"bound at the copy rate {total_bytes / bandwidth * 1e3:.3f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[torch.T
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -79,8 +79,13 @@ def generate_kwargs(sampling: Sampling) -> dict:
     """The arguments of transformers' `generate` that make it draw tokens as `sampling` says."""
     if sampling.temperature <= 0:
         return {"do_sample": False}
-    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": max(sampling.top_k, 0), "min_p": sampling.min_p or None}  # our -1 is off, their 0
+    return {
+        "do_sample": True,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": max(sampling.top_k, 0),
+        "min_p": sampling.min_p or None,
+    }  # our -1 is off, their 0
 
 
 def hf_generate(
@@ -98,14 +103,17 @@ def hf_generate(
             config.num_hidden_layers, 1, config.num_key_value_heads, head_dim, hf.dtype
         )
         free_bytes, _ = torch.cuda.mem_get_info(device)
-        batch = batch_size_that_fits(len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token,
-                                     free_bytes)
+        batch = batch_size_that_fits(
+            len(prompts), max(map(len, prompts)) + max(output_lens), kv_bytes_per_token, free_bytes
+        )
 
     def generate(batch_prompts: list[list[int]], new_tokens: int) -> int:
         """Runs one batch; returns the tokens it generated."""
         ids, mask = left_padded(batch_prompts, device)
         with torch.inference_mode(), without_cudnn_attention():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, **generate_kwargs(sampling))
+            out = hf.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, **generate_kwargs(sampling)
+            )
         return (out.shape[1] - ids.shape[1]) * len(batch_prompts)
 
     generate(prompts[:batch], 2)  # a warm-up
@@ -143,8 +151,13 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
             for _ in range(n - 1):
                 step_mask = torch.cat([step_mask, torch.ones_like(token)], dim=1)
                 positions = positions[:, -1:] + 1
-                out = hf(input_ids=token, attention_mask=step_mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
+                out = hf(
+                    input_ids=token,
+                    attention_mask=step_mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(device)
         return time.perf_counter() - started
@@ -153,8 +166,10 @@ def hf_diagnose(hf: transformers.PreTrainedModel, prompts: list[list[int]], new_
     per_generate_step = (run_generate(1 + new_tokens) - run_generate(1)) / new_tokens
     run_loop(2)
     per_loop_step = (run_loop(1 + new_tokens) - run_loop(1)) / new_tokens
-    lines = [f"transformers decode step, batch {len(prompts)}: generate {per_generate_step * 1e3:.1f} ms, "
-             f"plain forward loop {per_loop_step * 1e3:.1f} ms"]
+    lines = [
+        f"transformers decode step, batch {len(prompts)}: generate {per_generate_step * 1e3:.1f} ms, "
+        f"plain forward loop {per_loop_step * 1e3:.1f} ms"
+    ]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)

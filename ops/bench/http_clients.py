@@ -19,7 +19,6 @@ import aiohttp
 from ops.bench.records import RunFigures
 from ops.bench.requests import BenchRequest, RequestTiming, Sampling, summarize
 
-
 JSON_CONTENT = {"Content-Type": "application/json"}
 
 
@@ -28,8 +27,12 @@ class BenchRequestFailed(RuntimeError):
 
 
 def request_body(request: BenchRequest, sampling: Sampling, detokenize: bool) -> bytes:
-    sampling_params = {"max_new_tokens": request.output_tokens, "ignore_eos": True, "detokenize": detokenize,
-                       **sampling.fields()}
+    sampling_params = {
+        "max_new_tokens": request.output_tokens,
+        "ignore_eos": True,
+        "detokenize": detokenize,
+        **sampling.fields(),
+    }
     return json.dumps({"input_ids": request.prompt_ids, "sampling_params": sampling_params, "stream": True}).encode()
 
 
@@ -43,7 +46,7 @@ async def stream_one(session: aiohttp.ClientSession, base_url: str, body: bytes,
         async for line in response.content:
             if not line.startswith(b"data: "):
                 continue
-            payload = line[len(b"data: "):].strip()
+            payload = line[len(b"data: ") :].strip()
             if payload == b"[DONE]":
                 break
             event = json.loads(payload)

@@ -60,10 +60,15 @@ class InProcessBench:
             if self.profiler is not None:
                 self.profiler.disable()
             decodes = [u for u in output.updates if u.prefilled_tokens == 0]
-            steps.append(StepTiming(
-                wall, engine.launch_s, len(decodes), sum(u.prefilled_tokens for u in output.updates),
-                sum(prompt_lens[u.request_id] + u.output_index for u in decodes),
-            ))
+            steps.append(
+                StepTiming(
+                    wall,
+                    engine.launch_s,
+                    len(decodes),
+                    sum(u.prefilled_tokens for u in output.updates),
+                    sum(prompt_lens[u.request_id] + u.output_index for u in decodes),
+                )
+            )
         return steps
 
     def decode(self, name: str, batch: int, context: int, new_tokens: int, target: str) -> DecodeFigures:
@@ -85,8 +90,11 @@ class InProcessBench:
         if self.profiler is not None:
             import pstats
 
-            print(f"-- {name}: where the engine's steps spend host time (all steps, prefill included; the wait "
-                  "for a step's tokens is its one synchronize line)", flush=True)
+            print(
+                f"-- {name}: where the engine's steps spend host time (all steps, prefill included; the wait "
+                "for a step's tokens is its one synchronize line)",
+                flush=True,
+            )
             pstats.Stats(self.profiler).sort_stats("tottime").print_stats(18)
             self.profiler = None
         wall = statistics.median(s.wall_s for s in steps)
@@ -95,8 +103,14 @@ class InProcessBench:
         bound = (bed.decode_weight_bytes + kv_tokens * bed.kv_bytes_per_token) / bed.bandwidth
         label = f"{name}: batch-{batch} decode, {context} ctx, step"
         self.report.add(Row(label, f"{wall * 1e3:.2f} ms", f"{bound * 1e3:.2f} ms", f"{wall / bound:.2f}x", target))
-        self.report.add(Row(f"{name}:   of which ModelRunner.launch (host, overlapped)", f"{runner * 1e3:.2f} ms", f"{bound * 1e3:.2f} ms",
-                            f"{runner / bound:.2f}x"))
+        self.report.add(
+            Row(
+                f"{name}:   of which ModelRunner.launch (host, overlapped)",
+                f"{runner * 1e3:.2f} ms",
+                f"{bound * 1e3:.2f} ms",
+                f"{runner / bound:.2f}x",
+            )
+        )
         size = graphs.padded_size(batch) if graphs else None
         gpu = None
         if size is not None:
@@ -104,8 +118,14 @@ class InProcessBench:
             replays = [start.elapsed_time(end) / 1e3 for s, start, end in graphs.timings if s == size][2:]
             graphs.timings = None
             gpu = statistics.median(replays)
-            self.report.add(Row(f"{name}:   of which GPU (graph replay, events)", f"{gpu * 1e3:.2f} ms",
-                                f"{bound * 1e3:.2f} ms", f"{gpu / bound:.2f}x"))
+            self.report.add(
+                Row(
+                    f"{name}:   of which GPU (graph replay, events)",
+                    f"{gpu * 1e3:.2f} ms",
+                    f"{bound * 1e3:.2f} ms",
+                    f"{gpu / bound:.2f}x",
+                )
+            )
         return DecodeFigures(len(steps), wall, runner, gpu, bound, kv_tokens, bed.decode_weight_bytes)
 
     def prefill(self, name: str, prompt_len: int, count: int) -> PrefillFigures:
@@ -124,16 +144,29 @@ class InProcessBench:
         engine.run()
         seconds = time.perf_counter() - started
         cfg = bed.config
-        per_layer = (cfg.hidden_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-                     + cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size)
+        per_layer = (
+            cfg.hidden_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+            + cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size
+            + 3 * cfg.hidden_size * cfg.intermediate_size
+        )
         linear = 2 * per_layer * cfg.num_hidden_layers * prompt_len * count
         attention = 2 * cfg.num_attention_heads * cfg.head_dim * prompt_len**2 * cfg.num_hidden_layers * count  # causal
         head = 2 * cfg.hidden_size * cfg.vocab_size * count
         achieved = (linear + attention + head) / seconds
-        self.report.add(Row(f"{name}: prefill {count} x {prompt_len}-token prompts", f"{achieved / 1e12:.1f} TFLOP/s",
-                            f"{bed.gemm / 1e12:.1f} TFLOP/s", f"{achieved / bed.gemm:.2f}", ">= 0.60"))
-        self.report.add(Row(f"{name}:   time, tokens/s", f"{seconds * 1e3:.0f} ms",
-                            f"{prompt_len * count / seconds:,.0f} tok/s", ""))
+        self.report.add(
+            Row(
+                f"{name}: prefill {count} x {prompt_len}-token prompts",
+                f"{achieved / 1e12:.1f} TFLOP/s",
+                f"{bed.gemm / 1e12:.1f} TFLOP/s",
+                f"{achieved / bed.gemm:.2f}",
+                ">= 0.60",
+            )
+        )
+        self.report.add(
+            Row(
+                f"{name}:   time, tokens/s", f"{seconds * 1e3:.0f} ms", f"{prompt_len * count / seconds:,.0f} tok/s", ""
+            )
+        )
         return PrefillFigures(seconds, linear + attention + head)
 
     def offline_requests(self, count: int, lengths: tuple[int, int]) -> list[BenchRequest]:
@@ -162,11 +195,17 @@ class InProcessBench:
                     chunks[update.request_id].append((booked, len(update.token_ids)))
         seconds = time.perf_counter() - started
         timings = [RequestTiming.from_chunks(started, chunks[request_id]) for request_id in request_ids]
-        figures = OfflineFigures(**msgspec.structs.asdict(summarize(timings, seconds, len(requests), requests)),
-                                 steps=engine.steps)
-        self.report.add(Row(f"{name}: offline, {len(requests)} requests, ours",
-                            f"{figures.output_tok_s:,.0f} out tok/s",
-                            f"{figures.input_tok_s:,.0f} in tok/s; {seconds:.1f} s, {figures.output_tokens} tokens", ""))
+        figures = OfflineFigures(
+            **msgspec.structs.asdict(summarize(timings, seconds, len(requests), requests)), steps=engine.steps
+        )
+        self.report.add(
+            Row(
+                f"{name}: offline, {len(requests)} requests, ours",
+                f"{figures.output_tok_s:,.0f} out tok/s",
+                f"{figures.input_tok_s:,.0f} in tok/s; {seconds:.1f} s, {figures.output_tokens} tokens",
+                "",
+            )
+        )
         self.report.add(Row(f"{name}:   TTFT p50 / p90 / p99", p50_p90_p99(figures.ttft_ms), "", ""))
         self.report.add(Row(f"{name}:   ITL p50 / p90 / p99", p50_p90_p99(figures.itl_ms), "", ""))
         return figures
@@ -191,9 +230,14 @@ class InProcessBench:
         summary = summarize(timings, sum(t.latency_s for t in timings), 1, requests)
         ttft, itl = summary.ttft_ms, summary.itl_ms
         prompt, output = len(requests[0].prompt_ids), requests[0].output_tokens
-        self.report.add(Row(f"{name}: low load, {len(requests)} single {prompt}+{output}-token requests, TTFT p50",
-                            f"{ttft.p50:.2f} ms", f"p90 {ttft.p90:.2f}, p99 {ttft.p99:.2f}; "
-                            f"ITL p50 {itl.p50:.2f} ms", ""))
+        self.report.add(
+            Row(
+                f"{name}: low load, {len(requests)} single {prompt}+{output}-token requests, TTFT p50",
+                f"{ttft.p50:.2f} ms",
+                f"p90 {ttft.p90:.2f}, p99 {ttft.p99:.2f}; ITL p50 {itl.p50:.2f} ms",
+                "",
+            )
+        )
         return summary
 
     def hf_baseline(self, name: str, ours: RunFigures, requests: list[BenchRequest]) -> HfFigures:
@@ -202,14 +246,18 @@ class InProcessBench:
 
         self.testbed.release_runner()
         hf = hf_model_sharing_weights(self.testbed.runner.model, self.testbed.raw)
-        result = hf_generate(hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests],
-                             self.args.sampling)
+        result = hf_generate(
+            hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests], self.args.sampling
+        )
         theirs = result.useful_tokens / result.seconds
-        self.report.add(Row(
-            f"{name}: transformers generate, {len(requests)} requests, batches of {result.batch_size}",
-            f"{theirs:,.0f} out tok/s", f"{result.seconds:.1f} s, {result.useful_tokens} tokens "
-            f"({result.generated_tokens} generated)", f"ours {ours.output_tok_s / theirs:.1f}x",
-        ))
+        self.report.add(
+            Row(
+                f"{name}: transformers generate, {len(requests)} requests, batches of {result.batch_size}",
+                f"{theirs:,.0f} out tok/s",
+                f"{result.seconds:.1f} s, {result.useful_tokens} tokens ({result.generated_tokens} generated)",
+                f"ours {ours.output_tok_s / theirs:.1f}x",
+            )
+        )
         return result
 
     def diagnose_hf(self, count: int) -> None:

@@ -72,8 +72,12 @@ def host_to_device_rate(device: torch.device, nbytes: int = 1 << 30) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
-    parser.add_argument("--dir", type=Path, required=True,
-                        help="where the checkpoint is written and kept (16 GB for llama-3.1-8b), on the disk to measure")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        required=True,
+        help="where the checkpoint is written and kept (16 GB for llama-3.1-8b), on the disk to measure",
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -91,21 +95,35 @@ def main(argv: list[str] | None = None) -> None:
     nbytes = sum(f.stat().st_size for f in files)
 
     report = Report()
-    report.note(f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; model {args.model}, "
-                f"bf16, {len(files)} safetensors files, {nbytes / GB:.2f} GB in {model_dir} "
-                f"(written in {written_s:.1f} s; 0 = already there)")
+    report.note(
+        f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; model {args.model}, "
+        f"bf16, {len(files)} safetensors files, {nbytes / GB:.2f} GB in {model_dir} "
+        f"(written in {written_s:.1f} s; 0 = already there)"
+    )
     copy_rate = host_to_device_rate(device)
     for n in range(1, args.passes + 1):
         drop_from_page_cache(files)
         disk_rate = nbytes / read_seconds(files)
         drop_from_page_cache(files)
         cold_s = load_seconds(model_dir, config, device)
-        report.add(Row(f"pass {n}: load from disk", f"{cold_s:.2f} s, {nbytes / cold_s / GB:.2f} GB/s",
-                       f"sequential read {disk_rate / GB:.2f} GB/s", f"{nbytes / cold_s / disk_rate:.2f}",
-                       "at disk speed"))
+        report.add(
+            Row(
+                f"pass {n}: load from disk",
+                f"{cold_s:.2f} s, {nbytes / cold_s / GB:.2f} GB/s",
+                f"sequential read {disk_rate / GB:.2f} GB/s",
+                f"{nbytes / cold_s / disk_rate:.2f}",
+                "at disk speed",
+            )
+        )
         warm_s = load_seconds(model_dir, config, device)
-        report.add(Row(f"pass {n}: load from page cache", f"{warm_s:.2f} s, {nbytes / warm_s / GB:.2f} GB/s",
-                       f"pinned host-to-device copy {copy_rate / GB:.2f} GB/s", f"{nbytes / warm_s / copy_rate:.2f}"))
+        report.add(
+            Row(
+                f"pass {n}: load from page cache",
+                f"{warm_s:.2f} s, {nbytes / warm_s / GB:.2f} GB/s",
+                f"pinned host-to-device copy {copy_rate / GB:.2f} GB/s",
+                f"{nbytes / warm_s / copy_rate:.2f}",
+            )
+        )
     report.print_table()
 
 

@@ -51,8 +51,10 @@ def plot_sweep(results: dict, out: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     system = details.get("system", {})
-    fig.suptitle(f"{system.get('model', '')} (random weights) on {system.get('device', '')}: "
-                 "throughput and latency against concurrency, over HTTP")
+    fig.suptitle(
+        f"{system.get('model', '')} (random weights) on {system.get('device', '')}: "
+        "throughput and latency against concurrency, over HTTP"
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

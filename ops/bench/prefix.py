@@ -109,7 +109,9 @@ class PrefixBench:
         return rng.integers(0, self.vocab, count).tolist()
 
     def engine(self, sharing: bool) -> InProcessEngine:
-        return InProcessEngine(self.runner, max_num_seqs=256, max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=sharing)
+        return InProcessEngine(
+            self.runner, max_num_seqs=256, max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=sharing
+        )
 
     def params(self, seed: int = 0) -> SamplingParams:
         return SamplingParams(max_tokens=self.args.answer_tokens, temperature=0.0, seed=seed, ignore_eos=True)
@@ -163,8 +165,11 @@ def p50(values: list[float]) -> float:
 
 def report(name: str, on: Run, off: Run, target: str) -> Comparison:
     ratio = on.tokens_per_s / off.tokens_per_s
-    print(f"| {name} | {on.tokens_per_s:,.0f} | {off.tokens_per_s:,.0f} | {ratio:.2f}x | "
-          f"{p50(on.ttft_s) * 1e3:.0f} / {p50(off.ttft_s) * 1e3:.0f} ms | {on.hit_rate:.0%} | {target} |", flush=True)
+    print(
+        f"| {name} | {on.tokens_per_s:,.0f} | {off.tokens_per_s:,.0f} | {ratio:.2f}x | "
+        f"{p50(on.ttft_s) * 1e3:.0f} / {p50(off.ttft_s) * 1e3:.0f} ms | {on.hit_rate:.0%} | {target} |",
+        flush=True,
+    )
     return Comparison(on, off, ratio)
 
 
@@ -179,7 +184,9 @@ def build_runner(args: argparse.Namespace) -> ModelRunner:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
-    parser.add_argument("--model-dir", default=None, help="a model directory instead (e.g. a tiny one, to check on CPU)")
+    parser.add_argument(
+        "--model-dir", default=None, help="a model directory instead (e.g. a tiny one, to check on CPU)"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kv-cache-gb", type=float, default=None)
     parser.add_argument("--kv-blocks", type=int, default=None, help="with --model-dir")
@@ -197,8 +204,10 @@ def main() -> None:
 
     runner = build_runner(args)
     device = torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu"
-    print(f"device: {device}; model: {args.model_dir or args.model} ({runner.attention_backend_name}, "
-          f"{runner.num_kv_blocks} KV blocks of {runner.block_size}); greedy answers of {args.answer_tokens} tokens")
+    print(
+        f"device: {device}; model: {args.model_dir or args.model} ({runner.attention_backend_name}, "
+        f"{runner.num_kv_blocks} KV blocks of {runner.block_size}); greedy answers of {args.answer_tokens} tokens"
+    )
     # Before timing: kernels that compile or load on first use (FlashInfer's JIT takes over a
     # minute on a fresh machine) do it on a small multi-turn run, whose steps mix decodes and chunks.
     warm_up = PrefixBench(argparse.Namespace(**vars(args) | dict(sessions=4, turns=2)), runner)
@@ -206,17 +215,24 @@ def main() -> None:
     warm_up.multi_turn(sharing=False)
     warm_up.multi_turn(sharing=True)
     print(f"warm-up: {time.perf_counter() - started:.1f} s")
-    print("| workload | sharing on, out tok/s | off, out tok/s | on / off | TTFT p50 on / off | prefix hits (on) | target |")
+    print(
+        "| workload | sharing on, out tok/s | off, out tok/s | on / off | TTFT p50 on / off | prefix hits (on) | target |"
+    )
     print("|---|---|---|---|---|---|---|")
     bench = PrefixBench(args, runner)
     results = {}
     for name, workload, target in (
-        (f"multi-turn, {args.sessions} chats x {args.turns} turns, {args.system_tokens}-token system prompt",
-         bench.multi_turn, ">= 3x at >= 75% hits"),
-        (f"no sharing, {args.sessions} random {args.system_tokens + args.user_tokens}-token prompts",
-         bench.no_sharing, ">= 0.98x"),
-        (f"n-sampling, {args.n_prompts} x {args.n_prompt_tokens}-token prompts, n = {args.n}",
-         bench.n_sampling, ""),
+        (
+            f"multi-turn, {args.sessions} chats x {args.turns} turns, {args.system_tokens}-token system prompt",
+            bench.multi_turn,
+            ">= 3x at >= 75% hits",
+        ),
+        (
+            f"no sharing, {args.sessions} random {args.system_tokens + args.user_tokens}-token prompts",
+            bench.no_sharing,
+            ">= 0.98x",
+        ),
+        (f"n-sampling, {args.n_prompts} x {args.n_prompt_tokens}-token prompts, n = {args.n}", bench.n_sampling, ""),
     ):
         off = workload(sharing=False)
         on = workload(sharing=True)

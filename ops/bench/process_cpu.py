@@ -13,7 +13,7 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process `pid` (all its threads) so far."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     # The command name, field 2, is in parentheses and may hold spaces: count fields after it.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     user_ticks, system_ticks = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (user_ticks + system_ticks) / CLOCK_TICKS_PER_S
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from ops.bench.records import Details, Percentiles, RunIdentity, Row
+from ops.bench.records import Details, Percentiles, Row, RunIdentity
 
 SOFTWARE = ("torch", "triton", "flashinfer-python", "transformers", "nats-py", "msgspec")
 
@@ -29,8 +29,10 @@ class Report:
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
-        print(" | ".join(cell for cell in (row.workload, row.measured, row.bound, row.ratio, row.target) if cell),
-              flush=True)
+        print(
+            " | ".join(cell for cell in (row.workload, row.measured, row.bound, row.ratio, row.target) if cell),
+            flush=True,
+        )
 
     def note(self, condition: str) -> None:
         """A line of the run's conditions, printed now and again above the table."""
@@ -77,10 +79,16 @@ def _commit() -> str:
         return os.environ["BENCH_COMMIT"]
     repo = Path(__file__).parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head + (" with uncommitted changes" if dirty else "")

@@ -30,8 +30,10 @@ class Sampling:
     def describe(self) -> str:
         if self.temperature <= 0:
             return "greedy"
-        return f"sampled: temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k if self.top_k > 0 else 'off'}, " \
-               f"min-p {self.min_p or 'off'}"
+        return (
+            f"sampled: temperature {self.temperature}, top-p {self.top_p}, top-k {self.top_k if self.top_k > 0 else 'off'}, "
+            f"min-p {self.min_p or 'off'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,12 @@ class BenchRequest:
 
 
 def random_requests(
-    prompt_rng: np.random.Generator, length_rng: np.random.Generator, vocab_size: int, count: int,
-    prompt_tokens: tuple[int, int], output_tokens: tuple[int, int],
+    prompt_rng: np.random.Generator,
+    length_rng: np.random.Generator,
+    vocab_size: int,
+    count: int,
+    prompt_tokens: tuple[int, int],
+    output_tokens: tuple[int, int],
 ) -> list[BenchRequest]:
     """`count` requests with lengths uniform in the inclusive ranges and random prompt tokens."""
     prompts = length_rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, size=count)
@@ -100,4 +106,3 @@ def summarize(
         taken_ms=percentiles_ms([t.taken_s for t in timings]),
         last_taken_ms=max((t.taken_s for t in timings), default=0.0) * 1e3,
     )
-

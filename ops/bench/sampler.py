@@ -65,25 +65,40 @@ def main() -> None:
     vocab = SHAPES[args.model]["vocab_size"]
     copy_rate = copy_bandwidth(device)
     report = Report()
-    report.note(f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; "
-                f"{args.model}'s vocabulary of {vocab:,} tokens; float32 logits; copy rate {copy_rate / 1e12:.3f} TB/s")
-    report.note("measured: the kernel's GPU ms (host ms to launch it); bound: the torch path's GPU ms, then the "
-                "logits read once at the copy rate")
+    report.note(
+        f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; "
+        f"{args.model}'s vocabulary of {vocab:,} tokens; float32 logits; copy rate {copy_rate / 1e12:.3f} TB/s"
+    )
+    report.note(
+        "measured: the kernel's GPU ms (host ms to launch it); bound: the torch path's GPU ms, then the "
+        "logits read once at the copy rate"
+    )
     generator = torch.Generator(device=device).manual_seed(0)
     for kind, spread in LOGITS.items():
         for batch in BATCHES:
             logits = torch.randn(batch, vocab, device=device, generator=generator) * spread
             bound = logits.numel() * logits.element_size() / copy_rate
             for name, (temperature, top_p, top_k, min_p) in SETTINGS.items():
-                params = SamplingTensors.from_lists([temperature] * batch, [top_p] * batch, [top_k] * batch,
-                                                    [min_p] * batch, list(range(batch)), [7] * batch, device)
+                params = SamplingTensors.from_lists(
+                    [temperature] * batch,
+                    [top_p] * batch,
+                    [top_k] * batch,
+                    [min_p] * batch,
+                    list(range(batch)),
+                    [7] * batch,
+                    device,
+                )
                 kernel, kernel_host = gpu_and_host_seconds(lambda: sample_on_gpu(logits, params), args.repeats)
                 torch_path, _ = gpu_and_host_seconds(lambda: sample(logits, params), args.repeats)
-                report.add(Row(
-                    f"{kind}, batch {batch}, {name}", f"{kernel * 1e3:.3f} ms ({kernel_host * 1e3:.3f} ms host)",
-                    f"torch {torch_path * 1e3:.3f} ms; read {bound * 1e3:.3f} ms",
-                    f"torch / kernel {torch_path / kernel:.1f}x; kernel / read {kernel / bound:.1f}x", "",
-                ))
+                report.add(
+                    Row(
+                        f"{kind}, batch {batch}, {name}",
+                        f"{kernel * 1e3:.3f} ms ({kernel_host * 1e3:.3f} ms host)",
+                        f"torch {torch_path * 1e3:.3f} ms; read {bound * 1e3:.3f} ms",
+                        f"torch / kernel {torch_path / kernel:.1f}x; kernel / read {kernel / bound:.1f}x",
+                        "",
+                    )
+                )
     report.print_table()
 
 

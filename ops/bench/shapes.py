@@ -18,8 +18,11 @@ SHAPES: dict[str, dict] = {
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
         "rope_scaling": {
-            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
         },
         "attention_bias": False,
         "mlp_bias": False,

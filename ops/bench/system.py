@@ -38,10 +38,20 @@ class SystemBench:
         identity = {"model": args.model, "seed": args.seed}
         written_s = write_checkpoint(bed.runner.model, bed.raw, self.checkpoint_dir, identity)
         flags = [
-            "--device", args.device, "--dtype", "bfloat16",
-            "--block-size", str(bed.runner.block_size), "--num-kv-blocks", str(bed.runner.num_kv_blocks),
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS),
-            "--attention-backend", args.attention_backend,
+            "--device",
+            args.device,
+            "--dtype",
+            "bfloat16",
+            "--block-size",
+            str(bed.runner.block_size),
+            "--num-kv-blocks",
+            str(bed.runner.num_kv_blocks),
+            "--max-num-seqs",
+            str(MAX_NUM_SEQS),
+            "--max-prefill-tokens",
+            str(MAX_PREFILL_TOKENS),
+            "--attention-backend",
+            args.attention_backend,
         ]
         bed.free()
         free = ""
@@ -51,8 +61,10 @@ class SystemBench:
         started = time.perf_counter()
         self.server = start_server(self.work_dir / "server", *flags, model=str(self.checkpoint_dir))
         startup_s = time.perf_counter() - started
-        self.report.note(f"whole system: python -m kernel.supervisor {' '.join(flags)} (checkpoint written in "
-                         f"{written_s:.1f} s{free}; serving after {startup_s:.1f} s)")
+        self.report.note(
+            f"whole system: python -m kernel.supervisor {' '.join(flags)} (checkpoint written in "
+            f"{written_s:.1f} s{free}; serving after {startup_s:.1f} s)"
+        )
         self.report.details.system = SystemSetup(args.model, bed.device_name, flags, written_s, startup_s)
 
     def stop(self) -> None:
@@ -61,8 +73,14 @@ class SystemBench:
             self.server = None
 
     async def measure(
-        self, warm: list[BenchRequest], low_load: list[BenchRequest], low_load_ref: RunFigures,
-        offline: list[BenchRequest], offline_ref: RunFigures, levels: list[int], sweep_requests: int | None,
+        self,
+        warm: list[BenchRequest],
+        low_load: list[BenchRequest],
+        low_load_ref: RunFigures,
+        offline: list[BenchRequest],
+        offline_ref: RunFigures,
+        levels: list[int],
+        sweep_requests: int | None,
     ) -> None:
         bed, details = self.testbed, self.report.details
         base_url = self.server.base_url
@@ -78,14 +96,21 @@ class SystemBench:
         lengths = np.random.default_rng(bed.args.seed + 2)
         for level in levels:
             count = sweep_requests or max(MIN_SWEEP_REQUESTS, 2 * level)
-            requests = random_requests(bed.rng, lengths, bed.config.vocab_size, count, bed.args.lengths,
-                                       bed.args.lengths)
+            requests = random_requests(
+                bed.rng, lengths, bed.config.vocab_size, count, bed.args.lengths, bed.args.lengths
+            )
             run = await run_clients(base_url, requests, level, sampling)
             sweep.append(run)
             ttft, itl = run.ttft_ms, run.itl_ms
             latency = f"TTFT p50 {ttft.p50:.1f}, p99 {ttft.p99:.1f} ms; ITL p50 {itl.p50:.2f} ms"
-            self.report.add(Row(f"sweep over HTTP: concurrency {level}, {count} requests",
-                                f"{run.output_tok_s:,.0f} out tok/s", latency, ""))
+            self.report.add(
+                Row(
+                    f"sweep over HTTP: concurrency {level}, {count} requests",
+                    f"{run.output_tok_s:,.0f} out tok/s",
+                    latency,
+                    "",
+                )
+            )
 
     async def low_load(
         self, requests: list[BenchRequest], reference: RunFigures, name: str, detokenize: bool
@@ -100,11 +125,23 @@ class SystemBench:
         hits = (await admin(base_url, "GET", "/admin/stats"))["cache_hit_tokens"] - hits_before
         ttft, ref = run.ttft_ms, reference.ttft_ms
         added = ttft.p50 - ref.p50
-        self.report.add(Row(f"{name} over HTTP: TTFT p50", f"{ttft.p50:.2f} ms", f"in-process {ref.p50:.2f} ms",
-                            f"{added:+.2f} ms", "<= +3 ms"))
-        self.report.add(Row(f"{name} over HTTP:   TTFT p90 / p99; ITL p50",
-                            f"{ttft.p90:.2f} / {ttft.p99:.2f} ms; {run.itl_ms.p50:.2f} ms", f"in-process {ref.p90:.2f} / {ref.p99:.2f} ms; "
-                            f"{reference.itl_ms.p50:.2f} ms", ""))
+        self.report.add(
+            Row(
+                f"{name} over HTTP: TTFT p50",
+                f"{ttft.p50:.2f} ms",
+                f"in-process {ref.p50:.2f} ms",
+                f"{added:+.2f} ms",
+                "<= +3 ms",
+            )
+        )
+        self.report.add(
+            Row(
+                f"{name} over HTTP:   TTFT p90 / p99; ITL p50",
+                f"{ttft.p90:.2f} / {ttft.p99:.2f} ms; {run.itl_ms.p50:.2f} ms",
+                f"in-process {ref.p90:.2f} / {ref.p99:.2f} ms; {reference.itl_ms.p50:.2f} ms",
+                "",
+            )
+        )
         return LowLoadHttpFigures(**msgspec.structs.asdict(run), cache_hit_tokens=hits, added_ttft_p50_ms=added)
 
     def offline(self, run: RunFigures, reference: RunFigures, cpu_shares: dict[str, float]) -> OfflineHttpFigures:
@@ -112,15 +149,34 @@ class SystemBench:
         the server only while none of the clients, nats-server and the actors is near one core, but
         the executor: its loop polls the step on the GPU, so it always shows about one."""
         ratio = run.output_tok_s / reference.output_tok_s
-        self.report.add(Row(f"d over HTTP: {run.requests} requests, all at once",
-                            f"{run.output_tok_s:,.0f} out tok/s",
-                            f"in-process {reference.output_tok_s:,.0f} out tok/s", f"{ratio:.3f}", ">= 0.95"))
-        self.report.add(Row("d over HTTP:   TTFT p50 / p90 / p99", p50_p90_p99(run.ttft_ms),
-                            f"{run.input_tok_s:,.0f} in tok/s; {run.seconds:.1f} s, {run.output_tokens} tokens", ""))
+        self.report.add(
+            Row(
+                f"d over HTTP: {run.requests} requests, all at once",
+                f"{run.output_tok_s:,.0f} out tok/s",
+                f"in-process {reference.output_tok_s:,.0f} out tok/s",
+                f"{ratio:.3f}",
+                ">= 0.95",
+            )
+        )
+        self.report.add(
+            Row(
+                "d over HTTP:   TTFT p50 / p90 / p99",
+                p50_p90_p99(run.ttft_ms),
+                f"{run.input_tok_s:,.0f} in tok/s; {run.seconds:.1f} s, {run.output_tokens} tokens",
+                "",
+            )
+        )
         self.report.add(Row("d over HTTP:   ITL p50 / p90 / p99", p50_p90_p99(run.itl_ms), "", ""))
-        self.report.add(Row("d over HTTP:   requests taken (response headers) p50 / last",
-                            f"{run.taken_ms.p50:.1f} / {run.last_taken_ms:.1f} ms", "", ""))
+        self.report.add(
+            Row(
+                "d over HTTP:   requests taken (response headers) p50 / last",
+                f"{run.taken_ms.p50:.1f} / {run.last_taken_ms:.1f} ms",
+                "",
+                "",
+            )
+        )
         busiest = sorted(cpu_shares.items(), key=lambda item: -item[1])
-        self.report.add(Row("d over HTTP:   CPU busy, cores", ", ".join(f"{name} {share:.2f}" for name, share in busiest),
-                            "", ""))
+        self.report.add(
+            Row("d over HTTP:   CPU busy, cores", ", ".join(f"{name} {share:.2f}" for name, share in busiest), "", "")
+        )
         return OfflineHttpFigures(**msgspec.structs.asdict(run), ratio_to_in_process=ratio, cpu_cores=cpu_shares)

@@ -47,13 +47,19 @@ class Testbed:
         started = time.perf_counter()
         kv_bytes = int(self.args.kv_cache_gb * (1 << 30)) if self.args.kv_cache_gb else None
         self.runner = ModelRunner.with_random_weights(
-            self.config, str(self.device), "bfloat16", seed=self.args.seed,
-            kv_cache_bytes=kv_bytes or self._default_kv_bytes(), attention_backend=self.args.attention_backend,
+            self.config,
+            str(self.device),
+            "bfloat16",
+            seed=self.args.seed,
+            kv_cache_bytes=kv_bytes or self._default_kv_bytes(),
+            attention_backend=self.args.attention_backend,
         )
         self.setup_seconds = time.perf_counter() - started
         freeze_startup_objects()  # as every actor does after its start-up
         self.graphs_on = self.runner.graphs is not None
-        storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.runner.model.parameters()}
+        storages = {
+            p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.runner.model.parameters()
+        }
         self.weight_bytes = sum(storages.values())
         # A decode step reads every weight but the embedding table, of which it gathers one row per
         # token (a tied table is read whole as the output head, so it counts then).

@@ -14,8 +14,9 @@ PROMPT = list(range(100, 112))  # three blocks
 A, B, C, D, E, X, Y, Z = (Tenant(name) for name in "abcdexyz")
 
 
-def make(k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0,
-         num_blocks: int = 32) -> tuple[BlockPool, RadixCache, Clock]:
+def make(
+    k: int = 3, window_s: float = 100.0, half_life_s: float = 60.0, num_blocks: int = 32
+) -> tuple[BlockPool, RadixCache, Clock]:
     pool, clock = BlockPool(num_blocks), Clock()
     cache = RadixCache(pool, BS, tenancy=TenancyPolicy(k, window_s), hit_half_life_s=half_life_s, clock=clock)
     return pool, cache, clock

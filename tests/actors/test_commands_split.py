@@ -67,8 +67,12 @@ def chunk(request_id: str, tokens: int) -> PrefillChunk:
 async def test_a_round_over_the_limit_arrives_whole_and_in_order(started_scheduler):
     scheduler, received = started_scheduler
     commands = [
-        StartSequence("a", greedy(4), list(range(200, 400))), chunk("a", 1200),
-        StartSequence("b", greedy(4), [7, 8]), chunk("b", 600), chunk("c", 700), DropSequence("d"),
+        StartSequence("a", greedy(4), list(range(200, 400))),
+        chunk("a", 1200),
+        StartSequence("b", greedy(4), [7, 8]),
+        chunk("b", 600),
+        chunk("c", 700),
+        DropSequence("d"),
     ]
     await scheduler._send(commands)
     assert await all_received(received, len(commands)) == commands

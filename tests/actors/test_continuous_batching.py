@@ -45,7 +45,7 @@ def check_blocks(engine: InProcessEngine) -> None:
         assert (seq.state is State.RUNNING) == bool(seq.blocks)
         assert len(seq.blocks) == len(set(seq.blocks))
         holders.update(seq.blocks)
-        writable.update(seq.blocks[seq.computed_len // batcher.kv.block_size:])
+        writable.update(seq.blocks[seq.computed_len // batcher.kv.block_size :])
         if seq.blocks:
             shared = seq.cached.blocks
             assert seq.blocks[: len(shared)] == shared
@@ -269,14 +269,18 @@ def test_eight_staggered_requests_match_transformers(build_tiny_model, arch):
     model_dir = build_tiny_model(arch)
     runner = ModelRunner(model_dir, device="cpu", num_kv_blocks=128, block_size=4)
     rng = random.Random(11)
-    requests = [([rng.randrange(5, 900) for _ in range(rng.randrange(2, 50))], greedy(rng.randrange(4, 30))) for _ in range(8)]
+    requests = [
+        ([rng.randrange(5, 900) for _ in range(rng.randrange(2, 50))], greedy(rng.randrange(4, 30))) for _ in range(8)
+    ]
     outputs, _ = run_schedule(runner, requests, [0, 0, 1, 3, 5, 8, 13, 21], max_prefill_tokens=32)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     for (prompt, params), output in zip(requests, outputs):
         with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=0)
-        assert output == expected[0, len(prompt):].tolist()
+            expected = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=params.max_tokens, do_sample=False, pad_token_id=0
+            )
+        assert output == expected[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("prompt_len", [29, 32])  # the prompt ends inside a block, or fills its last one

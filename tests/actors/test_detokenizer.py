@@ -17,7 +17,7 @@ def stream(tokenizer, ids, stop=(), chunk=1):
     detok = StreamingDetokenizer(tokenizer.backend_tokenizer, list(stop))
     pieces, consumed = [], []
     for i in range(0, len(ids), chunk):
-        part = ids[i:i + chunk]
+        part = ids[i : i + chunk]
         final = i + chunk >= len(ids)
         update = detok.push(part, final=final)
         pieces.append(update.text)

@@ -105,8 +105,15 @@ async def serve_through_executor(
     await nats_server.start()
     executor_bus = await Bus.connect(nats_server.url, "executor")
     scheduler_bus = await Bus.connect(nats_server.url, "test-scheduler")
-    config = KernelConfig(engine=EngineConfig(model=str(model_dir), device="cpu", num_kv_blocks=BLOCKS,
-                                              block_size=BLOCK_SIZE, max_prefill_tokens=MAX_PREFILL_TOKENS))
+    config = KernelConfig(
+        engine=EngineConfig(
+            model=str(model_dir),
+            device="cpu",
+            num_kv_blocks=BLOCKS,
+            block_size=BLOCK_SIZE,
+            max_prefill_tokens=MAX_PREFILL_TOKENS,
+        )
+    )
     executor = ExecutorActor(config, executor_bus, argparse.Namespace())
     subjects = Subjects(config.bus.namespace)
     round_trips = round_trips or RoundTrips()
@@ -119,8 +126,15 @@ async def serve_through_executor(
 
     try:
         await executor.start()
-        batcher = ContinuousBatcher(BLOCKS, BLOCK_SIZE, executor.max_model_len, executor.runner.vocab_size, 8,
-                                    MAX_PREFILL_TOKENS, prefix_caching=False)
+        batcher = ContinuousBatcher(
+            BLOCKS,
+            BLOCK_SIZE,
+            executor.max_model_len,
+            executor.runner.vocab_size,
+            8,
+            MAX_PREFILL_TOKENS,
+            prefix_caching=False,
+        )
         for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
             assert batcher.submit(f"r{i}", prompt, greedy(n), origin="test") is None
 
@@ -150,8 +164,11 @@ async def serve_through_executor(
 
 
 def in_process_outputs(model_dir, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, list[int]]:
-    engine = InProcessEngine(ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),
-                             max_prefill_tokens=MAX_PREFILL_TOKENS, prefix_caching=False)
+    engine = InProcessEngine(
+        ModelRunner(model_dir, device="cpu", num_kv_blocks=BLOCKS, block_size=BLOCK_SIZE),
+        max_prefill_tokens=MAX_PREFILL_TOKENS,
+        prefix_caching=False,
+    )
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
         engine.submit(f"r{i}", prompt, greedy(n))
     engine.run()
@@ -185,7 +202,9 @@ async def test_every_step_computes_a_full_prefill_budget_while_prompts_wait(
     prompts = [list(range(100 * i, 100 * i + 40)) for i in range(4)]  # 160 tokens: five budgets of 32
     max_tokens = [3, 3, 3, 3]
     model_dir = build_tiny_model("llama")
-    outputs, step_outputs = await serve_through_executor(tmp_path, model_dir, prompts, max_tokens, steps_outlast_the_bus)
+    outputs, step_outputs = await serve_through_executor(
+        tmp_path, model_dir, prompts, max_tokens, steps_outlast_the_bus
+    )
 
     prefilled = [sum(u.prefilled_tokens for u in output.updates) for output in step_outputs]
     assert prefilled[:5] == [MAX_PREFILL_TOKENS] * 5 and sum(prefilled) == 160

@@ -9,13 +9,16 @@ from schemas.generate import ChatMessage, GenerateRequest, SamplingParams, Sessi
 from schemas.requests import Tenant
 
 
-@pytest.mark.parametrize(("request_", "param"), [
-    (GenerateRequest(), "prompt"),
-    (GenerateRequest(text="hi", input_ids=[1, 2]), "prompt"),
-    (GenerateRequest(text="hi", messages=[ChatMessage("user", "hi")]), "prompt"),
-    (GenerateRequest(text="hi", params=SamplingParams(stop=["."], detokenize=False)), "stop"),
-    (GenerateRequest(text="hi", n=2, session=SessionTurn("s1")), "n"),
-])
+@pytest.mark.parametrize(
+    ("request_", "param"),
+    [
+        (GenerateRequest(), "prompt"),
+        (GenerateRequest(text="hi", input_ids=[1, 2]), "prompt"),
+        (GenerateRequest(text="hi", messages=[ChatMessage("user", "hi")]), "prompt"),
+        (GenerateRequest(text="hi", params=SamplingParams(stop=["."], detokenize=False)), "stop"),
+        (GenerateRequest(text="hi", n=2, session=SessionTurn("s1")), "n"),
+    ],
+)
 def test_requests_the_origin_cannot_take_are_refused_naming_the_field(request_, param):
     error = refusal(request_)
     assert (error.code, error.param, error.retriable) == ("invalid_request", param, False)
@@ -28,7 +31,12 @@ def test_a_request_it_can_take_is_not_refused():
 
 def test_one_choice_is_the_request_itself():
     [record] = choice_records("r", [1, 2], SamplingParams(seed=7, max_tokens=5), n=1, tenant=Tenant("tenant"))
-    assert (record.request_id, record.prompt_ids, record.tenant, record.fork_of) == ("r", [1, 2], Tenant("tenant"), None)
+    assert (record.request_id, record.prompt_ids, record.tenant, record.fork_of) == (
+        "r",
+        [1, 2],
+        Tenant("tenant"),
+        None,
+    )
     assert record.params == SamplingParams(seed=7, max_tokens=5)
 
 

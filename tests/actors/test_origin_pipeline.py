@@ -105,8 +105,11 @@ async def test_a_request_gets_each_output_once_in_order(origin, stand_ins):
     assert submit.params.seed is not None  # ours, so that a resubmission draws the same tokens
     assert [t.request_id for t in stand_ins.tracked] == ["r"] and pipeline.in_flight == 1
     await stand_ins.send(submit.origin, RequestOutput("r", [10], "a", output_index=0))
-    await stand_ins.send(submit.origin, RequestOutput("r", [10], "a", output_index=0),  # a repeat: dropped
-                         RequestOutput("r", [11, 12], "bc", "length", 3, output_index=1))
+    await stand_ins.send(
+        submit.origin,
+        RequestOutput("r", [10], "a", output_index=0),  # a repeat: dropped
+        RequestOutput("r", [11, 12], "bc", "length", 3, output_index=1),
+    )
     got = [(output.token_ids, output.text, output.finish_reason) async for _index, output in group]
     assert got == [([10], "a", None), ([11, 12], "bc", "length")]
     await group.close()
@@ -155,8 +158,9 @@ async def test_a_session_turn_continues_its_parent_and_is_recorded_before_its_en
     await stand_ins.send(submit.origin, RequestOutput("turn-2", [10], "a", "stop", 1, output_index=0))
     async for _index, output in group:
         assert output.finish_reason == "stop"
-        assert stand_ins.scheduler.get_nowait() == RecordTurn("s1", Tenant("tenant-a"), "turn-2", "turn-1", False,
-                                                              EARLIER_TURN + ENCODED + [10])
+        assert stand_ins.scheduler.get_nowait() == RecordTurn(
+            "s1", Tenant("tenant-a"), "turn-2", "turn-1", False, EARLIER_TURN + ENCODED + [10]
+        )
     await group.close()
 
 

@@ -27,11 +27,17 @@ async def test_outputs_reach_their_own_request_while_it_is_in_the_book():
     for s in (a, b, gone):
         book.open(s)
     book.close("gone")
-    book.deliver(OutputBatch([
-        RequestOutput("a", [10], "x", output_index=0), RequestOutput("b", [20], "y", "stop", 1, output_index=0),
-        RequestOutput("gone", [30], "z", output_index=0), RequestOutput("never-ours", [40], "w", output_index=0),
-        RequestOutput("a", [11], "x", "length", 2, output_index=1),
-    ]))
+    book.deliver(
+        OutputBatch(
+            [
+                RequestOutput("a", [10], "x", output_index=0),
+                RequestOutput("b", [20], "y", "stop", 1, output_index=0),
+                RequestOutput("gone", [30], "z", output_index=0),
+                RequestOutput("never-ours", [40], "w", output_index=0),
+                RequestOutput("a", [11], "x", "length", 2, output_index=1),
+            ]
+        )
+    )
     assert [(o.token_ids, o.text) for o in await received(a)] == [([10], "x"), ([11], "x")]
     assert [(o.token_ids, o.finish_reason) for o in await received(b)] == [([20], "stop")]
     assert gone.record.delivered_ids == [] and len(book) == 2
@@ -43,9 +49,16 @@ async def test_step_outputs_reach_only_the_requests_that_want_no_text():
     text, ids = stream("text"), stream("ids", detokenize=False)
     book.open(text)
     book.open(ids)
-    book.deliver_step(StepOutput("executor-1", 7, [
-        SequenceUpdate("text", [10], output_index=0), SequenceUpdate("ids", [20, 21], output_index=0, finish_reason="length"),
-    ]))
+    book.deliver_step(
+        StepOutput(
+            "executor-1",
+            7,
+            [
+                SequenceUpdate("text", [10], output_index=0),
+                SequenceUpdate("ids", [20, 21], output_index=0, finish_reason="length"),
+            ],
+        )
+    )
     assert text.record.delivered_ids == []
     assert [(o.token_ids, o.finish_reason) for o in await received(ids)] == [([20, 21], "length")]
 

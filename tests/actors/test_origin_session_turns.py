@@ -29,7 +29,9 @@ async def no_close(_stream) -> None:
 
 def turn_group(record_turn) -> tuple[SessionTurnGroup, RequestStream]:
     stream = RequestStream(RequestRecord("turn-2", [1, 5, 6, 7], SamplingParams()), 60.0, no_close)
-    group = SessionTurnGroup("turn-2", [1, 5, 6, 7], SessionTurn("s1", replace=True), Tenant("tenant-a"), "turn-1", record_turn)
+    group = SessionTurnGroup(
+        "turn-2", [1, 5, 6, 7], SessionTurn("s1", replace=True), Tenant("tenant-a"), "turn-1", record_turn
+    )
     group.choices.append(stream)
     return group, stream
 

@@ -48,26 +48,33 @@ def test_previous_row_feeds_the_token_the_last_launch_drew(llama_dir):
     ]
     synchronous = new_runner(llama_dir)
     drawn = synchronous.step(first)
-    by_value = synchronous.step([
-        SequenceInput([drawn[2]], 3, [3], sample=True, temperature=0.8, seed=3, output_index=1),
-        SequenceInput([drawn[0]], 5, [0, 1], sample=True),
-    ])
+    by_value = synchronous.step(
+        [
+            SequenceInput([drawn[2]], 3, [3], sample=True, temperature=0.8, seed=3, output_index=1),
+            SequenceInput([drawn[0]], 5, [0, 1], sample=True),
+        ]
+    )
     overlapped = new_runner(llama_dir)
     pending = overlapped.launch(first)
-    second = overlapped.launch([
-        SequenceInput([FROM_PREVIOUS_STEP], 3, [3], True, temperature=0.8, seed=3, output_index=1, previous_row=2),
-        SequenceInput([FROM_PREVIOUS_STEP], 5, [0, 1], sample=True, previous_row=0),
-    ])
+    second = overlapped.launch(
+        [
+            SequenceInput([FROM_PREVIOUS_STEP], 3, [3], True, temperature=0.8, seed=3, output_index=1, previous_row=2),
+            SequenceInput([FROM_PREVIOUS_STEP], 5, [0, 1], sample=True, previous_row=0),
+        ]
+    )
     assert pending.tokens() == drawn
     assert second.tokens() == by_value
 
 
-@pytest.mark.parametrize("bad, message", [
-    (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True, previous_row=1), "drew no token"),
-    (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True, previous_row=7), "drew no token"),
-    (SequenceInput([9], 4, [2, 3], sample=True, previous_row=0), "FROM_PREVIOUS_STEP"),
-    (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True), "token ids"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True, previous_row=1), "drew no token"),
+        (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True, previous_row=7), "drew no token"),
+        (SequenceInput([9], 4, [2, 3], sample=True, previous_row=0), "FROM_PREVIOUS_STEP"),
+        (SequenceInput([FROM_PREVIOUS_STEP], 4, [2, 3], sample=True), "token ids"),
+    ],
+)
 def test_a_bad_reference_to_the_previous_step_is_rejected(llama_dir, bad, message):
     runner = new_runner(llama_dir)
     with pytest.raises(ValueError, match="none was launched"):
@@ -198,9 +205,14 @@ def test_overlapped_steps_draw_the_tokens_of_synchronous_steps(llama_dir, seed, 
 
         runner.launch = counting_launch
         try:
-            engine.run(lambda step: [engine.submit(f"r{i}", prompt, params)
-                                     for i, (arrival, prompt, params) in enumerate(workload) if arrival == step],
-                       min_steps=10)
+            engine.run(
+                lambda step: [
+                    engine.submit(f"r{i}", prompt, params)
+                    for i, (arrival, prompt, params) in enumerate(workload)
+                    if arrival == step
+                ],
+                min_steps=10,
+            )
         finally:
             del runner.launch
         runs[overlap] = engine.outputs, engine.finish_reasons
@@ -223,11 +235,25 @@ def decode_chain(runner: ModelRunner, n: int, steps: int, overlap: bool) -> list
     for k in range(1, steps + 1):
         row_of = {seq: row for row, seq in enumerate(order)}
         order = order[::-1]
-        launched.append((runner.launch([
-            SequenceInput([FROM_PREVIOUS_STEP] if overlap else [outputs[i][-1]], 2 + k, tables[i], sample=True,
-                          output_index=k, previous_row=row_of[i] if overlap else -1, **kinds[i])
-            for i in order
-        ]), order))
+        launched.append(
+            (
+                runner.launch(
+                    [
+                        SequenceInput(
+                            [FROM_PREVIOUS_STEP] if overlap else [outputs[i][-1]],
+                            2 + k,
+                            tables[i],
+                            sample=True,
+                            output_index=k,
+                            previous_row=row_of[i] if overlap else -1,
+                            **kinds[i],
+                        )
+                        for i in order
+                    ]
+                ),
+                order,
+            )
+        )
         if not overlap:
             pending, rows = launched.pop()
             for i, token in zip(rows, pending.tokens()):

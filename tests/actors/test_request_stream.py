@@ -21,7 +21,10 @@ async def test_steps_become_outputs_that_continue_where_the_client_stands():
     stream.deliver_step(SequenceUpdate("r", [14], output_index=4, finish_reason="length"))
     got = [output async for output in stream]  # up to the finish
     assert [(o.token_ids, o.output_index, o.completion_tokens, o.finish_reason) for o in got] == [
-        ([10, 11], 0, 2, None), ([12, 13], 2, 4, None), ([14], 4, 5, "length")]
+        ([10, 11], 0, 2, None),
+        ([12, 13], 2, 4, None),
+        ([14], 4, 5, "length"),
+    ]
     assert all(o.text == "" for o in got)
     assert stream.record.delivered_ids == [10, 11, 12, 13, 14]
     assert stream.cached_tokens == 3  # as the latest run found the cache

@@ -25,13 +25,16 @@ def test_a_request_without_max_tokens_gets_what_the_context_leaves():
     assert table.get("r").state is State.WAITING and len(table) == 1
 
 
-@pytest.mark.parametrize(("prompt", "max_tokens", "code", "param"), [
-    ([], 4, "invalid_request", "prompt"),
-    ([1, 2, 100], 4, "invalid_request", "prompt"),  # outside the vocabulary
-    ([1, 2, 3], 0, "invalid_request", "max_tokens"),
-    ([1, 2, 3], 14, "context_length_exceeded", "max_tokens"),
-    (list(range(16)), None, "context_length_exceeded", "prompt"),  # no room for one token
-])
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "code", "param"),
+    [
+        ([], 4, "invalid_request", "prompt"),
+        ([1, 2, 100], 4, "invalid_request", "prompt"),  # outside the vocabulary
+        ([1, 2, 3], 0, "invalid_request", "max_tokens"),
+        ([1, 2, 3], 14, "context_length_exceeded", "max_tokens"),
+        (list(range(16)), None, "context_length_exceeded", "prompt"),  # no room for one token
+    ],
+)
 def test_a_request_that_cannot_be_served_is_refused_with_the_field_named(prompt, max_tokens, code, param):
     table = RequestTable(max_model_len=16, vocab_size=100)
     error = table.add("r", prompt, SamplingParams(max_tokens=max_tokens), "origin", [], "", None)

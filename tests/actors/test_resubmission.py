@@ -21,10 +21,13 @@ def run(engine: InProcessEngine, request_id: str, tokens: dict[int, int], steps:
         done += 1
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
-    SamplingParams(max_tokens=30, temperature=0.9, top_k=20, seed=5, ignore_eos=True),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=30, temperature=0.9, top_k=20, seed=5, ignore_eos=True),
+    ],
+)
 @pytest.mark.parametrize("delivered", [0, 7])
 def test_resubmission_continues_after_delivered_tokens(build_tiny_model, params, delivered):
     runner = ModelRunner(build_tiny_model("llama"), device="cpu", num_kv_blocks=64, block_size=4)

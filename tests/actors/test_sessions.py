@@ -50,15 +50,25 @@ def compute(pool: BlockPool, cache: RadixCache, tenant: Tenant, tokens: list[int
     pool.release(blocks)
 
 
-def turn(table: SessionTable, pool: BlockPool, cache: RadixCache, session_id: str, turn_id: str, new_tokens: list[int],
-         parent: str | None = None, replace: bool = False, tenant: Tenant = ANONYMOUS) -> list[int]:
+def turn(
+    table: SessionTable,
+    pool: BlockPool,
+    cache: RadixCache,
+    session_id: str,
+    turn_id: str,
+    new_tokens: list[int],
+    parent: str | None = None,
+    replace: bool = False,
+    tenant: Tenant = ANONYMOUS,
+) -> list[int]:
     """One turn as an origin runs it: begin, compute, record. Returns the turn's tokens."""
     begun = table.begin_turn(BeginTurn(session_id, tenant, turn_id, parent))
     assert isinstance(begun, TurnTokens), begun
     tokens = begun.token_ids + new_tokens
     compute(pool, cache, tenant, tokens)
-    assert table.record_turn(RecordTurn(session_id, tenant, turn_id, begun.parent_turn, replace, tokens)) == TurnRecorded(
-        session_id, turn_id)
+    assert table.record_turn(
+        RecordTurn(session_id, tenant, turn_id, begun.parent_turn, replace, tokens)
+    ) == TurnRecorded(session_id, turn_id)
     return tokens
 
 
@@ -103,8 +113,11 @@ def test_open_and_close():
         assert table.begin_turn(BeginTurn(sid, stranger, "t2")).code == "not_found"
         assert table.close(CloseSession(sid), stranger).code == "not_found"
     assert table.close(CloseSession(sid), ALICE) == SessionClosed(sid)
-    for reply in (table.close(CloseSession(sid), ALICE), table.begin_turn(BeginTurn(sid, ALICE, "t3")),
-                  table.record_turn(RecordTurn(sid, ALICE, "t1", None, False, [1, 2]))):
+    for reply in (
+        table.close(CloseSession(sid), ALICE),
+        table.begin_turn(BeginTurn(sid, ALICE, "t3")),
+        table.record_turn(RecordTurn(sid, ALICE, "t1", None, False, [1, 2])),
+    ):
         assert isinstance(reply, Error) and (reply.code, reply.param) == ("not_found", "session_id")
     assert table.close(CloseSession("no-such-session"), ANONYMOUS).code == "not_found"
     check(table, pool, cache)

@@ -24,8 +24,15 @@ class Connection:
             connection.errors.append(str(exc))
 
         options = {"inbox_prefix": credentials.inbox_prefix} if credentials.inbox_prefix else {}
-        connection.nc = await nats.connect(url, name=PROBE, user=credentials.user, password=credentials.password,
-                                           error_cb=on_error, allow_reconnect=False, **options)
+        connection.nc = await nats.connect(
+            url,
+            name=PROBE,
+            user=credentials.user,
+            password=credentials.password,
+            error_cb=on_error,
+            allow_reconnect=False,
+            **options,
+        )
         return connection
 
     async def settle(self) -> None:

@@ -23,7 +23,9 @@ def encode(message) -> bytes:
 
 
 async def test_generate_returns_the_completion(nc):
-    request = GenerateRequest(text="Once upon a time", params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    request = GenerateRequest(
+        text="Once upon a time", params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    )
     reply = msgspec.msgpack.decode((await nc.request("llm.generate", encode(request), timeout=60)).data, type=Reply)
     assert isinstance(reply, GenerateResult)
     assert reply.finish_reason == "length"
@@ -34,7 +36,9 @@ async def test_generate_returns_the_completion(nc):
 async def test_streamed_chunks_arrive_in_order_then_the_result(nc):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     whole = msgspec.msgpack.decode(
-        (await nc.request("llm.generate", encode(GenerateRequest(text="Hello", params=params)), timeout=60)).data, type=Reply)
+        (await nc.request("llm.generate", encode(GenerateRequest(text="Hello", params=params)), timeout=60)).data,
+        type=Reply,
+    )
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish("llm.generate", encode(GenerateRequest(text="Hello", params=params, stream=True)), reply=inbox)
@@ -81,7 +85,10 @@ async def test_bad_requests_get_error_replies(nc, request_, code):
     assert isinstance(reply, Error)
     assert reply.code == code
     good = GenerateRequest(text="ok", params=SamplingParams(max_tokens=2))
-    assert isinstance(msgspec.msgpack.decode((await nc.request("llm.generate", encode(good), timeout=60)).data, type=Reply), GenerateResult)
+    assert isinstance(
+        msgspec.msgpack.decode((await nc.request("llm.generate", encode(good), timeout=60)).data, type=Reply),
+        GenerateResult,
+    )
 
 
 @pytest.mark.parametrize(
@@ -125,8 +132,12 @@ async def collect(nc, request: GenerateRequest) -> list:
 
 async def test_asking_again_replays_a_stream_from_where_the_client_stands(nc):
     """What a client does when a bus outage lost some of its chunks."""
-    request = GenerateRequest(text="Replay me", params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
-                              stream=True, request_id=f"replay-{uuid.uuid4().hex}")
+    request = GenerateRequest(
+        text="Replay me",
+        params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+        stream=True,
+        request_id=f"replay-{uuid.uuid4().hex}",
+    )
     first = await collect(nc, request)
     again = await collect(nc, msgspec.structs.replace(request, resume_from=3))
     assert isinstance(first[-1], GenerateResult) and len(first) > 4

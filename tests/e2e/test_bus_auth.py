@@ -36,8 +36,9 @@ async def test_a_connection_without_credentials_is_refused(server):
 
 async def test_a_wrong_password_is_refused(server):
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(server.nats_url, user="client", password="not-the-password", allow_reconnect=False,
-                           connect_timeout=5)
+        await nats.connect(
+            server.nats_url, user="client", password="not-the-password", allow_reconnect=False, connect_timeout=5
+        )
 
 
 async def test_the_client_user_can_generate_and_read_stats(server):
@@ -81,8 +82,16 @@ def test_credential_files_are_private(server):
     bus_dir = server.data_dir / "bus"
     assert stat.S_IMODE(bus_dir.stat().st_mode) == 0o700
     files = sorted(p.name for p in bus_dir.iterdir())
-    assert files == ["client.json", "executor.json", "frontdoor.json", "gateway.json", "nats-server.conf",
-                     "scheduler.json", "supervisor.json", "tokenizer.json"]
+    assert files == [
+        "client.json",
+        "executor.json",
+        "frontdoor.json",
+        "gateway.json",
+        "nats-server.conf",
+        "scheduler.json",
+        "supervisor.json",
+        "tokenizer.json",
+    ]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in bus_dir.iterdir())
 
 
@@ -97,8 +106,17 @@ def test_no_secret_is_on_a_command_line(server):
 
 def test_an_actor_started_by_hand_connects_with_its_file(server):
     own_file = bus_auth.credentials_path(server.data_dir, "tokenizer")
-    command = [sys.executable, "-m", "actors.tokenizer", "--model", str(server.model_dir),
-               "--nats-url", server.nats_url, "--nats-credentials", str(own_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "actors.tokenizer",
+        "--model",
+        str(server.model_dir),
+        "--nats-url",
+        server.nats_url,
+        "--nats-credentials",
+        str(own_file),
+    ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         events = []
@@ -141,11 +159,23 @@ async def test_an_external_server_with_credentials_from_the_flag(tmp_path):
     try:
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(nats_server.url, allow_reconnect=False, connect_timeout=5)
-        server = await asyncio.to_thread(start_server, tmp_path / "data", "--nats-url", nats_server.url,
-                                         "--nats-credentials", str(credentials_file), "--num-kv-blocks", "64")
+        server = await asyncio.to_thread(
+            start_server,
+            tmp_path / "data",
+            "--nats-url",
+            nats_server.url,
+            "--nats-credentials",
+            str(credentials_file),
+            "--num-kv-blocks",
+            "64",
+        )
         try:
-            response = await asyncio.to_thread(httpx.post, f"{server.base_url}/v1/completions",
-                                               json={"model": "demo", "prompt": "Hello", "max_tokens": 4}, timeout=60)
+            response = await asyncio.to_thread(
+                httpx.post,
+                f"{server.base_url}/v1/completions",
+                json={"model": "demo", "prompt": "Hello", "max_tokens": 4},
+                timeout=60,
+            )
             assert response.status_code == 200, response.text
             assert not (tmp_path / "data" / "bus").exists(), "an external server needs no credentials of ours"
         finally:

@@ -17,15 +17,24 @@ BLOCKS = 256  # of 16 tokens
 
 @pytest.fixture(scope="module")
 def small_bus_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("small-bus"), "--num-kv-blocks", str(BLOCKS),
-                           "--bus-max-payload-bytes", str(MAX_PAYLOAD), "--max-prefill-tokens", "4096")
+    running = start_server(
+        tmp_path_factory.mktemp("small-bus"),
+        "--num-kv-blocks",
+        str(BLOCKS),
+        "--bus-max-payload-bytes",
+        str(MAX_PAYLOAD),
+        "--max-prefill-tokens",
+        "4096",
+    )
     yield running
     running.stop()
 
 
 def body(prompt_ids: list[int], max_new_tokens: int = 6) -> dict:
-    return {"input_ids": prompt_ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+    return {
+        "input_ids": prompt_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+    }
 
 
 def prompt(tokens: int, seed: int) -> list[int]:
@@ -52,8 +61,11 @@ async def test_prompts_over_the_limit_get_400_at_once(small_bus_server):
 async def test_a_round_over_the_limit_reaches_the_executor_in_parts(small_bus_server, server):
     """Two 1,700-token prompts (5 KB each) wait for the blocks of a running 3,000-token one and are
     started together when it ends: their commands, about 10 KB, go in parts."""
-    holder = {"input_ids": [i % 100 for i in range(3000)],  # one byte a token: its Submit fits
-              "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}, "stream": True}
+    holder = {
+        "input_ids": [i % 100 for i in range(3000)],  # one byte a token: its Submit fits
+        "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
     waiting = [prompt(1700, seed=3), prompt(1700, seed=4)]
     async with httpx.AsyncClient(base_url=small_bus_server.base_url, timeout=60) as http:
         async with http.stream("POST", "/generate", json=holder) as running:

@@ -45,13 +45,16 @@ def greedy(chat_server, tokenizer):
     """transformers' own greedy generation, float32 on the CPU, on the directory the server loaded:
     (text, completion tokens, finish reason), as the server reports them."""
     model = AutoModelForCausalLM.from_pretrained(chat_server.model_dir, dtype=torch.float32).eval()
-    eos_ids = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-                  else [model.generation_config.eos_token_id])
+    eos_ids = set(
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
 
     def generate(prompt_ids: list[int]) -> tuple[str, int, str]:
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
-        new = out[0, len(prompt_ids):].tolist()
+        new = out[0, len(prompt_ids) :].tolist()
         finish = "stop" if new[-1] in eos_ids else "length"
         return tokenizer.decode(new, skip_special_tokens=True), len(new), finish
 
@@ -69,8 +72,9 @@ def test_answers_the_capital_question(chat_client):
 def test_chat_is_greedy_transformers(chat_client, tokenizer, greedy, name):
     messages = CONVERSATIONS[name]
     prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    reply = chat_client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=MAX_TOKENS,
-                                                temperature=0)
+    reply = chat_client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+    )
     choice = reply.choices[0]
     assert (choice.message.content, reply.usage.completion_tokens, choice.finish_reason) == greedy(prompt_ids)
     assert reply.usage.prompt_tokens == len(prompt_ids)

@@ -15,8 +15,11 @@ def wait_until_idle(server, timeout_s: float = 10) -> dict:
     while time.monotonic() < deadline:
         current = stats(server)
         # Blocks the prefix cache keeps are free for the taking (evictable) once no request holds them.
-        if current["running"] == 0 and current["waiting"] == 0 and \
-                current["free_blocks"] + current["evictable_blocks"] == current["total_blocks"]:
+        if (
+            current["running"] == 0
+            and current["waiting"] == 0
+            and current["free_blocks"] + current["evictable_blocks"] == current["total_blocks"]
+        ):
             return current
         time.sleep(0.1)
     raise AssertionError(f"not idle after {timeout_s} s: {current}")
@@ -62,8 +65,13 @@ def test_hanging_up_everything_during_preemption_frees_everything(server):
     idle = wait_until_idle(server)
     capacity = idle["total_blocks"] * 16  # tokens, at the default block size
     count = 8
-    body = {"model": "demo", "prompt": "Go on and on:", "max_tokens": capacity // count * 2, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "demo",
+        "prompt": "Go on and on:",
+        "max_tokens": capacity // count * 2,
+        "stream": True,
+        "ignore_eos": True,
+    }
     hang_up = threading.Event()
 
     def run():

@@ -13,15 +13,18 @@ from ops.local_server import start_server
 
 
 def complete(server) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/completions",
-                      json={"model": "demo", "prompt": "Hello", "max_tokens": 4}, timeout=30)
+    return httpx.post(
+        f"{server.base_url}/v1/completions", json={"model": "demo", "prompt": "Hello", "max_tokens": 4}, timeout=30
+    )
 
 
 async def test_actors_reconnect_when_the_external_server_returns(tmp_path):
     (tmp_path / "nats").mkdir()
     nats_server = EmbeddedNats(tmp_path / "nats")
     await nats_server.start()
-    server = await asyncio.to_thread(start_server, tmp_path / "data", "--nats-url", nats_server.url, "--num-kv-blocks", "64")
+    server = await asyncio.to_thread(
+        start_server, tmp_path / "data", "--nats-url", nats_server.url, "--num-kv-blocks", "64"
+    )
     try:
         assert (await asyncio.to_thread(complete, server)).status_code == 200
         assert not server.find("nats_started"), "the supervisor started a server of its own"
@@ -29,7 +32,9 @@ async def test_actors_reconnect_when_the_external_server_returns(tmp_path):
         await asyncio.sleep(1.0)
         await nats_server.start()  # same port, same data dir
         deadline = time.monotonic() + 60
-        while (status := (await asyncio.to_thread(complete, server)).status_code) != 200 and time.monotonic() < deadline:
+        while (
+            status := (await asyncio.to_thread(complete, server)).status_code
+        ) != 200 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
         assert status == 200
         assert len(server.find("bus_reconnected")) >= 5  # every actor, the supervisor too

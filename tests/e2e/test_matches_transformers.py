@@ -17,9 +17,10 @@ def reference(server):
 
     def generate(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=0)
-        return out[0, len(prompt_ids):].tolist()
+            out = model.generate(
+                torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+            )
+        return out[0, len(prompt_ids) :].tolist()
 
     return generate
 
@@ -36,8 +37,8 @@ async def test_one_request_matches(server, reference):
 async def test_eight_concurrent_requests_started_at_different_times_match(server, reference):
     batch = prompts(8)
     lengths = [8 + 5 * i for i in range(8)]
-    outputs = await asyncio.gather(*(
-        generate_over_http(server.base_url, p, n, delay_s=0.05 * i) for i, (p, n) in enumerate(zip(batch, lengths))
-    ))
+    outputs = await asyncio.gather(
+        *(generate_over_http(server.base_url, p, n, delay_s=0.05 * i) for i, (p, n) in enumerate(zip(batch, lengths)))
+    )
     for prompt, n, output in zip(batch, lengths, outputs):
         assert output == reference(prompt, n)

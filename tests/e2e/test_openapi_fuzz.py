@@ -28,7 +28,9 @@ def test_no_input_makes_a_server_error(fuzzed_server):
     for operation in operations(fuzzed_server):
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(
+            max_examples=EXAMPLES_PER_ROUTE, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        )
         def call(case):
             case.call_and_validate(checks=[not_a_server_error], timeout=60)
 

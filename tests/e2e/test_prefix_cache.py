@@ -61,8 +61,13 @@ def test_an_admin_published_prefix_hits_for_every_tenant(server):
 
 
 def test_admin_cache_shows_private_blocks_per_tenant_and_goes_back_to_idle(server):
-    body = {"model": "demo", "prompt": LONG_PROMPT + " Private note.", "max_tokens": 3, "temperature": 0,
-            "user": "report-tenant"}
+    body = {
+        "model": "demo",
+        "prompt": LONG_PROMPT + " Private note.",
+        "max_tokens": 3,
+        "temperature": 0,
+        "user": "report-tenant",
+    }
     assert httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).status_code == 200
     report = cache_report(server)
     assert report["private_blocks"]["report-tenant"] > 0

@@ -21,8 +21,15 @@ SCENARIOS = 8  # seeded, so every run costs the same
 CLIENTS = 8  # at once in each scenario, by turns a session's, forking, plain
 CALLS = 5  # per client, one of them a hang-up
 VOCAB = range(10, 2000)  # within the demo model's vocabulary
-BLOCK_FIGURES = ("total_blocks", "free_blocks", "cached_blocks", "evictable_blocks", "in_use_blocks",
-                 "public_blocks", "private_blocks")
+BLOCK_FIGURES = (
+    "total_blocks",
+    "free_blocks",
+    "cached_blocks",
+    "evictable_blocks",
+    "in_use_blocks",
+    "public_blocks",
+    "private_blocks",
+)
 
 
 @dataclass
@@ -85,17 +92,27 @@ def plan(seed: int) -> list[Client]:
 
     def generate(name: str, input_ids: list[int], stream: bool, hang_up: bool = False) -> Call:
         if hang_up:  # long enough to be cut off
-            return Call(name, "/generate", {"input_ids": input_ids, "stream": True,
-                                            "sampling_params": sampling(48) | {"ignore_eos": True}},
-                        hang_up_after=rng.randint(1, 8))
-        return Call(name, "/generate", {"input_ids": input_ids, "stream": stream,
-                                        "sampling_params": sampling(rng.randint(1, 8))})
+            return Call(
+                name,
+                "/generate",
+                {"input_ids": input_ids, "stream": True, "sampling_params": sampling(48) | {"ignore_eos": True}},
+                hang_up_after=rng.randint(1, 8),
+            )
+        return Call(
+            name,
+            "/generate",
+            {"input_ids": input_ids, "stream": stream, "sampling_params": sampling(rng.randint(1, 8))},
+        )
 
     def fork(name: str, hang_up: bool = False) -> Call:
         body = {"model": "demo", "prompt": prompt(), "n": rng.randint(2, 4)}
         if hang_up:
-            return Call(name, "/v1/completions", body | sampling(48) | {"stream": True, "ignore_eos": True},
-                        hang_up_after=rng.randint(1, 8))
+            return Call(
+                name,
+                "/v1/completions",
+                body | sampling(48) | {"stream": True, "ignore_eos": True},
+                hang_up_after=rng.randint(1, 8),
+            )
         return Call(name, "/v1/completions", body | sampling(rng.randint(1, 8)))
 
     clients = []
@@ -187,8 +204,11 @@ async def settled(http: httpx.AsyncClient, timeout_s: float = 20) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         report = (await http.get("/admin/cache")).json()
-        if report["in_use_blocks"] == 0 and report["cached_blocks"] == report["evictable_blocks"] and \
-                report["free_blocks"] + report["cached_blocks"] == report["total_blocks"]:
+        if (
+            report["in_use_blocks"] == 0
+            and report["cached_blocks"] == report["evictable_blocks"]
+            and report["free_blocks"] + report["cached_blocks"] == report["total_blocks"]
+        ):
             return report
         assert time.monotonic() < deadline, f"the cache did not settle: {report}"
         await asyncio.sleep(0.1)

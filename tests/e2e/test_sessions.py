@@ -29,7 +29,10 @@ def close_session(server, session_id: str, **query) -> httpx.Response:
 
 def chat(client, session_id: str, content: str, **fields):
     return client.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": content}], max_tokens=12, temperature=0,
+        model="demo",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=12,
+        temperature=0,
         extra_body={"session_id": session_id, **fields},
     )
 
@@ -53,10 +56,17 @@ def test_each_turn_computes_only_its_new_tokens(server, client):
     session = open_session(server)
     first = chat(client, session, "Tell me about the old lighthouse on the northern cliffs, and its keeper.")
     second = chat(client, session, "Who built it?")
-    chunks = list(client.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "And what became of them?"}], max_tokens=12, temperature=0,
-        stream=True, stream_options={"include_usage": True}, extra_body={"session_id": session},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "And what became of them?"}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"session_id": session},
+        )
+    )
     third = chunks[-1]
     assert cached(first) == 0
     for before, after in ((first, second), (second, third)):
@@ -74,8 +84,14 @@ def test_a_turn_gives_what_its_whole_prompt_gives_alone(server, client):
     assert second["prompt_tokens"] == len(whole_prompt)
     assert second["cached_tokens"] == (len(first_ids) + 8 - 1) // BLOCK * BLOCK
     # Another tenant shares nothing with the session, so this computes the whole prompt.
-    alone = client.completions.create(model="demo", prompt=whole_prompt, max_tokens=8, temperature=0,
-                                      user="session-oracle", extra_body={"ignore_eos": True})
+    alone = client.completions.create(
+        model="demo",
+        prompt=whole_prompt,
+        max_tokens=8,
+        temperature=0,
+        user="session-oracle",
+        extra_body={"ignore_eos": True},
+    )
     assert cached(alone) == 0
     assert second["text"] == alone.choices[0].text
 
@@ -136,7 +152,9 @@ def test_open_refuses_bad_settings(server):
     for body in ({"capacity_tokens": -1}, {"idle_timeout_s": 0}, {"colour": "blue"}):
         response = httpx.post(f"{server.base_url}/v1/sessions", json=body, timeout=30)
         assert response.status_code == 400, body
-    response = httpx.post(f"{server.base_url}/v1/sessions", json={"capacity_tokens": 64, "idle_timeout_s": 30}, timeout=30)
+    response = httpx.post(
+        f"{server.base_url}/v1/sessions", json={"capacity_tokens": 64, "idle_timeout_s": 30}, timeout=30
+    )
     assert response.json()["capacity_tokens"] == 64 and response.json()["idle_timeout_s"] == 30
 
 
@@ -151,14 +169,22 @@ async def test_a_bus_client_opens_a_session_and_takes_turns_in_it(server):
         opened = await ask("llm.sessions", OpenSession(capacity_tokens=256), SessionOpened)
         session = SessionTurn(opened.session_id)
         params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-        await ask("llm.generate", GenerateRequest(input_ids=list(range(900, 930)), params=params, session=session),
-                  GenerateResult)
-        second = await ask("llm.generate", GenerateRequest(input_ids=list(range(950, 960)), params=params, session=session),
-                           GenerateResult)
+        await ask(
+            "llm.generate",
+            GenerateRequest(input_ids=list(range(900, 930)), params=params, session=session),
+            GenerateResult,
+        )
+        second = await ask(
+            "llm.generate",
+            GenerateRequest(input_ids=list(range(950, 960)), params=params, session=session),
+            GenerateResult,
+        )
         assert isinstance(second, GenerateResult), second
         assert second.prompt_tokens == 30 + 6 + 10
         assert second.cached_tokens == (30 + 6 - 1) // BLOCK * BLOCK
-        assert await ask("llm.sessions", CloseSession(opened.session_id), SessionClosed) == SessionClosed(opened.session_id)
+        assert await ask("llm.sessions", CloseSession(opened.session_id), SessionClosed) == SessionClosed(
+            opened.session_id
+        )
         gone = await ask("llm.generate", GenerateRequest(text="Hello", session=session), GenerateResult)
         assert isinstance(gone, Error) and gone.code == "not_found"
     finally:

@@ -15,23 +15,37 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def soak_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("soak"), "--num-kv-blocks", "1024", "--max-concurrent-requests", "4096")
+    running = start_server(
+        tmp_path_factory.mktemp("soak"), "--num-kv-blocks", "1024", "--max-concurrent-requests", "4096"
+    )
     yield running
     running.stop()
 
 
-async def stream(http: httpx.AsyncClient, base_url: str, i: int, max_tokens: int, hang_up_after: int | None) -> int | None:
+async def stream(
+    http: httpx.AsyncClient, base_url: str, i: int, max_tokens: int, hang_up_after: int | None
+) -> int | None:
     """Streams one completion; returns its completion token count, or None when it hung up
     after `hang_up_after` chunks."""
-    body = {"model": "demo", "prompt": f"Soak {i}", "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0.7, "seed": i, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "demo",
+        "prompt": f"Soak {i}",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0.7,
+        "seed": i,
+        "stream_options": {"include_usage": True},
+    }
     chunks, completion_tokens = 0, None
     async with http.stream("POST", f"{base_url}/v1/completions", json=body) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 chunks += 1
-                completion_tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", completion_tokens)
+                completion_tokens = (json.loads(line[6:]).get("usage") or {}).get(
+                    "completion_tokens", completion_tokens
+                )
                 if hang_up_after is not None and chunks >= hang_up_after:
                     return None
     return completion_tokens
@@ -45,8 +59,10 @@ def assert_back_to_idle(server, timeout_s: float = 30) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         current = stats(server)
-        if current["running"] == current["waiting"] == 0 and \
-                current["free_blocks"] + current["evictable_blocks"] == current["total_blocks"]:
+        if (
+            current["running"] == current["waiting"] == 0
+            and current["free_blocks"] + current["evictable_blocks"] == current["total_blocks"]
+        ):
             return current
         assert time.monotonic() < deadline, f"not idle: {current}"
         time.sleep(0.2)
@@ -55,9 +71,9 @@ def assert_back_to_idle(server, timeout_s: float = 30) -> dict:
 async def test_disconnect_soak_leaks_nothing(soak_server):
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        results = await asyncio.gather(*(
-            stream(http, soak_server.base_url, i, 32, hang_up_after=3 if i % 2 else None) for i in range(400)
-        ))
+        results = await asyncio.gather(
+            *(stream(http, soak_server.base_url, i, 32, hang_up_after=3 if i % 2 else None) for i in range(400))
+        )
     assert all(r == 32 for r in results[0::2])
     assert_back_to_idle(soak_server)
 
@@ -72,7 +88,9 @@ class MemoryWatch:
 
     def __init__(self, server) -> None:
         pids = server.process_pids()
-        self.pids = {name: pids[name] for name in ("executor", "scheduler", "tokenizer", "gateway", "frontdoor", "nats-server")}
+        self.pids = {
+            name: pids[name] for name in ("executor", "scheduler", "tokenizer", "gateway", "frontdoor", "nats-server")
+        }
         self.peak = self.now()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)

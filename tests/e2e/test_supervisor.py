@@ -29,8 +29,9 @@ def alive(pid: int) -> bool:
 
 
 def complete(server) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/completions",
-                      json={"model": "demo", "prompt": "Hello", "max_tokens": 4}, timeout=60)
+    return httpx.post(
+        f"{server.base_url}/v1/completions", json={"model": "demo", "prompt": "Hello", "max_tokens": 4}, timeout=60
+    )
 
 
 def wait_for_ready_restart(server, actor: str, starts: int = 2, timeout_s: float = 60) -> None:
@@ -42,8 +43,14 @@ def wait_for_ready_restart(server, actor: str, starts: int = 2, timeout_s: float
 
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("supervised"), "--num-kv-blocks", "128", "--max-concurrent-requests", "3",
-                           "--no-prefix-caching")
+    running = start_server(
+        tmp_path_factory.mktemp("supervised"),
+        "--num-kv-blocks",
+        "128",
+        "--max-concurrent-requests",
+        "3",
+        "--no-prefix-caching",
+    )
     yield running
     running.stop()
 
@@ -99,8 +106,17 @@ def test_gives_up_after_too_many_restarts(tmp_path):
 
 
 def test_each_child_has_its_own_restart_budget(tmp_path):
-    server = start_server(tmp_path / "data", "--num-kv-blocks", "32", "--tokenizers", "2",
-                          "--max-restarts", "2", "--restart-period-s", "600")
+    server = start_server(
+        tmp_path / "data",
+        "--num-kv-blocks",
+        "32",
+        "--tokenizers",
+        "2",
+        "--max-restarts",
+        "2",
+        "--restart-period-s",
+        "600",
+    )
     for child in ("tokenizer", "tokenizer-2", "gateway"):
         for starts in (2, 3):
             os.kill(server.child_pid(child), signal.SIGKILL)
@@ -113,7 +129,9 @@ def test_each_child_has_its_own_restart_budget(tmp_path):
 
 
 def test_help_explains_every_flag():
-    out = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for flag in ("--model", "--nats-url", "--port", "--log-format", "--max-restarts", "--max-prefill-tokens"):
         assert flag in out
 
@@ -210,8 +228,12 @@ def test_too_many_concurrent_requests_get_429(own_server):
 
 def test_oversized_body_gets_413(own_server):
     wait_for(lambda: _answers(own_server), 60)
-    response = httpx.post(f"{own_server.base_url}/v1/completions", content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
-                          headers={"Content-Type": "application/json"}, timeout=60)
+    response = httpx.post(
+        f"{own_server.base_url}/v1/completions",
+        content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert response.status_code == 413
     assert response.json()["error"]["message"]
 

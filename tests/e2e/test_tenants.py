@@ -154,10 +154,12 @@ async def test_a_session_opened_on_the_bus_belongs_to_the_subjects_tenant(keyed_
     assert isinstance(as_alpha, Error) and as_alpha.code == "not_found"  # beta/alpha is not alpha
     with pytest.raises(openai.NotFoundError):
         client(keyed_server, "key-beta").completions.create(
-            model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id})
+            model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id}
+        )
     assert isinstance(await ask(alpha, "llm.generate.alpha", turn, GenerateResult), GenerateResult)
     reply = client(keyed_server, "key-alpha").completions.create(
-        model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id})
+        model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": opened.session_id}
+    )
     assert reply.choices[0].finish_reason in ("stop", "length")
     refused = await ask(beta, "llm.sessions.beta", CloseSession(opened.session_id, user="alpha"), SessionClosed)
     assert isinstance(refused, Error) and refused.code == "not_found"
@@ -189,8 +191,9 @@ def crowd_server(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("crowd")
     keys_file = data_dir / "keys.json"
     keys_file.write_text(json.dumps({f"key-{tenant}": tenant for tenant in CROWD}))
-    running = start_server(data_dir, "--num-kv-blocks", "256", "--api-keys", str(keys_file),
-                           "--public-prefix-tenants", "3")
+    running = start_server(
+        data_dir, "--num-kv-blocks", "256", "--api-keys", str(keys_file), "--public-prefix-tenants", "3"
+    )
     yield running
     running.stop()
 

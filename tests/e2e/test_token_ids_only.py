@@ -15,8 +15,10 @@ STOPPED_S = 1.5
 
 
 def body(**sampling) -> dict:
-    return {"input_ids": PROMPT_IDS,
-            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, **sampling}}
+    return {
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, **sampling},
+    }
 
 
 async def test_the_same_tokens_without_text(server):

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from actors.frontdoor import native_protocol as native, openai_protocol as protocol
+from actors.frontdoor import native_protocol as native
+from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.request_fields import ParsedRequest
 from schemas.errors import Error
 from schemas.generate import ChatMessage, SamplingParams
@@ -45,19 +46,25 @@ def assert_invalid(result, param: str | None, words: str = "") -> Error:
 # --- requests: the body as a whole -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("parse", [
-    lambda b: protocol.parse_chat_request(b, MODEL),
-    lambda b: protocol.parse_completion_request(b, MODEL),
-    native.parse_generate_request,
-])
-@pytest.mark.parametrize(("raw", "words"), [
-    (b"{not json", "not valid JSON"),
-    (b"", "not valid JSON"),
-    (b"\xff", "not valid JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b'"text"', "must be a JSON object"),
-    (b"[" * 10_000 + b"]" * 10_000, "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "parse",
+    [
+        lambda b: protocol.parse_chat_request(b, MODEL),
+        lambda b: protocol.parse_completion_request(b, MODEL),
+        native.parse_generate_request,
+    ],
+)
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"\xff", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'"text"', "must be a JSON object"),
+        (b"[" * 10_000 + b"]" * 10_000, "must be a JSON object"),
+    ],
+)
 def test_body_that_is_not_a_json_object_is_refused(parse, raw, words):
     assert_invalid(parse(raw), None, words)
 
@@ -81,8 +88,19 @@ def test_wrong_types_name_the_field():
 
 
 def test_unknown_openai_fields_are_ignored():
-    parsed = chat(user="u1", metadata={"a": "b"}, store=False, parallel_tool_calls=True, stream_options=None,
-                  presence_penalty=0, frequency_penalty=0.0, logit_bias={}, tools=[], n=1, logprobs=False)
+    parsed = chat(
+        user="u1",
+        metadata={"a": "b"},
+        store=False,
+        parallel_tool_calls=True,
+        stream_options=None,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        tools=[],
+        n=1,
+        logprobs=False,
+    )
     assert isinstance(parsed, ParsedRequest)
 
 
@@ -104,19 +122,22 @@ def test_missing_model_means_the_served_one():
 # --- requests: fields we cannot honour ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"functions": [{"name": "f"}]}, "functions"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": -1}, "frequency_penalty"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias"),
-    ({"min_tokens": 5}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"min_tokens": 5}, "min_tokens"),
+    ],
+)
 def test_chat_features_we_cannot_honour_are_refused(fields, param):
     assert_invalid(chat(**fields), param, "is not supported yet")
 
@@ -134,13 +155,16 @@ def test_n_choices_reach_the_request():
     assert_invalid(completion(n=129), "n", "")
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"echo": True}, "echo"),
-    ({"best_of": 2}, "best_of"),
-    ({"logprobs": 0}, "logprobs"),
-    ({"logprobs": 5}, "logprobs"),
-    ({"suffix": "end"}, "suffix"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"logprobs": 5}, "logprobs"),
+        ({"suffix": "end"}, "suffix"),
+    ],
+)
 def test_completion_features_we_cannot_honour_are_refused(fields, param):
     assert_invalid(completion(**fields), param, "is not supported yet")
 
@@ -159,8 +183,10 @@ def test_chat_builds_messages_and_params():
     assert parsed.kind == "chat"
     assert parsed.include_usage_in_stream
     assert parsed.request.messages == [
-        ChatMessage("system", "Be brief."), ChatMessage("user", "Hello\nthere"),
-        ChatMessage("assistant", "Hi!"), ChatMessage("user", ""),
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Hello\nthere"),
+        ChatMessage("assistant", "Hi!"),
+        ChatMessage("user", ""),
     ]
     assert parsed.request.text is None and parsed.request.input_ids is None
     assert parsed.request.stream
@@ -185,19 +211,25 @@ def test_usage_only_streams_when_streaming_and_asked():
     assert not chat(stream=True, stream_options={"include_usage": False}).include_usage_in_stream
 
 
-@pytest.mark.parametrize(("messages", "param", "words"), [
-    ([], "messages", "must not be empty"),
-    ([{"role": "user", "content": ""}], "messages", "messages are empty"),
-    ([{"role": "system", "content": ""}, {"role": "user", "content": []}], "messages", "messages are empty"),
-    ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0]", "not supported yet"),
-    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}], "messages[0]", "not supported yet"),
-    ([{"role": "robot", "content": "hi"}], "messages[0].role", "unknown role"),
-    ([{"role": "user", "content": None}], "messages[0].content", "required"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-     "messages[0].content[0].type", "not supported yet"),
-    ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "needs `text`"),
-    ("hi", "messages", "Expected `array`"),
-])
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        ([], "messages", "must not be empty"),
+        ([{"role": "user", "content": ""}], "messages", "messages are empty"),
+        ([{"role": "system", "content": ""}, {"role": "user", "content": []}], "messages", "messages are empty"),
+        ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0]", "not supported yet"),
+        ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}], "messages[0]", "not supported yet"),
+        ([{"role": "robot", "content": "hi"}], "messages[0].role", "unknown role"),
+        ([{"role": "user", "content": None}], "messages[0].content", "required"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            "messages[0].content[0].type",
+            "not supported yet",
+        ),
+        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "needs `text`"),
+        ("hi", "messages", "Expected `array`"),
+    ],
+)
 def test_bad_messages_are_refused(messages, param, words):
     assert_invalid(chat(messages=messages), param, words)
 
@@ -205,12 +237,15 @@ def test_bad_messages_are_refused(messages, param, words):
 # --- requests: completion prompts ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("prompt", "text", "ids"), [
-    ("Once upon", "Once upon", None),
-    (["Once upon"], "Once upon", None),
-    ([1, 2, 3], None, [1, 2, 3]),
-    ([[4, 5]], None, [4, 5]),
-])
+@pytest.mark.parametrize(
+    ("prompt", "text", "ids"),
+    [
+        ("Once upon", "Once upon", None),
+        (["Once upon"], "Once upon", None),
+        ([1, 2, 3], None, [1, 2, 3]),
+        ([[4, 5]], None, [4, 5]),
+    ],
+)
 def test_completion_prompt_forms(prompt, text, ids):
     parsed = completion(prompt=prompt)
     assert (parsed.kind, parsed.request.text, parsed.request.input_ids) == ("completion", text, ids)
@@ -218,21 +253,24 @@ def test_completion_prompt_forms(prompt, text, ids):
     assert parsed.request.model == MODEL and not parsed.request.stream
 
 
-@pytest.mark.parametrize(("prompt", "param", "words"), [
-    (["a", "b"], "prompt", "batched prompts are not supported yet"),
-    ([[1], [2]], "prompt", "batched prompts are not supported yet"),
-    ("", "prompt", "empty"),
-    ([], "prompt", "empty"),
-    ([""], "prompt", "empty"),
-    ([[]], "prompt", "empty"),
-    ([1, "a"], "prompt[1]", "token ids"),
-    ([1, True], "prompt[1]", "token ids"),
-    ([-1], "prompt[0]", "token ids"),
-    ([2**40], "prompt[0]", "token ids"),
-    ([[1, 2.5]], "prompt[1]", "token ids"),
-    (5, "prompt", "Expected"),
-    (None, "prompt", "Expected"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "param", "words"),
+    [
+        (["a", "b"], "prompt", "batched prompts are not supported yet"),
+        ([[1], [2]], "prompt", "batched prompts are not supported yet"),
+        ("", "prompt", "empty"),
+        ([], "prompt", "empty"),
+        ([""], "prompt", "empty"),
+        ([[]], "prompt", "empty"),
+        ([1, "a"], "prompt[1]", "token ids"),
+        ([1, True], "prompt[1]", "token ids"),
+        ([-1], "prompt[0]", "token ids"),
+        ([2**40], "prompt[0]", "token ids"),
+        ([[1, 2.5]], "prompt[1]", "token ids"),
+        (5, "prompt", "Expected"),
+        (None, "prompt", "Expected"),
+    ],
+)
 def test_bad_prompts_are_refused(prompt, param, words):
     assert_invalid(completion(prompt=prompt), param, words)
 
@@ -245,18 +283,52 @@ def test_completion_without_prompt_is_refused():
 
 
 def test_sampling_fields_reach_sampling_params():
-    parsed = completion(max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, min_p=0.05, seed=2**63 - 1, stop="\n",
-                        stop_token_ids=[2, 7], ignore_eos=True, skip_special_tokens=False, stream=True)
+    parsed = completion(
+        max_tokens=30,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=50,
+        min_p=0.05,
+        seed=2**63 - 1,
+        stop="\n",
+        stop_token_ids=[2, 7],
+        ignore_eos=True,
+        skip_special_tokens=False,
+        stream=True,
+    )
     assert parsed.request.params == SamplingParams(
-        max_tokens=30, temperature=0.7, top_p=0.9, top_k=50, min_p=0.05, seed=2**63 - 1, stop=["\n"],
-        stop_token_ids=[2, 7], ignore_eos=True, skip_special_tokens=False,
+        max_tokens=30,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=50,
+        min_p=0.05,
+        seed=2**63 - 1,
+        stop=["\n"],
+        stop_token_ids=[2, 7],
+        ignore_eos=True,
+        skip_special_tokens=False,
     )
     assert parsed.request.stream
 
 
 def test_null_sampling_fields_mean_the_defaults():
-    nulls = dict.fromkeys(["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                           "ignore_eos", "skip_special_tokens", "stream", "n", "logprobs"])
+    nulls = dict.fromkeys(
+        [
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "skip_special_tokens",
+            "stream",
+            "n",
+            "logprobs",
+        ]
+    )
     assert completion(**nulls).request.params == SamplingParams()
 
 
@@ -267,28 +339,31 @@ def test_edge_values_are_accepted():
     assert [chat(min_p=p).request.params.min_p for p in (0, 1)] == [0.0, 1.0]
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": -5}, "max_tokens"),
-    ({"max_tokens": 2**70}, "max_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": 2.01}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -2}, "top_k"),
-    ({"top_k": 1.5}, "top_k"),
-    ({"min_p": -0.01}, "min_p"),
-    ({"min_p": 1.01}, "min_p"),
-    ({"seed": 2**63}, "seed"),
-    ({"seed": -(2**63) - 1}, "seed"),
-    ({"stop": ""}, "stop"),
-    ({"stop": ["a", ""]}, "stop[1]"),
-    ({"stop": ["a"] * 17}, "stop"),
-    ({"stop": [1]}, "stop[0]"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
-    ({"stop_token_ids": 3}, "stop_token_ids"),
-    ({"skip_special_tokens": "no"}, "skip_special_tokens"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": 2.01}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"min_p": -0.01}, "min_p"),
+        ({"min_p": 1.01}, "min_p"),
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["a", ""]}, "stop[1]"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"stop": [1]}, "stop[0]"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+        ({"stop_token_ids": 3}, "stop_token_ids"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+    ],
+)
 def test_sampling_out_of_range_is_refused(fields, param):
     assert_invalid(completion(**fields), param)
     assert_invalid(chat(**fields), param)
@@ -311,22 +386,25 @@ def test_generate_defaults_match_the_bus_api():
     assert not generate().request.stream
 
 
-@pytest.mark.parametrize(("fields", "param", "words"), [
-    ({"text": 5}, "text", "Expected `str | null`"),
-    ({"text": ""}, "text", "empty"),
-    ({"text": None, "input_ids": []}, "input_ids", "empty"),
-    ({"text": None}, "text", "exactly one"),
-    ({"input_ids": [1]}, "text", "exactly one"),
-    ({"text": None, "input_ids": [1, -2]}, "input_ids[1]", ""),
-    ({"sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens", ""),
-    ({"sampling_params": {"max_new_tokens": 4, "max_tokens": 5}}, "sampling_params.max_new_tokens", "not both"),
-    ({"sampling_params": {"temperature": 3}}, "sampling_params.temperature", ""),
-    ({"sampling_params": {"min_p": 2}}, "sampling_params.min_p", "<= 1.0"),
-    ({"sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token", "not a known field"),
-    ({"sampling_params": {"repetition_penalty": 1.1}}, "sampling_params.repetition_penalty", "not a known field"),
-    ({"return_logprob": True}, "return_logprob", "not a known field"),
-    ({"sampling_params": []}, "sampling_params", "Expected `object`"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"text": 5}, "text", "Expected `str | null`"),
+        ({"text": ""}, "text", "empty"),
+        ({"text": None, "input_ids": []}, "input_ids", "empty"),
+        ({"text": None}, "text", "exactly one"),
+        ({"input_ids": [1]}, "text", "exactly one"),
+        ({"text": None, "input_ids": [1, -2]}, "input_ids[1]", ""),
+        ({"sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens", ""),
+        ({"sampling_params": {"max_new_tokens": 4, "max_tokens": 5}}, "sampling_params.max_new_tokens", "not both"),
+        ({"sampling_params": {"temperature": 3}}, "sampling_params.temperature", ""),
+        ({"sampling_params": {"min_p": 2}}, "sampling_params.min_p", "<= 1.0"),
+        ({"sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token", "not a known field"),
+        ({"sampling_params": {"repetition_penalty": 1.1}}, "sampling_params.repetition_penalty", "not a known field"),
+        ({"return_logprob": True}, "return_logprob", "not a known field"),
+        ({"sampling_params": []}, "sampling_params", "Expected `object`"),
+    ],
+)
 def test_bad_generate_bodies_are_refused(fields, param, words):
     assert_invalid(generate(**fields), param, words)
 
@@ -338,17 +416,45 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
-field_names = st.sampled_from([
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-    "seed", "stop", "stop_token_ids", "stream", "stream_options", "n", "logprobs", "tools", "response_format", "echo",
-    "text", "input_ids", "sampling_params", "role", "content", "type", "include_usage", "max_new_tokens",
-])
+field_names = st.sampled_from(
+    [
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "stream",
+        "stream_options",
+        "n",
+        "logprobs",
+        "tools",
+        "response_format",
+        "echo",
+        "text",
+        "input_ids",
+        "sampling_params",
+        "role",
+        "content",
+        "type",
+        "include_usage",
+        "max_new_tokens",
+    ]
+)
 # Good bodies with a few fields replaced, so arbitrary values reach the validation past the decoder.
-good_bodies = st.sampled_from([
-    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
-    {"model": MODEL, "prompt": "hi"},
-    {"text": "hi", "sampling_params": {"max_new_tokens": 4}},
-])
+good_bodies = st.sampled_from(
+    [
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "prompt": "hi"},
+        {"text": "hi", "sampling_params": {"max_new_tokens": 4}},
+    ]
+)
 json_bodies = json_values | st.builds(operator.or_, good_bodies, st.dictionaries(field_names, json_values, max_size=3))
 
 
@@ -356,8 +462,11 @@ json_bodies = json_values | st.builds(operator.or_, good_bodies, st.dictionaries
 @given(json_bodies)
 def test_any_json_body_gives_a_request_or_an_error(value):
     raw = msgspec.json.encode(value)
-    for result in (protocol.parse_chat_request(raw, MODEL), protocol.parse_completion_request(raw, MODEL),
-                   native.parse_generate_request(raw)):
+    for result in (
+        protocol.parse_chat_request(raw, MODEL),
+        protocol.parse_completion_request(raw, MODEL),
+        native.parse_generate_request(raw),
+    ):
         assert isinstance(result, ParsedRequest | Error)
         if isinstance(result, ParsedRequest):
             msgspec.msgpack.encode(result.request)  # what reached a request must cross the bus
@@ -366,8 +475,11 @@ def test_any_json_body_gives_a_request_or_an_error(value):
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=64))
 def test_any_bytes_give_a_request_or_an_error(raw):
-    for result in (protocol.parse_chat_request(raw, MODEL), protocol.parse_completion_request(raw, MODEL),
-                   native.parse_generate_request(raw)):
+    for result in (
+        protocol.parse_chat_request(raw, MODEL),
+        protocol.parse_completion_request(raw, MODEL),
+        native.parse_generate_request(raw),
+    ):
         assert isinstance(result, ParsedRequest | Error)
 
 
@@ -382,7 +494,11 @@ def test_chat_completion_matches_the_sdk():
     d = through_json(protocol.chat_completion_response("abc", MODEL, 1700000000, [("Hello!", "stop")], 5, 2))
     reply = ChatCompletion.model_validate(d, strict=True)
     assert (reply.id, reply.object, reply.model, reply.created) == (
-        "chatcmpl-abc", "chat.completion", MODEL, 1700000000)
+        "chatcmpl-abc",
+        "chat.completion",
+        MODEL,
+        1700000000,
+    )
     assert (reply.choices[0].message.role, reply.choices[0].message.content) == ("assistant", "Hello!")
     assert reply.choices[0].finish_reason == "stop"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.total_tokens) == (5, 2, 7)
@@ -400,7 +516,8 @@ def test_chat_stream_chunks_match_the_sdk():
     first = ChatCompletionChunk.model_validate(through_json(protocol.chat_chunk("r", MODEL, 1, role="assistant")))
     middle = ChatCompletionChunk.model_validate(through_json(protocol.chat_chunk("r", MODEL, 1, delta_text="Hi")))
     last = ChatCompletionChunk.model_validate(
-        through_json(protocol.chat_chunk("r", MODEL, 1, delta_text="", finish_reason="length")))
+        through_json(protocol.chat_chunk("r", MODEL, 1, delta_text="", finish_reason="length"))
+    )
     assert (first.id, first.object) == ("chatcmpl-r", "chat.completion.chunk")
     assert (first.choices[0].delta.role, first.choices[0].delta.content) == ("assistant", "")
     assert (middle.choices[0].delta.role, middle.choices[0].delta.content) == (None, "Hi")
@@ -414,7 +531,11 @@ def test_completion_stream_chunks_match_the_sdk():
     # The SDK builds stream chunks without validating, since its type requires a finish_reason.
     chunk = openai.types.Completion.model_validate(last, strict=True)
     assert (chunk.id, chunk.object, chunk.choices[0].text, chunk.choices[0].finish_reason) == (
-        "cmpl-r", "text_completion", "", "stop")
+        "cmpl-r",
+        "text_completion",
+        "",
+        "stop",
+    )
     assert middle["choices"] == [{"index": 0, "text": "A", "logprobs": None, "finish_reason": None}]
     assert {k: v for k, v in middle.items() if k != "choices"} == {k: v for k, v in last.items() if k != "choices"}
 
@@ -423,9 +544,14 @@ def test_usage_chunks_match_the_sdk():
     chat_usage = ChatCompletionChunk.model_validate(through_json(protocol.usage_chunk("chat", "r", MODEL, 1, 4, 6)))
     assert (chat_usage.id, chat_usage.choices, chat_usage.usage.total_tokens) == ("chatcmpl-r", [], 10)
     text_usage = openai.types.Completion.model_validate(
-        through_json(protocol.usage_chunk("completion", "r", MODEL, 1, 4, 6)))
+        through_json(protocol.usage_chunk("completion", "r", MODEL, 1, 4, 6))
+    )
     assert (text_usage.id, text_usage.object, text_usage.choices, text_usage.usage.completion_tokens) == (
-        "cmpl-r", "text_completion", [], 6)
+        "cmpl-r",
+        "text_completion",
+        [],
+        6,
+    )
 
 
 def test_sse_framing():
@@ -433,14 +559,17 @@ def test_sse_framing():
     assert protocol.SSE_DONE == b"data: [DONE]\n\n"
 
 
-@pytest.mark.parametrize(("error", "kind"), [
-    (Error("invalid_request", "max_tokens must be at least 1", param="max_tokens"), "invalid_request_error"),
-    (Error("context_length_exceeded", "too long"), "invalid_request_error"),
-    (Error("not_found", "The model `x` does not exist.", param="model"), "not_found_error"),
-    (Error("overloaded", "busy", retriable=True), "rate_limit_error"),
-    (Error("internal", "boom"), "server_error"),
-    (Error("timeout", "slow"), "server_error"),
-])
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (Error("invalid_request", "max_tokens must be at least 1", param="max_tokens"), "invalid_request_error"),
+        (Error("context_length_exceeded", "too long"), "invalid_request_error"),
+        (Error("not_found", "The model `x` does not exist.", param="model"), "not_found_error"),
+        (Error("overloaded", "busy", retriable=True), "rate_limit_error"),
+        (Error("internal", "boom"), "server_error"),
+        (Error("timeout", "slow"), "server_error"),
+    ],
+)
 def test_error_body_has_openai_shape(error, kind):
     assert through_json(protocol.error_body(error)) == {
         "error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}

@@ -25,7 +25,7 @@ def hf_greedy():
             out = models[model_dir].generate(
                 torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
             )
-        return out[0, len(prompt):].tolist()
+        return out[0, len(prompt) :].tolist()
 
     return generate
 

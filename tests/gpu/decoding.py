@@ -96,9 +96,10 @@ def _hf_logits_at_every_position(hf, tokens: list[int]) -> torch.Tensor:
 
 def _hf_greedy(hf, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt], device=hf.device), max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt], device=hf.device), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def _in_top(logits: torch.Tensor, tokens: list[int], top: int) -> list[bool]:

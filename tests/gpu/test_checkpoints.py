@@ -13,8 +13,14 @@ from gpu.batch import ForwardBatch
 from gpu.config import ModelConfig, RopeConfig
 from gpu.runner import ModelRunner
 
-LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=10000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=16,
+)
 
 
 def variant(base_dir, out_dir, **changes):
@@ -59,10 +65,22 @@ def test_scaled_rope(build_tiny_model, tmp_path, rope):
 
 
 def test_transformers_v4_config_layout():
-    raw = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               intermediate_size=128, vocab_size=100, max_position_embeddings=128, rope_theta=5e5,
-               rope_scaling={"type": "llama3", **{k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_type", "rope_theta")}},
-               eos_token_id=7, torch_dtype="bfloat16")
+    raw = dict(
+        architectures=["LlamaForCausalLM"],
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=100,
+        max_position_embeddings=128,
+        rope_theta=5e5,
+        rope_scaling={
+            "type": "llama3",
+            **{k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_type", "rope_theta")},
+        },
+        eos_token_id=7,
+        torch_dtype="bfloat16",
+    )
     config = ModelConfig.from_dict(raw, {"eos_token_id": [9, 7]})
     assert config.rope == RopeConfig(5e5, "llama3", 8.0, 1.0, 4.0, 16)
     assert (config.head_dim, config.num_key_value_heads, config.eos_token_ids) == (16, 4, (7, 9))

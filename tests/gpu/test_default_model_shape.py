@@ -22,9 +22,17 @@ def model_dir(tmp_path_factory):
 def test_bf16_decoding_tracks_transformers(model_dir, backend, hf_bf16):
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
-    runner = ModelRunner(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                         attention_backend=backend, cuda_graphs=True, cuda_graph_batch_sizes=(1, 2, 4),
-                         cuda_graph_token_counts=(64, 128))
+    runner = ModelRunner(
+        model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        num_kv_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        attention_backend=backend,
+        cuda_graphs=True,
+        cuda_graph_batch_sizes=(1, 2, 4),
+        cuda_graph_token_counts=(64, 128),
+    )
     assert runner.model.attention_backend.__class__.__name__.lower().startswith(backend)
     prompts = [random_prompt(n, seed=n, vocab=2000) for n in (5, 20, 37)]
     assert_decoding_tracks(runner, hf_bf16(model_dir), prompts, new_tokens=24)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gpu.batch import ForwardBatch, HostBatch
-from gpu.staging import Staging
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
+from gpu.staging import Staging
 from gpu.step_io import SequenceInput
 from tests.devices import needs_cuda
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, assert_decoding_tracks, generate, random_prompt, shuffled_tables
@@ -48,9 +48,17 @@ def hd128_model(tmp_path_factory):
 
 
 def runner_for(model_dir, backend: str, cuda_graphs: bool = False, sizes=(1, 2, 4, 8)) -> ModelRunner:
-    return ModelRunner(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                       attention_backend=backend, cuda_graphs=cuda_graphs, cuda_graph_batch_sizes=sizes,
-                       cuda_graph_token_counts=(64, 128))
+    return ModelRunner(
+        model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        num_kv_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        attention_backend=backend,
+        cuda_graphs=cuda_graphs,
+        cuda_graph_batch_sizes=sizes,
+        cuda_graph_token_counts=(64, 128),
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -73,14 +81,19 @@ def test_flashinfer_and_torch_backends_give_the_same_logits(hd128_model, tensor_
     for name, runner in runners.items():
         with torch.inference_mode():
             prefill = runner.model(ForwardBatch.build(prompts, [0, 0, 0], tables, BLOCK_SIZE, "cuda"), runner.kv)
-            decode = runner.model(ForwardBatch.build([[7], [8], [9]], [3, 16, 33], tables, BLOCK_SIZE, "cuda"), runner.kv)
+            decode = runner.model(
+                ForwardBatch.build([[7], [8], [9]], [3, 16, 33], tables, BLOCK_SIZE, "cuda"), runner.kv
+            )
             mixed = runner.model(
                 ForwardBatch.build([[10], [11, 12, 13], [14]], [4, 17, 34], tables, BLOCK_SIZE, "cuda"), runner.kv
             )
             # Two decodes first, then a chunk: FlashInfer runs the two with its decode kernel.
-            decodes_first = runner.model(ForwardBatch.build(
-                [[15], [16], [17, 18]], [5, 35, 20], [tables[0], tables[2], tables[1]], BLOCK_SIZE, "cuda"
-            ), runner.kv)
+            decodes_first = runner.model(
+                ForwardBatch.build(
+                    [[15], [16], [17, 18]], [5, 35, 20], [tables[0], tables[2], tables[1]], BLOCK_SIZE, "cuda"
+                ),
+                runner.kv,
+            )
         logits[name] = torch.cat([prefill, decode, mixed, decodes_first])
     error = (logits["flashinfer"] - logits["torch"]).norm() / logits["torch"].norm()
     # Tensor-core kernels round attention weights to bf16 before they multiply V (as every prefill
@@ -131,9 +144,13 @@ def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_d
                 batch, _ = ForwardBatch.from_host(host, runner.staging)
                 assert backend.prepare_graph(batch) == kind
             torch.cuda.synchronize()
-            plans[direct] = ([int(x) for x in wrapper._plan_info], wrapper._int_workspace_buffer.clone(),
-                             wrapper._paged_kv_indptr_buf.clone(), wrapper._paged_kv_indices_buf.clone(),
-                             wrapper._paged_kv_last_page_len_buf.clone())
+            plans[direct] = (
+                [int(x) for x in wrapper._plan_info],
+                wrapper._int_workspace_buffer.clone(),
+                wrapper._paged_kv_indptr_buf.clone(),
+                wrapper._paged_kv_indices_buf.clone(),
+                wrapper._paged_kv_last_page_len_buf.clone(),
+            )
         assert plans[True][0] == plans[False][0]
         for direct_buffer, public_buffer in zip(plans[True][1:], plans[False][1:]):
             assert torch.equal(direct_buffer, public_buffer)
@@ -149,8 +166,17 @@ def test_prompt_steps_replayed_in_pieces_give_the_eager_tokens(hd128_model, back
     replayed = []
     run = graphed.prompt_graphs.run
     graphed.prompt_graphs.run = lambda batch: replayed.append(batch.host.num_tokens) or run(batch)
-    assert ModelRunner(model_dir, device="cuda", num_kv_blocks=NUM_BLOCKS, attention_backend=backend,
-                       cuda_graph_batch_sizes=(1,), cuda_graph_token_counts=()).prompt_graphs is None  # none asked
+    assert (
+        ModelRunner(
+            model_dir,
+            device="cuda",
+            num_kv_blocks=NUM_BLOCKS,
+            attention_backend=backend,
+            cuda_graph_batch_sizes=(1,),
+            cuda_graph_token_counts=(),
+        ).prompt_graphs
+        is None
+    )  # none asked
     prompts = [random_prompt(n, seed=n) for n in (70, 9, 100, 33, 150)]
     arrivals = [0, 0, 2, 3, 5]
     assert generate(graphed, prompts, 8, arrivals=arrivals) == generate(eager, prompts, 8, arrivals=arrivals)
@@ -163,10 +189,16 @@ def test_graph_replay_writes_only_its_sequences_blocks(hd128_model):
     runner.step([SequenceInput([5, 6, 7], 0, [3], sample=True)])
     before = [layer.clone() for layer in runner.kv.layers]
     runner.step([SequenceInput([8], 3, [3], sample=True)])  # batch 1 of a graph captured at 1
-    runner.step([SequenceInput([9], 4, [3], sample=True), SequenceInput([1], 0, [4], sample=True),
-                 SequenceInput([2], 0, [5], sample=True)])  # padded 3 -> 4: the pad row writes the scratch block
-    runner.step([SequenceInput(list(range(10, 30)), 0, [6, 7], sample=True),
-                 SequenceInput([4], 5, [3], sample=True)])  # 21 tokens replayed at 64: the filler writes scratch
+    runner.step(
+        [
+            SequenceInput([9], 4, [3], sample=True),
+            SequenceInput([1], 0, [4], sample=True),
+            SequenceInput([2], 0, [5], sample=True),
+        ]
+    )  # padded 3 -> 4: the pad row writes the scratch block
+    runner.step(
+        [SequenceInput(list(range(10, 30)), 0, [6, 7], sample=True), SequenceInput([4], 5, [3], sample=True)]
+    )  # 21 tokens replayed at 64: the filler writes scratch
     for old, new in zip(before, runner.kv.layers):
         changed = (old != new).flatten(1).any(dim=1).nonzero().flatten().tolist()
         assert set(changed) <= {3, 4, 5, 6, 7, runner.kv.scratch_block}
@@ -192,8 +224,10 @@ def test_prefill_calls_after_the_first_give_what_flashinfer_run_gives():
     for token_ids, starts in [([[1] * 37, [2] * 50], [0, 20]), ([[3] * 30, [4] * 9], [7, 61])]:
         host = HostBatch.build(token_ids, starts, tables, BLOCK_SIZE)
         batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
-        queries = [torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
-                   for _ in range(layers)]
+        queries = [
+            torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+            for _ in range(layers)
+        ]
         backend.prepare(batch)
         assert backend._prefill._args is None  # a new plan starts over from run()
         outputs = [torch.full_like(q, float("nan")) for q in queries]
@@ -222,7 +256,9 @@ def test_a_shared_prefix_read_once_gives_plain_attention(tensor_core_decode):
     batch, _ = ForwardBatch.from_host(host, Staging(torch.device("cuda")))
     q = torch.randn(host.num_tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
     for decode_only in (False, True):
-        step = batch if not decode_only else ForwardBatch.build(token_ids[:4], starts[:4], tables[:4], BLOCK_SIZE, "cuda")
+        step = (
+            batch if not decode_only else ForwardBatch.build(token_ids[:4], starts[:4], tables[:4], BLOCK_SIZE, "cuda")
+        )
         queries = q[: step.host.num_tokens]
         backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
         assert backend.decode_tensor_cores == tensor_core_decode
@@ -242,8 +278,11 @@ def test_graphs_that_read_shared_prefixes_once_give_the_eager_tokens(hd128_model
     the shared-prefix kind draws exactly the eager tokens, and those are the plain kernels' but for
     rare near-ties."""
     model_dir = hd128_model("llama")
-    runners = {"plain": runner_for(model_dir, "flashinfer"), "eager": runner_for(model_dir, "flashinfer"),
-               "graphs": runner_for(model_dir, "flashinfer", cuda_graphs=True)}
+    runners = {
+        "plain": runner_for(model_dir, "flashinfer"),
+        "eager": runner_for(model_dir, "flashinfer"),
+        "graphs": runner_for(model_dir, "flashinfer", cuda_graphs=True),
+    }
     for name in ("graphs", "eager"):
         runners[name].model.attention_backend.min_spared_token_reads = 0
     prompts = {(0, 1, 2): random_prompt(48, seed=1), (3, 4, 5): random_prompt(48, seed=2)}
@@ -252,8 +291,9 @@ def test_graphs_that_read_shared_prefixes_once_give_the_eager_tokens(hd128_model
     drawn = {}
     for name, runner in runners.items():
         runner.step([SequenceInput(prompt, 0, list(blocks), sample=False) for blocks, prompt in prompts.items()])
-        tokens = runner.step([SequenceInput(random_prompt(3, seed=10 + i), 48, t, sample=True)
-                              for i, t in enumerate(tables)])
+        tokens = runner.step(
+            [SequenceInput(random_prompt(3, seed=10 + i), 48, t, sample=True) for i, t in enumerate(tables)]
+        )
         drawn[name] = [tokens]
         for step in range(8):
             inputs = tokens if fed is None else fed[step]

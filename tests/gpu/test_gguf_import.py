@@ -117,4 +117,3 @@ def test_q8_0_file_converts_within_its_rounding_and_only_once(build_tiny_model, 
     converted_at = (model_dir / "model.safetensors").stat().st_mtime_ns
     assert import_gguf(gguf_file, tmp_path / "models") == model_dir
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == converted_at
-

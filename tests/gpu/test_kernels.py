@@ -101,8 +101,15 @@ def test_fused_forward_matches_the_torch_path(arch, build_tiny_model, monkeypatc
     from gpu.runner import ModelRunner
     from tests.gpu.decoding import random_prompt, shuffled_tables
 
-    runner = ModelRunner(build_tiny_model(arch), device=DEVICE, dtype="bfloat16", num_kv_blocks=64, block_size=16,
-                         attention_backend="torch", cuda_graphs=False)
+    runner = ModelRunner(
+        build_tiny_model(arch),
+        device=DEVICE,
+        dtype="bfloat16",
+        num_kv_blocks=64,
+        block_size=16,
+        attention_backend="torch",
+        cuda_graphs=False,
+    )
     prompts = [random_prompt(n, seed=n) for n in (7, 20)]
     tables = shuffled_tables([40, 40], seed=1)
     logits = {}

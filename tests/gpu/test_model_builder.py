@@ -17,8 +17,14 @@ from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from gpu.tokenizer_builder import train_tokenizer
 
-FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json")
+FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 
 @pytest.fixture(scope="module")

@@ -58,10 +58,14 @@ def test_filler_tokens_change_no_drawn_token_and_no_real_block(build_tiny_model)
     """What the runner does on CUDA to keep cuBLAS's shapes few, run on the CPU: the same tokens, and
     only the scratch block beyond the sequences' own."""
     steps = [
-        [SequenceInput(list(range(20, 29)), 0, [0, 1, 2], sample=True),
-         SequenceInput([5, 6, 7], 0, [3], sample=True, temperature=0.9, seed=3)],
-        [SequenceInput([40], 9, [0, 1, 2], sample=True),  # a decode beside a prompt chunk
-         SequenceInput([8, 9], 3, [3, 4], sample=False)],
+        [
+            SequenceInput(list(range(20, 29)), 0, [0, 1, 2], sample=True),
+            SequenceInput([5, 6, 7], 0, [3], sample=True, temperature=0.9, seed=3),
+        ],
+        [
+            SequenceInput([40], 9, [0, 1, 2], sample=True),  # a decode beside a prompt chunk
+            SequenceInput([8, 9], 3, [3, 4], sample=False),
+        ],
     ]
     runs, fed = [], []
     for bucket in (1, 16):
@@ -96,7 +100,9 @@ def test_layers_run_in_pieces_around_attention_give_the_whole_forward(build_tiny
 
 
 def test_cache_write_lands_in_the_mapped_slot():
-    cache = KVCache(num_layers=2, num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
+    cache = KVCache(
+        num_layers=2, num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu"
+    )
     k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
     cache.write(1, k, v, torch.tensor([2 * 4 + 1, 0 * 4 + 3]))
     # [blocks + scratch, K/V, block_size, kv_heads, head_dim], FlashInfer's NHD paged layout
@@ -110,20 +116,31 @@ def test_cache_write_lands_in_the_mapped_slot():
 
 
 def test_attributes(runner, build_tiny_model):
-    assert (runner.device, runner.dtype, runner.block_size, runner.num_kv_blocks) == (torch.device("cpu"), torch.float32, 4, 32)
+    assert (runner.device, runner.dtype, runner.block_size, runner.num_kv_blocks) == (
+        torch.device("cpu"),
+        torch.float32,
+        4,
+        32,
+    )
     assert runner.max_model_len == 2048 and runner.vocab_size == 1024
     assert runner.eos_token_ids == [4, 1]  # <|eot_id|>, <|end_of_text|>
-    sized = ModelRunner(build_tiny_model("llama"), kv_cache_bytes=10 * KVCache.bytes_per_block(2, 4, 2, 16, torch.float32), block_size=4)
+    sized = ModelRunner(
+        build_tiny_model("llama"), kv_cache_bytes=10 * KVCache.bytes_per_block(2, 4, 2, 16, torch.float32), block_size=4
+    )
     assert sized.num_kv_blocks == 10
-    assert ModelRunner(build_tiny_model("llama")).num_kv_blocks == (256 << 20) // KVCache.bytes_per_block(2, 16, 2, 16, torch.float32)
+    assert ModelRunner(build_tiny_model("llama")).num_kv_blocks == (256 << 20) // KVCache.bytes_per_block(
+        2, 16, 2, 16, torch.float32
+    )
 
 
 def test_only_sampling_sequences_get_tokens(runner):
     assert runner.step([]) == []
-    out = runner.step([
-        SequenceInput([5, 6, 7], 0, [0], sample=False),
-        SequenceInput([8, 9], 0, [1], sample=True),
-    ])
+    out = runner.step(
+        [
+            SequenceInput([5, 6, 7], 0, [0], sample=False),
+            SequenceInput([8, 9], 0, [1], sample=True),
+        ]
+    )
     assert out[0] is None and isinstance(out[1], int) and 0 <= out[1] < runner.vocab_size
 
 
@@ -131,11 +148,13 @@ def test_seeded_draw_is_the_same_alone_and_in_a_batch(runner):
     prompt = [20, 21, 22, 23, 24, 25]
     seeded = dict(sample=True, temperature=1.0, top_p=0.9, top_k=50, seed=1234, output_index=3)
     alone = runner.step([SequenceInput(prompt, 0, [0, 1], **seeded)])
-    crowd = runner.step([
-        SequenceInput([30, 31, 32], 0, [2], sample=True, temperature=0.7, seed=9),
-        SequenceInput(prompt, 0, [4, 3], **seeded),
-        SequenceInput([40], 0, [5], sample=True),
-    ])
+    crowd = runner.step(
+        [
+            SequenceInput([30, 31, 32], 0, [2], sample=True, temperature=0.7, seed=9),
+            SequenceInput(prompt, 0, [4, 3], **seeded),
+            SequenceInput([40], 0, [5], sample=True),
+        ]
+    )
     assert crowd[1] == alone[0]
 
 
@@ -143,8 +162,9 @@ def test_min_p_one_draws_the_greedy_token_at_any_temperature(runner):
     prompts = [[20 + i, 21, 22, 30 + i] for i in range(8)]
 
     def step(**sampling):
-        return runner.step([SequenceInput(p, 0, [i], seed=i, output_index=i, **sampling)
-                            for i, p in enumerate(prompts)])
+        return runner.step(
+            [SequenceInput(p, 0, [i], seed=i, output_index=i, **sampling) for i, p in enumerate(prompts)]
+        )
 
     greedy = step(sample=True)
     assert step(sample=True, temperature=2.0) != greedy  # so the sampler is really drawing

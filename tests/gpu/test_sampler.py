@@ -9,10 +9,24 @@ import random
 import pytest
 import torch
 
-from gpu.sampler import SamplingArrays, SamplingTensors, _as_int64, _mix64, filter_min_p, filter_top_k_top_p, sample, uniform_noise
+from gpu.sampler import (
+    SamplingArrays,
+    SamplingTensors,
+    _as_int64,
+    _mix64,
+    filter_min_p,
+    filter_top_k_top_p,
+    sample,
+    uniform_noise,
+)
 from gpu.sampler_heads import _head_kernel, heads
 from gpu.sampler_kernel import (
-    _chunk_kernel, _combine_kernel, _sample_kernel, _split_passes, compile_sampler, sample_on_gpu,
+    _chunk_kernel,
+    _combine_kernel,
+    _sample_kernel,
+    _split_passes,
+    compile_sampler,
+    sample_on_gpu,
 )
 from gpu.staging import on_cpu
 from gpu.step_io import SequenceInput
@@ -21,12 +35,18 @@ from tests.devices import DEVICE, INTERPRETED, needs_cuda
 
 def params(rows: list[dict], device: str = "cpu") -> SamplingTensors:
     """SamplingTensors from per-row dicts; unspecified fields take neutral values."""
+
     def column(name, default):
         return [row.get(name, default) for row in rows]
 
     return SamplingTensors.from_lists(
-        column("temperature", 1.0), column("top_p", 1.0), column("top_k", 0), column("min_p", 0.0), column("seed", 0),
-        column("position", 0), device,
+        column("temperature", 1.0),
+        column("top_p", 1.0),
+        column("top_k", 0),
+        column("min_p", 0.0),
+        column("seed", 0),
+        column("position", 0),
+        device,
     )
 
 
@@ -46,10 +66,13 @@ def draw(request):
 
 # Thousands of rows take minutes in Triton's interpreter: there the equality test at the end covers
 # the kernel, and the draw counts run on the torch path alone.
-@pytest.fixture(params=[
-    draw_on_the_torch_path,
-    pytest.param(draw_on_the_kernel, marks=pytest.mark.skipif(INTERPRETED, reason="slow in Triton's interpreter")),
-], ids=["torch", "kernel"])
+@pytest.fixture(
+    params=[
+        draw_on_the_torch_path,
+        pytest.param(draw_on_the_kernel, marks=pytest.mark.skipif(INTERPRETED, reason="slow in Triton's interpreter")),
+    ],
+    ids=["torch", "kernel"],
+)
 def draw_many(request):
     return request.param
 
@@ -90,8 +113,13 @@ def test_noise_is_strictly_inside_the_unit_interval():
 
 @pytest.mark.parametrize(
     "row",
-    [dict(temperature=0.0), dict(top_k=1), dict(top_p=1e-6), dict(temperature=2.0, min_p=1.0),
-     dict(temperature=0.7, top_k=1, top_p=0.5, min_p=0.3)],
+    [
+        dict(temperature=0.0),
+        dict(top_k=1),
+        dict(top_p=1e-6),
+        dict(temperature=2.0, min_p=1.0),
+        dict(temperature=0.7, top_k=1, top_p=0.5, min_p=0.3),
+    ],
     ids=["temperature-0", "top-k-1", "tiny-top-p", "min-p-1", "combined"],
 )
 def test_degenerate_settings_are_argmax(row, draw):
@@ -149,7 +177,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def test_draws_follow_the_softmax(temperature, draw_many):
     draws = 6000
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0])
-    tokens = draw_many(logits.expand(draws, -1), [dict(temperature=temperature, seed=42, position=p) for p in range(draws)])
+    tokens = draw_many(
+        logits.expand(draws, -1), [dict(temperature=temperature, seed=42, position=p) for p in range(draws)]
+    )
     counts = torch.bincount(tokens, minlength=6).float()
     # 5 degrees of freedom: 20.5 is the 0.999 quantile; the hash is deterministic, so this cannot flake.
     assert chi_square(counts, (logits / temperature).softmax(-1)) < 20.5
@@ -211,9 +241,14 @@ def test_the_kernel_draws_what_the_torch_path_draws():
     logits[5, 100:] = float("-inf")
     for trial in range(6):
         rows = [
-            dict(temperature=rng.choice([0.0, 0.5, 1.0, 1.7]), top_k=rng.choice([0, 0, 1, 5, 40, 2000]),
-                 top_p=rng.choice([1.0, 1.0, 0.9, 0.5, 1e-6]), min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0]),
-                 seed=rng.randrange(-2**63, 2**63), position=rng.randrange(5000))
+            dict(
+                temperature=rng.choice([0.0, 0.5, 1.0, 1.7]),
+                top_k=rng.choice([0, 0, 1, 5, 40, 2000]),
+                top_p=rng.choice([1.0, 1.0, 0.9, 0.5, 1e-6]),
+                min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0]),
+                seed=rng.randrange(-(2**63), 2**63),
+                position=rng.randrange(5000),
+            )
             for _ in range(24)
         ]
         # The tie with a top-k alone, then with a top-p too, whose head ends within the tie.
@@ -257,8 +292,19 @@ def test_a_row_with_both_top_k_and_top_p_needs_no_rejection_pass_unless_its_head
     on_device = logits.to(DEVICE)
     sizes, bounds = heads(on_device, p)
     assert sizes.tolist() == [1, 2]
-    row_args = (on_device, on_device.stride(0), 9000, p.temperature, p.top_p, p.top_k, p.min_p, p.seed,
-                p.position, sizes, bounds)
+    row_args = (
+        on_device,
+        on_device.stride(0),
+        9000,
+        p.temperature,
+        p.top_p,
+        p.top_k,
+        p.min_p,
+        p.seed,
+        p.position,
+        sizes,
+        bounds,
+    )
     _, state_i = _split_passes(row_args, p.any_rejections, True)
     assert state_i[1].tolist() == [0, 1]  # looking, per row
     assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows)))
@@ -279,8 +325,15 @@ def test_no_batch_compiles_a_kernel_after_compile_sampler():
     rng = random.Random(3)
     for size in (1, 2, 3, 16, 17, 64, 256):
         for _ in range(4):
-            rows = [dict(temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 0, 20]),
-                         top_p=rng.choice([1.0, 0.8]), min_p=rng.choice([0.0, 0.0, 0.1]), seed=rng.randrange(1000))
-                    for _ in range(size)]
+            rows = [
+                dict(
+                    temperature=rng.choice([0.0, 0.7, 1.0]),
+                    top_k=rng.choice([0, 0, 20]),
+                    top_p=rng.choice([1.0, 0.8]),
+                    min_p=rng.choice([0.0, 0.0, 0.1]),
+                    seed=rng.randrange(1000),
+                )
+                for _ in range(size)
+            ]
             draw_on_the_kernel(random_logits(size, vocab), rows)
     assert compiled() == before

@@ -25,8 +25,10 @@ def rows_of(host: HostBatch) -> list[list[int]]:
 def groups_of(shared) -> list[tuple[list[int], list[int]]]:
     """(rows, shared blocks) of each group of a plan."""
     q, pg = shared.query_indptr, shared.pages_indptr
-    return [(shared.order[q[g] : q[g + 1]].tolist(), shared.pages[pg[g] : pg[g + 1]].tolist())
-            for g in range(shared.num_groups)]
+    return [
+        (shared.order[q[g] : q[g + 1]].tolist(), shared.pages[pg[g] : pg[g + 1]].tolist())
+        for g in range(shared.num_groups)
+    ]
 
 
 def suffixes_of(shared) -> list[list[int]]:
@@ -36,12 +38,12 @@ def suffixes_of(shared) -> list[list[int]]:
 
 def test_a_group_shares_its_common_blocks_and_each_member_keeps_its_last_block():
     tables = [
-        [0, 1, 2, 10],      # the group of block 0: 0, 1, 2 in common
-        [7, 8],             # another first block, alone: no group
+        [0, 1, 2, 10],  # the group of block 0: 0, 1, 2 in common
+        [7, 8],  # another first block, alone: no group
         [0, 1, 2, 11, 12],
         [0, 1, 2, 13],
-        [20],               # one block: its last, nothing to share
-        [0, 1, 2],          # shares 0, 1; block 2 is its last, partly filled
+        [20],  # one block: its last, nothing to share
+        [0, 1, 2],  # shares 0, 1; block 2 is its last, partly filled
     ]
     host = decode_batch(tables, [14, 6, 18, 15, 2, 10])
     shared = find_shared_prefixes(host, rows=len(tables), min_spared=0)
@@ -75,10 +77,13 @@ def test_only_the_first_rows_are_planned():
     assert len(shared.slots) == 2 and shared.suffix_indptr.tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("tables, lengths", [
-    ([[0, 1], [2, 3], [4, 5]], [5, 5, 5]),  # no block in common
-    ([[0], [0], [0]], [3, 3, 3]),           # the one block each has is its last
-])
+@pytest.mark.parametrize(
+    "tables, lengths",
+    [
+        ([[0, 1], [2, 3], [4, 5]], [5, 5, 5]),  # no block in common
+        ([[0], [0], [0]], [3, 3, 3]),  # the one block each has is its last
+    ],
+)
 def test_nothing_to_share(tables, lengths):
     assert find_shared_prefixes(decode_batch(tables, lengths), rows=len(tables), min_spared=0) is None
 
@@ -97,7 +102,9 @@ def test_merging_two_halves_gives_attention_over_all_keys():
     first result."""
     gen = torch.Generator().manual_seed(0)
     rows, heads, dim, keys = 3, 2, 64, 12
-    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((rows, heads, dim), (heads, keys, dim), (heads, keys, dim)))
+    q, k, v = (
+        torch.randn(*shape, generator=gen) for shape in ((rows, heads, dim), (heads, keys, dim), (heads, keys, dim))
+    )
     scores = torch.einsum("rhd,hkd->rhk", q, k) / dim**0.5
 
     def attend(part: slice) -> tuple[torch.Tensor, torch.Tensor]:

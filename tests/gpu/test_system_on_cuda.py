@@ -26,7 +26,13 @@ def model_dir(build_tiny_model):
 @pytest.fixture(scope="module")
 def cuda_server(tmp_path_factory, model_dir):
     running = start_server(
-        tmp_path_factory.mktemp("cuda-system"), "--device", "cuda", "--dtype", "float32", "--num-kv-blocks", "256",
+        tmp_path_factory.mktemp("cuda-system"),
+        "--device",
+        "cuda",
+        "--dtype",
+        "float32",
+        "--num-kv-blocks",
+        "256",
         model=str(model_dir),
     )
     yield running
@@ -47,8 +53,11 @@ async def test_requests_joining_a_running_batch_match_transformers(cuda_server, 
     batch = prompts(8, seed=7)
     lengths = [40 + 8 * i for i in range(8)]
     # A step of this model takes about a millisecond: 3 ms apart, each request joins the others mid-run.
-    outputs = await asyncio.gather(*(
-        generate_over_http(cuda_server.base_url, p, n, delay_s=0.003 * i) for i, (p, n) in enumerate(zip(batch, lengths))
-    ))
+    outputs = await asyncio.gather(
+        *(
+            generate_over_http(cuda_server.base_url, p, n, delay_s=0.003 * i)
+            for i, (p, n) in enumerate(zip(batch, lengths))
+        )
+    )
     for prompt, n, output in zip(batch, lengths, outputs):
         assert output == hf_greedy(model_dir, prompt, n)

@@ -10,10 +10,10 @@ import torch
 
 from gpu.attention import TorchAttention, make_backend
 from gpu.batch import ForwardBatch, HostBatch
-from gpu.staging import Staging
 from gpu.config import ModelConfig
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
+from gpu.staging import Staging
 from gpu.step_io import SequenceInput
 from tests.devices import DEVICE, INTERPRETED, needs_triton
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
@@ -25,15 +25,19 @@ pytestmark = [
 DTYPES = (torch.float32, torch.float16) if INTERPRETED else (torch.float32, torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # per token, against float32
 # (heads, kv_heads, head_dim): GQA groups of 2 and 3 (not a power of two), MQA, and plain multi-head.
-SHAPES = ((4, 2, 64), (6, 2, 128), (4, 1, 64), (2, 2, 128)) if INTERPRETED else (
-    (32, 8, 128), (28, 4, 128), (16, 1, 64), (16, 16, 64), (8, 2, 256)
+SHAPES = (
+    ((4, 2, 64), (6, 2, 128), (4, 1, 64), (2, 2, 128))
+    if INTERPRETED
+    else ((32, 8, 128), (28, 4, 128), (16, 1, 64), (16, 16, 64), (8, 2, 256))
 )
 # Lengths of one token, just under, on and just past a block boundary, and longer than a key tile.
 DECODE_CONTEXTS = [1, 15, 16, 17, 40, 130] if INTERPRETED else [1, 15, 16, 17, 100, 1000, 4097, 300, 2, 64]
 # (new tokens, context): decodes, a fresh prompt, chunks on top of a cached prefix, a prefix-cache hit.
-EXTEND_SEQS = [(1, 1), (5, 9), (16, 40), (1, 70), (37, 37), (10, 200)] if INTERPRETED else [
-    (1, 1), (5, 9), (16, 40), (1, 70), (300, 300), (200, 1101), (1, 4000), (513, 2049), (64, 64), (7, 33)
-]
+EXTEND_SEQS = (
+    [(1, 1), (5, 9), (16, 40), (1, 70), (37, 37), (10, 200)]
+    if INTERPRETED
+    else [(1, 1), (5, 9), (16, 40), (1, 70), (300, 300), (200, 1101), (1, 4000), (513, 2049), (64, 64), (7, 33)]
+)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -156,8 +160,15 @@ def test_make_backend_names_and_auto_fallback(build_tiny_model):
 
 def runner(model_dir, backend: str, **kwargs) -> ModelRunner:
     dtype = "float32" if INTERPRETED else "bfloat16"
-    return ModelRunner(model_dir, device=DEVICE, dtype=dtype, num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                       attention_backend=backend, **kwargs)
+    return ModelRunner(
+        model_dir,
+        device=DEVICE,
+        dtype=dtype,
+        num_kv_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        attention_backend=backend,
+        **kwargs,
+    )
 
 
 def test_model_logits_match_the_torch_backend(build_tiny_model):
@@ -170,9 +181,12 @@ def test_model_logits_match_the_torch_backend(build_tiny_model):
     for backend in ("torch", "triton"):
         ran = runner(model_dir, backend, cuda_graphs=False)
         with torch.inference_mode():
-            logits[backend] = torch.cat([
-                ran.model(ForwardBatch.build(ids, starts, tables, BLOCK_SIZE, DEVICE), ran.kv) for ids, starts in steps
-            ])
+            logits[backend] = torch.cat(
+                [
+                    ran.model(ForwardBatch.build(ids, starts, tables, BLOCK_SIZE, DEVICE), ran.kv)
+                    for ids, starts in steps
+                ]
+            )
     assert relative_error(logits["triton"], logits["torch"]) < (1e-5 if INTERPRETED else 1e-2)
 
 
@@ -190,8 +204,9 @@ def test_cuda_graph_decode_gives_the_eager_tokens(build_tiny_model):
     """Batches of 1..9 sequences (padded to 1, 2, 4, 8, or above the largest graph, eager), greedy
     and seeded sampling: the graph path draws exactly the eager path's tokens."""
     model_dir = build_tiny_model("llama")
-    graphed, eager = runner(model_dir, "triton", cuda_graphs=True, cuda_graph_batch_sizes=(1, 2, 4, 8)), runner(
-        model_dir, "triton", cuda_graphs=False
+    graphed, eager = (
+        runner(model_dir, "triton", cuda_graphs=True, cuda_graph_batch_sizes=(1, 2, 4, 8)),
+        runner(model_dir, "triton", cuda_graphs=False),
     )
     assert graphed.graphs is not None and eager.graphs is None
     prompts = [random_prompt(n, seed=n) for n in (3, 9, 12, 20, 5, 7, 30, 2, 14)]

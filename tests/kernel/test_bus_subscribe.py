@@ -11,7 +11,6 @@ from kernel.bus import Bus
 from kernel.nats_server import EmbeddedNats
 from schemas.errors import Error
 
-
 # nats-py 2.16 lets a flush's PING overtake the SUB still in its buffer (Bus.subscribe works around
 # it); without that, about one subscribe in ten on a 2-core machine: enough of them to see it.
 SUBSCRIPTIONS = 200
@@ -65,8 +64,12 @@ async def test_a_subscription_under_a_subject_hands_the_handler_the_token_it_cam
 
     try:
         await bus.subscribe_under("test.generate", Error, handler)
-        for subject, text in [("test.generate", "bare"), ("test.generate.alpha", "from alpha"),
-                              ("test.generate.a.b", "too deep"), ("test.generate.beta", "last")]:
+        for subject, text in [
+            ("test.generate", "bare"),
+            ("test.generate.alpha", "from alpha"),
+            ("test.generate.a.b", "too deep"),
+            ("test.generate.beta", "last"),
+        ]:
             await bus.publish(subject, Error("test", text))
         await asyncio.wait_for(done.wait(), 5)
         assert received == [("alpha", "from alpha"), ("beta", "last")]

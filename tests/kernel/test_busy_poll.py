@@ -19,25 +19,40 @@ WINDOW_S = 0.2
 @pytest.fixture
 def cores(monkeypatch):
     """Sets the cores the process may run on, its cgroup setting no quota."""
+
     def set_cores(count: int) -> None:
         monkeypatch.setattr(busy_poll.os, "sched_getaffinity", lambda _pid: set(range(count)))
         monkeypatch.setattr(busy_poll, "usable_cores", lambda: float(count))
+
     return set_cores
 
 
-@pytest.mark.parametrize(("count", "device", "given", "window_s"), [
-    (16, "cuda", None, 0.05), (16, "cuda:1", None, 0.05), (2, "cuda", None, 0.0), (16, "cpu", None, 0.0),
-    (2, "cpu", 30.0, 0.03), (16, "cuda", 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    ("count", "device", "given", "window_s"),
+    [
+        (16, "cuda", None, 0.05),
+        (16, "cuda:1", None, 0.05),
+        (2, "cuda", None, 0.0),
+        (16, "cpu", None, 0.0),
+        (2, "cpu", 30.0, 0.03),
+        (16, "cuda", 0.0, 0.0),
+    ],
+)
 def test_the_window_by_device_and_cores_unless_given(cores, count, device, given, window_s):
     cores(count)
     assert busy_poll.window_s_for(given, device) == window_s
 
 
-@pytest.mark.parametrize(("nvidia_nodes", "visible", "window_s"), [
-    (["/dev/nvidia0"], None, 0.05), (["/dev/nvidia0"], "1", 0.05), (["/dev/nvidia0"], "", 0.0),
-    (["/dev/nvidia0"], "-1", 0.0), ([], None, 0.0),
-])
+@pytest.mark.parametrize(
+    ("nvidia_nodes", "visible", "window_s"),
+    [
+        (["/dev/nvidia0"], None, 0.05),
+        (["/dev/nvidia0"], "1", 0.05),
+        (["/dev/nvidia0"], "", 0.0),
+        (["/dev/nvidia0"], "-1", 0.0),
+        ([], None, 0.0),
+    ],
+)
 def test_auto_polls_where_an_nvidia_device_is_visible(monkeypatch, cores, nvidia_nodes, visible, window_s):
     cores(16)
     monkeypatch.setattr(busy_poll.glob, "glob", lambda _pattern: nvidia_nodes)

@@ -58,8 +58,14 @@ def test_the_defaults_are_within_their_ranges():
 def run_cli(tmp_path, *flags, env=None, module="kernel.supervisor") -> subprocess.CompletedProcess:
     """The real command line; a bad setting must stop it before it makes its data dir."""
     data_dir = tmp_path / "data"
-    done = subprocess.run([sys.executable, "-m", module, "--data-dir", str(data_dir), *flags], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--data-dir", str(data_dir), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
     assert not data_dir.exists(), "it started before checking its settings"
     return done
 
@@ -70,38 +76,57 @@ def assert_usage_error(done: subprocess.CompletedProcess, message: str, prog="py
     assert f"{prog}: error: {message}" in done.stderr
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--block-size", "0"], "argument --block-size: invalid value: '0' (expected `int` >= 1)"),
-    (["--tokenizers", "0"], "argument --tokenizers: invalid value: '0' (expected `int` >= 1)"),
-    (["--port", "70000"], "argument --port: invalid value: '70000' (expected `int` <= 65535)"),
-    (["--restart-period-s", "0"], "argument --restart-period-s: invalid value: '0' (expected `float` > 0.0)"),
-    (["--num-kv-blocks", "0"], "argument --num-kv-blocks: invalid value: '0' (expected `int` >= 1)"),
-    (["--max-model-len", "many"], "argument --max-model-len: invalid value: 'many' (expected `int`, got `str`)"),
-    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', 'warning', 'error')"),
-    (["--device", "gpu"], "argument --device: invalid value: 'gpu' (expected `str` matching regex"),
-    (["--namespace", "llm.>"], "argument --namespace: invalid value: 'llm.>' (expected `str` matching regex"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--block-size", "0"], "argument --block-size: invalid value: '0' (expected `int` >= 1)"),
+        (["--tokenizers", "0"], "argument --tokenizers: invalid value: '0' (expected `int` >= 1)"),
+        (["--port", "70000"], "argument --port: invalid value: '70000' (expected `int` <= 65535)"),
+        (["--restart-period-s", "0"], "argument --restart-period-s: invalid value: '0' (expected `float` > 0.0)"),
+        (["--num-kv-blocks", "0"], "argument --num-kv-blocks: invalid value: '0' (expected `int` >= 1)"),
+        (["--max-model-len", "many"], "argument --max-model-len: invalid value: 'many' (expected `int`, got `str`)"),
+        (
+            ["--log-level", "loud"],
+            "argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', 'warning', 'error')",
+        ),
+        (["--device", "gpu"], "argument --device: invalid value: 'gpu' (expected `str` matching regex"),
+        (["--namespace", "llm.>"], "argument --namespace: invalid value: 'llm.>' (expected `str` matching regex"),
+    ],
+)
 def test_a_flag_out_of_its_range_or_choices_is_a_usage_error(tmp_path, flags, message):
     assert_usage_error(run_cli(tmp_path, *flags), message)
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"KERNEL_TOKENIZERS": "0"}, "KERNEL_TOKENIZERS (--tokenizers): invalid value: '0' (expected `int` >= 1)"),
-    ({"KERNEL_PUBLIC_PREFIX_WINDOW_S": "-1"},
-     "KERNEL_PUBLIC_PREFIX_WINDOW_S (--public-prefix-window-s): invalid value: '-1' (expected `float` > 0.0)"),
-    ({"KERNEL_LOG_FORMAT": "xml"},
-     "KERNEL_LOG_FORMAT (--log-format): invalid choice: 'xml' (choose from 'json', 'console')"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"KERNEL_TOKENIZERS": "0"}, "KERNEL_TOKENIZERS (--tokenizers): invalid value: '0' (expected `int` >= 1)"),
+        (
+            {"KERNEL_PUBLIC_PREFIX_WINDOW_S": "-1"},
+            "KERNEL_PUBLIC_PREFIX_WINDOW_S (--public-prefix-window-s): invalid value: '-1' (expected `float` > 0.0)",
+        ),
+        (
+            {"KERNEL_LOG_FORMAT": "xml"},
+            "KERNEL_LOG_FORMAT (--log-format): invalid choice: 'xml' (choose from 'json', 'console')",
+        ),
+    ],
+)
 def test_an_environment_variable_out_of_range_names_itself_and_its_flag(tmp_path, env, message):
     assert_usage_error(run_cli(tmp_path, env=env), f"invalid configuration: {message}")
 
 
-@pytest.mark.parametrize("toml, message", [
-    ("block_size = 0\n", "block_size (--block-size): invalid value: 0 (expected `int` >= 1)"),
-    ('attention_backend = "cudnn"\n', "attention_backend (--attention-backend): invalid choice: 'cudnn' "
-                                      "(choose from 'auto', 'flashinfer', 'triton', 'torch')"),
-    ("blok_size = 16\n", "unknown setting 'blok_size'"),
-])
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("block_size = 0\n", "block_size (--block-size): invalid value: 0 (expected `int` >= 1)"),
+        (
+            'attention_backend = "cudnn"\n',
+            "attention_backend (--attention-backend): invalid choice: 'cudnn' "
+            "(choose from 'auto', 'flashinfer', 'triton', 'torch')",
+        ),
+        ("blok_size = 16\n", "unknown setting 'blok_size'"),
+    ],
+)
 def test_a_toml_setting_out_of_range_names_the_file_and_its_flag(tmp_path, toml, message):
     path = tmp_path / "kernel.toml"
     path.write_text(toml)
@@ -115,14 +140,16 @@ def test_a_missing_toml_file_is_a_usage_error(tmp_path):
 
 def test_an_actor_started_by_hand_checks_its_flags_too(tmp_path):
     done = run_cli(tmp_path, "--nats-url", "nats://127.0.0.1:1", "--max-num-seqs", "0", module="actors.scheduler")
-    assert_usage_error(done, "argument --max-num-seqs: invalid value: '0' (expected `int` >= 1)",
-                       prog="python -m actors.scheduler")
+    assert_usage_error(
+        done, "argument --max-num-seqs: invalid value: '0' (expected `int` >= 1)", prog="python -m actors.scheduler"
+    )
 
 
 def test_help_groups_the_same_flags_by_component():
     """`--help` shows a heading per component of the config, and the flags are those users always had."""
-    out = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True,
-                         check=True, cwd=REPO).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kernel.supervisor", "--help"], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
     sections, heading = {}, None
     for line in out.splitlines():
         if line and not line.startswith(" ") and line.endswith(":"):
@@ -133,9 +160,20 @@ def test_help_groups_the_same_flags_by_component():
     assert sections == {
         "options": ["-h", "--config"],
         "bus": ["--nats-url", "--nats-credentials", "--namespace", "--bus-max-payload-bytes", "--busy-poll-ms"],
-        "engine": ["--model", "--served-model-name", "--device", "--dtype", "--attention-backend", "--max-model-len",
-                   "--block-size", "--num-kv-blocks", "--max-num-seqs", "--max-prefill-tokens", "--prefix-caching",
-                   "--session-budget-tokens"],
+        "engine": [
+            "--model",
+            "--served-model-name",
+            "--device",
+            "--dtype",
+            "--attention-backend",
+            "--max-model-len",
+            "--block-size",
+            "--num-kv-blocks",
+            "--max-num-seqs",
+            "--max-prefill-tokens",
+            "--prefix-caching",
+            "--session-budget-tokens",
+        ],
         "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests"],
         "requests": ["--request-timeout-s", "--max-migrations"],
         "tenancy": ["--api-keys", "--admin-key", "--public-prefix-tenants", "--public-prefix-window-s"],

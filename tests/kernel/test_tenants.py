@@ -38,8 +38,12 @@ def test_a_bad_keys_file_is_a_clear_error(tmp_path, content):
 def test_the_supervisor_refuses_a_bad_keys_file_before_starting_anything(tmp_path):
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"key": "a.b"}))
-    done = subprocess.run([sys.executable, "-m", "kernel.supervisor", "--data-dir", str(tmp_path / "data"),
-                           "--api-keys", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(tmp_path / "data"), "--api-keys", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "--api-keys:" in done.stderr and "'a.b'" in done.stderr
     assert not (tmp_path / "data").exists()

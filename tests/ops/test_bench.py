@@ -11,11 +11,36 @@ import pytest
 
 REPO = Path(__file__).parents[2]
 BENCH_ARGS = [
-    "--model", "toy-llama", "--device", "cpu", "--mode", "http", "--workloads", "d",
-    "--requests", "6", "--lengths", "8,32", "--hf-requests", "0",
-    "--low-load-requests", "3", "--low-load-prompt", "40", "--low-load-output", "4",
-    "--concurrency", "1,2", "--sweep-requests", "4",
-    "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20",  # every request samples, in-process and over HTTP
+    "--model",
+    "toy-llama",
+    "--device",
+    "cpu",
+    "--mode",
+    "http",
+    "--workloads",
+    "d",
+    "--requests",
+    "6",
+    "--lengths",
+    "8,32",
+    "--hf-requests",
+    "0",
+    "--low-load-requests",
+    "3",
+    "--low-load-prompt",
+    "40",
+    "--low-load-output",
+    "4",
+    "--concurrency",
+    "1,2",
+    "--sweep-requests",
+    "4",
+    "--temperature",
+    "0.8",
+    "--top-p",
+    "0.9",
+    "--top-k",
+    "20",  # every request samples, in-process and over HTTP
 ]
 
 
@@ -23,8 +48,13 @@ BENCH_ARGS = [
 def bench_run(tmp_path_factory) -> tuple[dict[str, list[str]], dict]:
     """One run of `python -m ops.bench`: its table rows by workload, and its JSON file."""
     results = tmp_path_factory.mktemp("bench") / "results.json"
-    done = subprocess.run([sys.executable, "-m", "ops.bench", *BENCH_ARGS, "--json", str(results)],
-                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.bench", *BENCH_ARGS, "--json", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     rows = {}
@@ -90,8 +120,13 @@ def test_plot_is_made_from_the_json(bench_run, tmp_path):
     _, results = bench_run
     source, png = tmp_path / "results.json", tmp_path / "sweep.png"
     source.write_text(json.dumps(results))
-    done = subprocess.run([sys.executable, "-m", "ops.bench.plot", str(source), "--out", str(png)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.bench.plot", str(source), "--out", str(png)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
 
@@ -104,8 +139,13 @@ def test_performance_page_shows_every_row_where_and_how_it_ran(bench_run, tmp_pa
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "toy-llama.json").write_text(json.dumps(results))
     page = tmp_path / "performance.md"
-    done = subprocess.run([sys.executable, "-m", "ops.performance_page", "--results", str(tmp_path / "results"),
-                           "--out", str(page)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.performance_page", "--results", str(tmp_path / "results"), "--out", str(page)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     assert "## toy-llama on cpu" in text and f"Commit {run['commit']}, {run['date']}" in text

@@ -10,11 +10,35 @@ ROOT = Path(__file__).parents[2]
 
 def test_prefix_bench_reports_sharing_on_and_off(build_tiny_model, tmp_path):
     out = tmp_path / "prefix.json"
-    args = ["--model-dir", str(build_tiny_model("llama")), "--device", "cpu", "--kv-blocks", "1024",
-            "--sessions", "3", "--turns", "3", "--system-tokens", "64", "--user-tokens", "8", "--answer-tokens", "8",
-            "--n", "3", "--n-prompts", "2", "--n-prompt-tokens", "40", "--json", str(out)]
-    run = subprocess.run([sys.executable, "-m", "ops.bench.prefix", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    args = [
+        "--model-dir",
+        str(build_tiny_model("llama")),
+        "--device",
+        "cpu",
+        "--kv-blocks",
+        "1024",
+        "--sessions",
+        "3",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "64",
+        "--user-tokens",
+        "8",
+        "--answer-tokens",
+        "8",
+        "--n",
+        "3",
+        "--n-prompts",
+        "2",
+        "--n-prompt-tokens",
+        "40",
+        "--json",
+        str(out),
+    ]
+    run = subprocess.run(
+        [sys.executable, "-m", "ops.bench.prefix", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())["results"]
     multi_turn, no_sharing, n_sampling = results.values()

@@ -27,16 +27,23 @@ class Downstream:
         """The prompt's tokens; with `continuation`, as the next turns of a conversation (no BOS)."""
         if request.input_ids is not None:
             return Encoded(list(request.input_ids))
-        encode = Encode(text=request.text, messages=request.messages, add_special_tokens=not continuation,
-                        continuation=continuation)
+        encode = Encode(
+            text=request.text, messages=request.messages, add_special_tokens=not continuation, continuation=continuation
+        )
         return await self._bus.request(self._subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
 
     async def track(self, record: RequestRecord) -> Tracked | Error:
         """Asks a tokenizer to detokenize the request from where its client stands; the record
         notes which tokenizer took it."""
         params = record.params
-        track = Track(record.request_id, self._origin_subject, params.stop, params.skip_special_tokens,
-                      record.delivered_ids, record.delivered_chars)
+        track = Track(
+            record.request_id,
+            self._origin_subject,
+            params.stop,
+            params.skip_special_tokens,
+            record.delivered_ids,
+            record.delivered_chars,
+        )
         reply = await self._bus.request(self._subjects.tokenizer, track, Tracked, CONTROL_TIMEOUT_S)
         if isinstance(reply, Tracked):
             record.tokenizer_id = reply.instance_id
@@ -47,8 +54,15 @@ class Downstream:
 
     async def submit(self, record: RequestRecord) -> Accepted | Error:
         """Submits the request as its record stands: the prompt, and the tokens its client has."""
-        submit = Submit(record.request_id, record.prompt_ids, record.params, self._origin_subject,
-                        list(record.delivered_ids), record.tenant, record.fork_of)
+        submit = Submit(
+            record.request_id,
+            record.prompt_ids,
+            record.params,
+            self._origin_subject,
+            list(record.delivered_ids),
+            record.tenant,
+            record.fork_of,
+        )
         return await self._bus.request(self._subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
 
     async def abort(self, request_id: str, reason: str = "abort") -> None:

@@ -27,8 +27,9 @@ def refusal(request: GenerateRequest) -> Error | None:
     return None
 
 
-def choice_records(request_id: str, prompt_ids: list[int], params: SamplingParams, n: int,
-                   tenant: Tenant) -> list[RequestRecord]:
+def choice_records(
+    request_id: str, prompt_ids: list[int], params: SamplingParams, n: int, tenant: Tenant
+) -> list[RequestRecord]:
     """The records of the n choices of one prompt. Without a seed the request gets one of ours, so
     its draw is the same after a restart; choice i draws with `choice_seed(seed, i)`. The first
     choice computes the prompt and the others fork it. With n = 1 the choice is the request itself."""
@@ -36,7 +37,12 @@ def choice_records(request_id: str, prompt_ids: list[int], params: SamplingParam
         params = msgspec.structs.replace(params, seed=random.getrandbits(SEED_BITS))
     ids = [request_id] if n == 1 else [f"{request_id}-{index}" for index in range(n)]
     return [
-        RequestRecord(choice_id, prompt_ids, msgspec.structs.replace(params, seed=choice_seed(params.seed, index)),
-                      tenant, fork_of=ids[0] if index else None)
+        RequestRecord(
+            choice_id,
+            prompt_ids,
+            msgspec.structs.replace(params, seed=choice_seed(params.seed, index)),
+            tenant,
+            fork_of=ids[0] if index else None,
+        )
         for index, choice_id in enumerate(ids)
     ]

@@ -88,7 +88,9 @@ class MigrationPolicy:
         """Counts a move of `record`; past `max_migrations`, the error that fails it instead."""
         record.migrations += 1
         if record.migrations > self.max_migrations:
-            return Error("unavailable", f"the request was migrated {self.max_migrations} times; retry it", retriable=True)
+            return Error(
+                "unavailable", f"the request was migrated {self.max_migrations} times; retry it", retriable=True
+            )
         return None
 
     def not_ready(self, actors: tuple[str, ...]) -> list[str]:

@@ -40,16 +40,21 @@ class Migrations:
             await self._migrate(stream, migration)
         except Exception as exc:  # one request's failure must not go unseen, nor leave its client waiting
             log.exception("migration_failed", request_id=stream.request_id, reason=migration.reason)
-            stream.fail(Error("internal", f"the request could not be migrated: {type(exc).__name__}: {exc}",
-                              retriable=True))
+            stream.fail(
+                Error("internal", f"the request could not be migrated: {type(exc).__name__}: {exc}", retriable=True)
+            )
 
     async def _migrate(self, stream: RequestStream, migration: Migration) -> None:
         record = stream.record
         if error := self._policy.count_move(record):
             stream.fail(error)
             return
-        log.info("request_migrating", request_id=record.request_id, reason=migration.reason,
-                 delivered=len(record.delivered_ids))
+        log.info(
+            "request_migrating",
+            request_id=record.request_id,
+            reason=migration.reason,
+            delivered=len(record.delivered_ids),
+        )
         if migration.retrack and record.params.detokenize:
             reply = await self._retry(lambda: self._downstream.track(record))
             if isinstance(reply, Error):

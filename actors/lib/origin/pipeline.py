@@ -42,7 +42,9 @@ class RequestPipeline:
     """Invariant: a request is in the book from before its Submit leaves until its client closes it,
     so each of its outputs finds it, and every migration sees it while it may run downstream."""
 
-    def __init__(self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float, max_migrations: int) -> None:
+    def __init__(
+        self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float, max_migrations: int
+    ) -> None:
         self._bus = bus
         self._subjects = subjects
         self._origin_subject = subjects.origin(origin_id)
@@ -116,8 +118,14 @@ class RequestPipeline:
         if earlier is None:
             group = RequestGroup(request_id, encoded.token_ids)
         else:
-            group = SessionTurnGroup(request_id, continue_conversation(earlier.token_ids, encoded), request.session,
-                                     tenant, earlier.parent_turn, self._record_turn)
+            group = SessionTurnGroup(
+                request_id,
+                continue_conversation(earlier.token_ids, encoded),
+                request.session,
+                tenant,
+                earlier.parent_turn,
+                self._record_turn,
+            )
         for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant):
             stream = RequestStream(record, self._request_timeout_s, self.release)
             self._book.open(stream)

@@ -84,9 +84,12 @@ class RequestStream:
         start = len(self.record.delivered_ids)
         if not update.continues(start):
             return
-        token_ids = update.token_ids[start - update.output_index:]
-        self.deliver(RequestOutput(self.request_id, token_ids, "", update.finish_reason, start + len(token_ids),
-                                   output_index=start))
+        token_ids = update.token_ids[start - update.output_index :]
+        self.deliver(
+            RequestOutput(
+                self.request_id, token_ids, "", update.finish_reason, start + len(token_ids), output_index=start
+            )
+        )
 
     def fail(self, error: Error) -> None:
         self._queue.put_nowait(RequestOutput(self.request_id, [], "", "error", error=error))
@@ -98,8 +101,13 @@ class RequestStream:
             try:
                 output = await asyncio.wait_for(self._queue.get(), max(remaining, 0.0))
             except TimeoutError:
-                output = RequestOutput(self.request_id, [], "", "error", error=Error(
-                    "timeout", f"the request took longer than {self._timeout_s:g} s", retriable=True))
+                output = RequestOutput(
+                    self.request_id,
+                    [],
+                    "",
+                    "error",
+                    error=Error("timeout", f"the request took longer than {self._timeout_s:g} s", retriable=True),
+                )
             if output.finish_reason:
                 self.finished = True
             yield output

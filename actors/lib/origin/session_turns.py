@@ -29,8 +29,15 @@ class SessionTurnGroup(RequestGroup):
     """A request that is a turn of a session (one choice). When it finishes without an error, the
     group hands `record` the turn's tokens and waits for it before it yields the end."""
 
-    def __init__(self, request_id: str, prompt_ids: list[int], turn: SessionTurn, tenant: Tenant,
-                 parent_turn: str | None, record: Callable[[RecordTurn], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        turn: SessionTurn,
+        tenant: Tenant,
+        parent_turn: str | None,
+        record: Callable[[RecordTurn], Awaitable[None]],
+    ) -> None:
         super().__init__(request_id, prompt_ids)
         self._turn = turn
         self._tenant = tenant
@@ -46,5 +53,11 @@ class SessionTurnGroup(RequestGroup):
     def recorded_turn(self, index: int) -> RecordTurn:
         """The turn's tokens are what its client got: up to a stop string, not what ran past it."""
         record = self.choices[index].record
-        return RecordTurn(self._turn.session_id, self._tenant, record.request_id, self._parent_turn, self._turn.replace,
-                          record.prompt_ids + record.delivered_ids)
+        return RecordTurn(
+            self._turn.session_id,
+            self._tenant,
+            record.request_id,
+            self._parent_turn,
+            self._turn.replace,
+            record.prompt_ids + record.delivered_ids,
+        )
