@@ -71,7 +71,11 @@ def test_greedy_tokens_match_transformers_on_the_original(converted, hf_greedy):
     assert all(len(set(output)) > 4 for output in outputs)  # a looping model would match by chance
 
 
-def test_tokenizer_and_chat_template_survive(converted):
+def test_tokenizer_and_chat_template_survive(converted, request):
+    if converted.arch == "qwen3" and _transformers_before((5, 24)):
+        # Seen on 5.17: its GGUF reader splits a qwen3 file's text as Qwen2 does whatever
+        # tokenizer.ggml.pre says; real Qwen3 files say qwen2, but this test's tokenizer splits as GPT-2.
+        request.applymarker(pytest.mark.xfail(reason="transformers < 5.24 ignores a qwen3 file's pre-tokenizer"))
     _, source, model_dir = converted
     template = json.loads((source / "tokenizer_config.json").read_text())["chat_template"]
     assert json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"] == template
@@ -79,6 +83,12 @@ def test_tokenizer_and_chat_template_survive(converted):
     prompt = original.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
     assert result.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True) == prompt
     assert result(prompt)["input_ids"] == original(prompt)["input_ids"]
+
+
+def _transformers_before(version: tuple[int, int]) -> bool:
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2]) < version
 
 
 def test_config_names_the_architecture_and_every_end_token(converted):
