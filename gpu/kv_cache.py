@@ -8,6 +8,9 @@ offset `o`; which tokens those are is known only through the sequences' block ta
 
 import torch
 
+CPU_KV_CACHE_BYTES = 256 << 20
+CUDA_KV_CACHE_FRACTION = 0.85  # of the memory free once the weights are in; the rest is for activations
+
 
 class KVCache:
     def __init__(
@@ -56,3 +59,20 @@ class KVCache:
         k_rows = slots + (slots // self.block_size) * self.block_size  # block * 2 * block_size + offset
         rows.index_copy_(0, k_rows, k)
         rows.index_copy_(0, k_rows + self.block_size, v)
+
+    @staticmethod
+    def blocks_that_fit(
+        config, block_size: int, dtype: torch.dtype, device: torch.device, kv_cache_bytes: int | None
+    ) -> int:
+        """How many blocks of `config`'s KV fit in `kv_cache_bytes`; by default in most of the device's
+        free memory on CUDA (what is left holds the activations), in a fixed budget on the CPU."""
+        per_block = KVCache.bytes_per_block(
+            config.num_hidden_layers, block_size, config.num_key_value_heads, config.head_dim, dtype
+        )
+        if kv_cache_bytes is None:
+            if device.type == "cuda":
+                free_bytes, _total = torch.cuda.mem_get_info(device)
+                kv_cache_bytes = int(free_bytes * CUDA_KV_CACHE_FRACTION)
+            else:
+                kv_cache_bytes = CPU_KV_CACHE_BYTES
+        return kv_cache_bytes // per_block

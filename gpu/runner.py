@@ -23,7 +23,7 @@ import torch
 from gpu.attention import make_backend
 from gpu.batch import ForwardBatch, HostBatch
 from gpu.batch_limits import BatchLimits
-from gpu.config import ModelConfig
+from gpu.config import ModelConfig, resolve_dtype
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
@@ -35,23 +35,10 @@ from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
 from gpu.weights import load_model, random_model
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_KV_CACHE_BYTES = 256 << 20
-CUDA_KV_CACHE_FRACTION = 0.85  # of the memory free once the weights are in; the rest is for activations
 # cuBLAS picks a kernel for each new product shape, which costs a call over ten times the host time
 # of a call on a shape it has seen. A step run eagerly (prompt chunks, with or without decodes) is
 # grown to a multiple of this many tokens so its shapes repeat.
 EAGER_TOKEN_BUCKET = 64
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
 
 
 class _Step(NamedTuple):
@@ -170,7 +157,9 @@ class ModelRunner:
             attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size
         )
         self.attention_backend_name = type(self.model.attention_backend).__name__
-        self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else self._blocks_that_fit(kv_cache_bytes)
+        if num_kv_blocks is None:
+            num_kv_blocks = KVCache.blocks_that_fit(config, block_size, dtype, device, kv_cache_bytes)
+        self.num_kv_blocks = num_kv_blocks
         if self.num_kv_blocks < 1:
             raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")
         self.kv = KVCache(
@@ -205,19 +194,6 @@ class ModelRunner:
             if cuda_graph_token_counts:
                 self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
                 self.prompt_graphs.capture()
-
-    def _blocks_that_fit(self, kv_cache_bytes: int | None) -> int:
-        cfg = self.config
-        per_block = KVCache.bytes_per_block(
-            cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, self.dtype
-        )
-        if kv_cache_bytes is None:
-            if self.device.type == "cuda":
-                free_bytes, _total = torch.cuda.mem_get_info(self.device)
-                kv_cache_bytes = int(free_bytes * CUDA_KV_CACHE_FRACTION)
-            else:
-                kv_cache_bytes = CPU_KV_CACHE_BYTES
-        return kv_cache_bytes // per_block
 
     @property
     def launches_asynchronously(self) -> bool:
@@ -323,19 +299,10 @@ class ModelRunner:
         else:
             drawn = self._sample(logits, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
         self._previous.remember(drawn, step.rows, step.num_seqs)
-        return self._send_to_host(step.num_seqs, step.rows, drawn)
+        return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream)
 
     def _release_staging(self) -> None:
         # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)
         # is enqueued: the next launch may refill it once these have run, not after the whole step.
         if self.staging is not None:
             self.staging.release()
-
-    def _send_to_host(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor) -> PendingStep:
-        if self._stream is None:
-            return PendingStep(num_seqs, rows, drawn, None)
-        pinned = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)  # [R], from torch's pinned cache
-        pinned.copy_(drawn, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(self._stream)
-        return PendingStep(num_seqs, rows, pinned, done)

@@ -34,6 +34,20 @@ class PendingStep:
         self._done = done
         self._tokens: list[int | None] | None = None
 
+    @classmethod
+    def copying(
+        cls, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, stream: torch.cuda.Stream | None
+    ) -> "PendingStep":
+        """The step whose tokens `drawn` [R] (on the device when `stream` is given) start their copy
+        to pinned host memory now, behind the step's work on `stream`."""
+        if stream is None:
+            return cls(num_seqs, rows, drawn, None)
+        pinned = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)  # [R], from torch's pinned cache
+        pinned.copy_(drawn, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        return cls(num_seqs, rows, pinned, done)
+
     def done(self) -> bool:
         """Whether the step has finished, so `tokens()` returns without waiting."""
         return self._done is None or self._done.query()
