@@ -195,6 +195,11 @@ class ModelRunner:
                 self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
                 self.prompt_graphs.capture()
 
+    def release_kv_cache(self) -> None:
+        """Frees the KV pool and the CUDA graphs that read it, keeping the weights (a benchmark hands
+        the memory to another engine); this runner cannot step again."""
+        self.kv = self.graphs = self.prompt_graphs = None
+
     @property
     def launches_asynchronously(self) -> bool:
         """Whether `launch` returns once the step is enqueued (CUDA), not once it is computed (CPU)."""
