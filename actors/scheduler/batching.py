@@ -120,7 +120,7 @@ class ContinuousBatcher:
         # What admins published outlives the executor: the policy keeps it as tokens, whatever the new block size.
         self.kv = KVManager(num_blocks, block_size, self.kv.cache.enabled, self.kv.cache.tenancy)
         for seq in self.requests.requeue_all(max_model_len, vocab_size):
-            seq.blocks, seq.cached = [], None  # their KV went with the old executor's pool
+            self.kv.forget(seq)
         self.lookahead_tokens = 2 * block_size
         self._commands = []
         self.drops.clear()

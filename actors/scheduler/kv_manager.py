@@ -104,6 +104,11 @@ class KVManager:
         self.pool.release(seq.blocks)
         seq.blocks, seq.cached = [], None
 
+    @staticmethod
+    def forget(seq: Sequence) -> None:
+        """A sequence whose KV went with another pool (an executor that is gone) holds nothing here."""
+        seq.blocks, seq.cached = [], None
+
     # -- admin -----------------------------------------------------------------------------
 
     def report(self, running: list[Sequence]) -> CacheReport:
