@@ -2,9 +2,13 @@
 drawn tokens are on their way to the host."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from gpu.logit_rules import TokenRules
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,39 @@ class SequenceInput:
     # >= 0: this decode's one token is the one drawn for sequence `previous_row` of the previous
     # launch, still on the device; token_ids is then [FROM_PREVIOUS_STEP].
     previous_row: int = -1
+    # The per-token controls of the draw (penalties, bias, masks, min_tokens): gpu/logit_rules.py.
+    rules: "TokenRules | None" = None
+    # Logprobs of the drawn token (sample=True): its own, the `top_logprobs` most likely tokens' and
+    # those of `logprob_token_ids`; of the raw logits, or with `processed_logprobs` of the
+    # distribution drawn from (after rules, temperature and filters).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logprob_token_ids: tuple[int, ...] = ()
+    processed_logprobs: bool = False
+    # Prompt logprobs: entry i of `scored_targets` is the token that follows fed position
+    # `scored_from + i` (an index into token_ids); its logprob, and the top and asked ids' as above
+    # (always of the raw logits), come back in `StepLogprobs.prompt`. A final chunk's last position
+    # draws, so it is never scored.
+    scored_from: int = 0
+    scored_targets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """Logprobs at consecutive positions of one sequence, on the host: entry i is position i's."""
+
+    logprobs: list[float]  # [N] of the token at each position (the drawn one, or the scored target)
+    top_ids: list[list[int]]  # [N][top_logprobs] most likely first; [] entries when none were asked
+    top_logprobs: list[list[float]]  # [N][top_logprobs]
+    id_logprobs: list[list[float]]  # [N][len(logprob_token_ids)]
+
+
+@dataclass(frozen=True)
+class StepLogprobs:
+    """One sequence's logprobs from a step."""
+
+    drawn: PositionLogprobs | None  # one entry, for the drawn token; None when not asked
+    prompt: PositionLogprobs | None  # one entry per scored target; None when none
 
 
 class PendingStep:

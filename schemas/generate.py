@@ -19,6 +19,7 @@ INT32_MAX = 2**31 - 1
 MAX_STOP_STRINGS = 16
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
 TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]  # -1 or 0: no top-k filter
@@ -26,13 +27,21 @@ MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
 StopStrings = Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
+MAX_TOP_LOGPROBS = 20
+MAX_LOGPROB_TOKEN_IDS = 64
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
+Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
 
 
 # Fields at their defaults stay off the wire, so a request that leaves a new field alone still
 # reaches an actor of an older build, which refuses fields it does not know. Building one in Python
 # checks no range (msgspec checks on decoding): build them from decoded values.
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    max_tokens: TokenCount | None = 16  # None: up to the end of the context window
+    # None: up to the end of the context window; 0: none, the prompt alone is computed (scoring,
+    # with prompt logprobs)
+    max_tokens: Count | None = 16
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: TopK = 0
@@ -45,6 +54,33 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     # False: the outputs carry token ids and no text. The origin takes them from the executor's step
     # outputs itself, a bus hop shorter than through a tokenizer; stop strings need text, so none.
     detokenize: bool = True
+
+    # Per-token controls, applied on the device to the whole batch before the draw.
+    min_tokens: Count = 0  # the end tokens (EOS, stop_token_ids) cannot be drawn before this many outputs
+    presence_penalty: Penalty = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: Penalty = 0.0  # subtracted per occurrence among the generated tokens
+    # Divides a positive logit (multiplies a negative one) of every token in the prompt or generated
+    repetition_penalty: RepetitionPenalty = 1.0
+    logit_bias: dict[TokenId, Bias] = {}  # added to those tokens' logits
+    allowed_token_ids: list[TokenId] | None = None  # only these may be drawn (an action mask); never empty
+    disallowed_token_ids: list[TokenId] = []  # never drawn
+    # A temperature schedule: from `temperature` at the first output to `final_temperature` at output
+    # `temperature_schedule_tokens`, linearly, and `final_temperature` after. None: constant.
+    final_temperature: Temperature | None = None
+    temperature_schedule_tokens: Count = 0
+    stop_regex: Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] = []  # Python regexes
+    include_stop_str_in_output: bool = False  # keep a matched stop string (or regex match) in the text
+
+    # Logprobs. By default of the model's own distribution (log-softmax of the raw logits);
+    # `processed_logprobs`: of the one drawn from, after the controls above, temperature and filters.
+    logprobs: bool = False  # the logprob of each generated token
+    top_logprobs: TopLogprobs = 0  # and this many most likely alternatives (at prompt positions too)
+    # Logprobs of the prompt's tokens from this position on (0 and 1: all but the first, which has none).
+    prompt_logprobs_from: Count | None = None
+    logprob_token_ids: Annotated[
+        list[TokenId], msgspec.Meta(max_length=MAX_LOGPROB_TOKEN_IDS)
+    ] = []  # at every position
+    processed_logprobs: bool = False
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -83,6 +119,20 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     request_id: str | None = None
     resume_from: int = 0
     session: SessionTurn | None = None  # a turn of an open session; n must be 1
+    # Separates prefix caching: a request reads cached prefixes only of requests with the same salt
+    # (and tenant); a salted request never reads public prefixes.
+    cache_salt: str = ""
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """Logprobs at consecutive positions, compactly: entry i is the token at position `start + i`
+    (of the outputs, or of the prompt). Empty lists where not asked for."""
+
+    start: int
+    logprobs: list[float]  # [N] each token's logprob
+    top_ids: list[list[int]] = []  # [N][top_logprobs] the most likely tokens, most likely first
+    top_logprobs: list[list[float]] = []  # [N][top_logprobs] their logprobs
+    id_logprobs: list[list[float]] = []  # [N][len(logprob_token_ids)] the logprobs of the asked ids
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
@@ -91,17 +141,23 @@ class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
     token_ids: list[int]
     text: str
     index: int = 0  # the choice
+    logprobs: TokenLogprobs | None = None  # of token_ids, when asked for
 
 
 class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length" or "abort" (token_ids: every token generated before the abort)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     index: int = 0  # the choice; a request with n choices ends after n results
+    logprobs: TokenLogprobs | None = None  # of every token in token_ids, when asked for
+    prompt_logprobs: TokenLogprobs | None = None  # from `prompt_logprobs_from`, when asked for
+    prompt_ids: list[int] = []  # the prompt's tokens, when logprobs of the prompt were asked for
+    matched_stop: int | str | None = None  # the stop token id or stop string that ended it
+    created: float = 0.0  # when the request was received, in seconds since the epoch
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error

@@ -8,7 +8,7 @@ arrive, and errors from the scheduler. Anyone may abort a request by id.
 import msgspec
 
 from schemas.errors import Error
-from schemas.generate import SamplingParams
+from schemas.generate import SamplingParams, TokenLogprobs
 
 
 class Tenant(msgspec.Struct, frozen=True):
@@ -21,6 +21,9 @@ class Tenant(msgspec.Struct, frozen=True):
 
     name: str = ""
     user: str = ""  # with API keys, the client's `user` field; without them, always ""
+    # The request's `cache_salt`: a private prefix is read only by requests of the same salt too,
+    # and a salted request reads no public prefix.
+    cache_salt: str = ""
 
 
 class Submit(msgspec.Struct, frozen=True, tag="submit"):
@@ -43,22 +46,39 @@ class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
 class Abort(msgspec.Struct, frozen=True, tag="abort"):
     request_id: str
     reason: str = "abort"  # "abort" (client gone) or "stop" (a stop string matched)
+    # The client asked for the abort and waits for the request's end: it ends with finish_reason
+    # "abort", after every token it generated (the executor's last step output for it says so).
+    keep_output: bool = False
+
+
+class AbortAll(msgspec.Struct, frozen=True, tag="abort_all"):
+    """Aborts every request of `tenant` (None: of every tenant) as `Abort(keep_output=True)` does."""
+
+    tenant: Tenant | None = None
+
+
+class Aborted(msgspec.Struct, frozen=True, tag="aborted"):
+    request_ids: list[str]  # the requests the scheduler knew and aborted
 
 
 class RequestOutput(msgspec.Struct, frozen=True):
     request_id: str
     token_ids: list[int]  # new tokens since the last output
     text: str  # new text since the last output
-    finish_reason: str | None = None  # "stop", "length", or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", or None while running
     completion_tokens: int = 0  # output tokens so far, up to a matched stop string
     output_index: int = 0  # the position of token_ids[0] among the request's outputs
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache, once known
     error: Error | None = None  # set when the request failed after it was accepted
+    logprobs: TokenLogprobs | None = None  # of token_ids (start: output_index), when asked for
+    prompt_logprobs: TokenLogprobs | None = None  # of prompt tokens computed since the last output
+    token_texts: dict[int, str] = {}  # the text of every token id in the logprobs above (from a tokenizer)
+    matched_stop: int | str | None = None  # with finish_reason "stop": the stop token id or string
 
 
 class OutputBatch(msgspec.Struct, frozen=True, tag="outputs"):
     outputs: list[RequestOutput]
 
 
-SchedulerRequest = Submit | Abort
-SchedulerReply = Accepted | Error
+SchedulerRequest = Submit | Abort | AbortAll
+SchedulerReply = Accepted | Aborted | Error

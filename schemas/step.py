@@ -8,7 +8,7 @@ every sequence's new tokens, which the scheduler and the tokenizers consume.
 
 import msgspec
 
-from schemas.generate import SamplingParams
+from schemas.generate import SamplingParams, TokenLogprobs
 
 
 class StartSequence(msgspec.Struct, frozen=True, tag="start"):
@@ -17,6 +17,10 @@ class StartSequence(msgspec.Struct, frozen=True, tag="start"):
     block_table: list[int]
     num_output_tokens: int = 0  # outputs generated before a preemption: they count toward max_tokens
     cached_tokens: int = 0  # leading tokens whose KV the block table already holds (a cached prefix)
+    # Set when the request has a penalty, which counts them from the start: the prompt (the
+    # repetition penalty's), and the outputs generated before a preemption (every penalty's).
+    penalty_prompt_ids: list[int] = []
+    penalty_output_ids: list[int] = []
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, tag="prefill"):
@@ -24,6 +28,9 @@ class PrefillChunk(msgspec.Struct, frozen=True, tag="prefill"):
     token_ids: list[int]
     start_position: int
     last: bool  # the final chunk: its last position draws the next token
+    # The prompt token after the chunk, set when the request asks for prompt logprobs (the logprob of
+    # that token is computed at the chunk's last position); None after the prompt's last chunk.
+    next_token: int | None = None
 
 
 class GrantBlocks(msgspec.Struct, frozen=True, tag="grant"):
@@ -43,6 +50,9 @@ class DropSequence(msgspec.Struct, frozen=True, tag="drop"):
     """Forget a sequence: aborted, preempted, or finished by a stop string."""
 
     request_id: str
+    # Aborted by its client, who keeps its output: the next step output ends it with finish_reason
+    # "abort", after every token it drew.
+    abort: bool = False
 
 
 Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | DropSequence
@@ -58,8 +68,10 @@ class SequenceUpdate(msgspec.Struct, frozen=True):
     token_ids: list[int]  # tokens drawn this step (none for a non-final prefill chunk)
     output_index: int = 0  # the position of token_ids[0] among the request's outputs
     prefilled_tokens: int = 0  # prompt tokens computed this step
-    finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or a stop token id), "length" or "abort"
     cached_tokens: int | None = None  # set on the first update after a start: prompt tokens reused from the cache
+    logprobs: TokenLogprobs | None = None  # of token_ids (start: output_index), when the request asks
+    prompt_logprobs: TokenLogprobs | None = None  # of the prompt tokens scored this step (start: their position)
 
     def continues(self, count: int) -> bool:
         """Whether this update holds output `count`, the next after a consumer's first `count`:
