@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
+from gpu.attention.flashinfer_graph_decode import GraphDecodes
 from gpu.attention.flashinfer_prefill import PagedPrefill
 from gpu.attention.shared_prefix import (
     MAX_GROUPS,
@@ -92,12 +93,16 @@ class FlashInferAttention(AttentionBackend):
         self._shared_prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         # The shared-prefix plans' own arrays (suffix pages, the prefix, who shares) reach the device here.
         self._staging = Staging(device)
-        # The graph wrappers' metadata lives in these buffers (sliced per size), at fixed addresses.
-        max_graph_pages = max(1, max_graph_batch * max_pages_per_seq)
-        self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
-        self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(max_graph_pages, dtype=torch.int32, device=device)
-        self._graph_decode: dict[int, object] = {}
+        self.graph_decodes = GraphDecodes(
+            flashinfer,
+            self._workspace,
+            self._heads,
+            self._kwargs,
+            self.decode_tensor_cores,
+            max_graph_batch,
+            max_pages_per_seq,
+            device,
+        )
         # A shared-prefix graph's prefix pass is MAX_GROUPS requests (the unused ones empty), over
         # the decode rows in the order the plan puts them.
         self._graph_prefix_buffers = dict(
@@ -118,11 +123,6 @@ class FlashInferAttention(AttentionBackend):
         self._prefix_run = None
         self._order: torch.Tensor | None = None
         self._slots: torch.Tensor | None = None
-        self._empty = torch.empty(0, dtype=dtype)  # the planner takes the dtypes as empty tensors
-        self._row_indptr = torch.arange(max_graph_batch + 1, dtype=torch.int32)  # one query row per sequence
-        # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
-        # Python argument handling (see _replan_graph); False takes the public plan() every step.
-        self.direct_graph_replan = True
         # A shared prefix is read once when that spares at least this many token reads a layer.
         self.min_spared_token_reads = MIN_SPARED_TOKEN_READS
 
@@ -171,10 +171,8 @@ class FlashInferAttention(AttentionBackend):
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size = batch.num_seqs
-        if size > len(self._graph_last_page_len):
-            raise ValueError(
-                f"no CUDA-graph decode buffers for batch {size}; built for {len(self._graph_last_page_len)}"
-            )
+        if size > self.graph_decodes.max_batch:
+            raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {self.graph_decodes.max_batch}")
         if kind is None:  # replaying: only a kind captured at this size may be chosen
             shared = None
             if size in self._graph_prefix:
@@ -203,7 +201,7 @@ class FlashInferAttention(AttentionBackend):
             self._graph_order[:size].copy_(self._order, non_blocking=True)
             self._graph_slots[:size].copy_(self._slots, non_blocking=True)
             self._order, self._slots = self._graph_order[:size], self._graph_slots[:size]
-        self._decode_run = self._plan_graph_decode(size, indptr, indices, batch)
+        self._decode_run = self.graph_decodes.plan(size, indptr, indices, batch)
         self._staging.release()  # the plans have enqueued their reads of its pinned arrays
         return kind
 
@@ -250,91 +248,6 @@ class FlashInferAttention(AttentionBackend):
         )
         self._prefix_run, self._slots, self._order = prefix_run, device.slots, device.order
         return pinned(device.suffix_indptr), device.suffix_indices
-
-    def _plan_graph_decode(self, size: int, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch):
-        wrapper = self._graph_decode.get(size)
-        if wrapper is not None and self.direct_graph_replan:
-            self._replan_graph(wrapper, indptr, indices, batch)
-            return wrapper
-        if wrapper is None:
-            wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace,
-                "NHD",
-                use_cuda_graph=True,
-                paged_kv_indptr_buffer=self._graph_indptr[: size + 1],
-                paged_kv_indices_buffer=self._graph_indices,
-                paged_kv_last_page_len_buffer=self._graph_last_page_len[:size],
-                use_tensor_cores=self.decode_tensor_cores,
-                backend="fa2",
-            )
-            self._graph_decode[size] = wrapper
-        wrapper.plan(
-            indptr,
-            indices,
-            batch.host_kv_last_page_len,
-            *self._heads,
-            batch.block_size,
-            pos_encoding_mode="NONE",
-            **self._kwargs,
-        )
-        return wrapper
-
-    def _replan_graph(self, wrapper, indptr: torch.Tensor, indices: torch.Tensor, batch: ForwardBatch) -> None:
-        """What FlashInfer 0.7's BatchDecodeWithPagedKVCacheWrapper.plan does for a CUDA-graph wrapper
-        that was planned once already (same dtypes, heads, no window, no soft cap): fill the metadata
-        buffers the graph reads and rerun the compiled planner, which rewrites the split-KV schedule
-        in the int workspace. The graph's kernel arguments (workspace offsets) depend only on the
-        batch size, fixed per wrapper. `indptr` is on the host (pinned), `indices` on the device."""
-        wrapper._paged_kv_indptr_buf.copy_(indptr, non_blocking=True)
-        wrapper._paged_kv_last_page_len_buf.copy_(batch.host_kv_last_page_len, non_blocking=True)
-        wrapper._paged_kv_indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
-        num_heads, num_kv_heads, head_dim = self._heads
-        size, page = batch.num_seqs, batch.block_size
-        workspaces = (
-            wrapper._float_workspace_buffer,
-            wrapper._int_workspace_buffer,
-            wrapper._pin_memory_int_workspace_buffer,
-        )
-        if self.decode_tensor_cores:  # the prefill planner, one query row per sequence (qo_indptr 0, 1, ..)
-            # It takes the KV lengths too, though FlashInfer 0.7.2's fa2 planner schedules by pages.
-            kv_lens = torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * page + batch.host_kv_last_page_len
-            wrapper._plan_info = wrapper._cached_module.plan(
-                *workspaces,
-                self._row_indptr[: size + 1],
-                indptr,
-                kv_lens,
-                size,
-                size,
-                num_heads,
-                num_kv_heads,
-                page,  # query rows, sequences, heads, page size
-                True,
-                head_dim,
-                head_dim,  # CUDA-graph mode, head dims of q/k and v
-                False,
-                -1,  # causal, window
-                -1,
-                False,
-                0,
-                0,  # fixed split size, split-KV off, colocated CTAs, uniform query length
-            )
-            return
-        empty = self._empty
-        wrapper._plan_info = wrapper._cached_module.plan(
-            *workspaces,
-            indptr,
-            size,
-            num_heads,
-            num_kv_heads,
-            page,
-            True,
-            -1,
-            0.0,
-            head_dim,
-            head_dim,
-            empty,
-            empty,  # CUDA-graph mode, window, soft cap, head dims, dtypes
-        )
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         # q: [T, heads, head_dim] -> [T, heads, head_dim]

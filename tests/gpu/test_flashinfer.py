@@ -119,7 +119,7 @@ def test_cuda_graph_decode_gives_the_eager_tokens(hd128_model, tensor_core_decod
 
 def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_decode):
     """A captured decode graph is re-planned through FlashInfer's compiled planner directly
-    (`_replan_graph`); its public plan() must leave the same plan and the same schedule in the
+    (`GraphDecodes._replan`); its public plan() must leave the same plan and the same schedule in the
     workspace, for batches whose sequences differ in length, as steps do, and for a step of the
     shared-prefix kind, whose decode pass reads only what each row does not share."""
     from gpu.attention.flashinfer_backend import PLAIN_GRAPH, SHARED_PREFIX_GRAPH
@@ -127,7 +127,7 @@ def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_d
     runner = runner_for(hd128_model("llama"), "flashinfer", cuda_graphs=True, sizes=(4,))
     backend = runner.model.attention_backend
     backend.min_spared_token_reads = 1  # two shared blocks among four rows are worth a pass here
-    wrapper = backend._graph_decode[4]
+    wrapper = backend.graph_decodes.wrappers[4]
     shared = [50, 51]  # the first two blocks of every row of the third batch
     batches = [  # (lengths, tables, the graph kind a replay picks)
         ([3, 40, 17, 100], shuffled_tables([3, 40, 17, 100], seed=3), PLAIN_GRAPH),
@@ -138,7 +138,7 @@ def test_graph_replan_plans_what_flashinfer_plan_does(hd128_model, tensor_core_d
         host = HostBatch.build([[7]] * 4, [n - 1 for n in lengths], tables, BLOCK_SIZE)
         plans = {}
         for direct in (True, False):
-            backend.direct_graph_replan = direct
+            backend.graph_decodes.direct_replan = direct
             with torch.inference_mode():  # as steps run; the wrappers' buffers are inference tensors
                 wrapper._int_workspace_buffer.zero_()
                 batch, _ = ForwardBatch.from_host(host, runner.staging)
