@@ -39,8 +39,19 @@ class DecodeGraphs:
         self._logits = torch.empty(self.max_batch, model.config.vocab_size, dtype=torch.float32, device=device)
         self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # by size and the backend's kind
         self._stream = torch.cuda.current_stream(device)
-        # Set to [] to time every replay with device events (benchmarks): (size, start, end).
-        self.timings: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] | None = None
+        # While timing (benchmarks): every replay's (size, start event, end event).
+        self._timings: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] | None = None
+
+    def start_timing(self) -> None:
+        """Times every replay from now on with device events (a benchmark's GPU time per step)."""
+        self._timings = []
+
+    def stop_timing(self, size: int) -> list[float]:
+        """Stops timing; the seconds each replay of graph size `size` took since `start_timing`
+        (waits for the device)."""
+        timings, self._timings = self._timings or [], None
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for s, start, end in timings if s == size]
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a decode batch of `num_seqs` runs at; None above the largest."""
@@ -82,14 +93,14 @@ class DecodeGraphs:
         """Replays the graph of `size` and `kind`, prepared for it; its logits [size, vocab] float32,
         a view valid until the next replay."""
         graph = self._graphs[size, kind]
-        if self.timings is None:
+        if self._timings is None:
             graph.replay()
         else:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(self._stream)
             graph.replay()
             end.record(self._stream)
-            self.timings.append((size, start, end))
+            self._timings.append((size, start, end))
         return self._logits[:size]
 
     def _static(self, batch: ForwardBatch) -> ForwardBatch:

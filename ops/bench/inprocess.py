@@ -75,7 +75,7 @@ class InProcessBench:
         bed = self.testbed
         graphs = bed.runner.graphs
         if graphs is not None:
-            graphs.timings = []
+            graphs.start_timing()
         engine = self.engine()
         if self.args.profile:
             import cProfile
@@ -112,11 +112,9 @@ class InProcessBench:
             )
         )
         size = graphs.padded_size(batch) if graphs else None
+        replays = graphs.stop_timing(size)[2:] if graphs else []
         gpu = None
-        if size is not None:
-            torch.cuda.synchronize()
-            replays = [start.elapsed_time(end) / 1e3 for s, start, end in graphs.timings if s == size][2:]
-            graphs.timings = None
+        if replays:
             gpu = statistics.median(replays)
             self.report.add(
                 Row(
