@@ -52,6 +52,11 @@ class TenancyPolicy:
     def may_read(self, visibility: Visibility, tenant: Tenant) -> bool:
         return visibility.public or tenant in visibility.owners
 
+    @staticmethod
+    def owner_names(visibility: Visibility) -> set[str] | None:
+        """The names of the tenants that may read the node, for reports; None when every tenant may."""
+        return None if visibility.public else {tenant.name for tenant in visibility.owners}
+
     def sent(self, visibility: Visibility, tenant: Tenant, now: float) -> bool:
         """Records that `tenant` sent the node's tokens at `now`; True if that made it public."""
         if visibility.public:

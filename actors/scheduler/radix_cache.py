@@ -219,11 +219,11 @@ class RadixCache:
     def usage(self) -> CacheUsage:
         public, private = 0, Counter()
         for node in self._nodes():
-            if node.visibility.public:
+            names = self.tenancy.owner_names(node.visibility)
+            if names is None:
                 public += len(node.blocks)
-            else:
-                for name in {tenant.name for tenant in node.visibility.owners}:
-                    private[name] += len(node.blocks)
+            for name in names or ():
+                private[name] += len(node.blocks)
         return CacheUsage(
             self.pool.num_free,
             self._evictable + self._locked,
