@@ -17,6 +17,8 @@ d: offline throughput, prompt and output lengths uniform in --lengths [100, 1024
 e: low load: single requests one at a time (--low-load-*: 40 of 500 prompt + 16 output tokens);
    TTFT is from the submit to the end of the step that drew the first token
 Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p) say otherwise.
+--feature-cost logprobs,rules: a and d again with every request asking for the feature, each beside
+   the run without it (ops/bench/feature_cost.py).
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
    as a checkpoint and served by `python -m kernel.supervisor` with the engine's settings; d's
    requests from as many streaming clients at once (target: >= 0.95 of the in-process tokens/s), e's
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ops.bench.feature_cost import FEATURES, measure_feature_cost
 from ops.bench.inprocess import InProcessBench
 from ops.bench.report import Report, run_identity
 from ops.bench.requests import BenchRequest, Sampling, random_requests
@@ -114,10 +117,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the in-process engine's steps in workloads a and b"
     )
+    parser.add_argument(
+        "--feature-cost",
+        default="",
+        help="comma-separated features (logprobs, rules) whose cost on workloads a and d to measure; runs a and d",
+    )
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")
     args = parser.parse_args()
     args.workloads = set(args.workloads.split(","))
+    args.feature_cost = [f for f in args.feature_cost.split(",") if f]
+    for feature in args.feature_cost:
+        if feature not in FEATURES:
+            parser.error(f"unknown feature {feature!r} for --feature-cost; choose from {','.join(FEATURES)}")
+    if args.feature_cost:
+        args.workloads |= {"a", "d"}  # the runs without the features
     if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
         parser.error(
             "sampling as the server accepts it: --temperature in [0, 2], --top-p in (0, 1], "
@@ -180,6 +194,11 @@ def main() -> None:
     if "d" in workloads:
         offline = bench.offline_requests(args.requests, args.lengths)
         details.d = bench.throughput("d", offline)
+    if args.feature_cost:
+        details.feature_cost = [
+            measure_feature_cost(testbed, feature, args.context, details.a, details.d, offline)
+            for feature in args.feature_cost
+        ]
     if "d" in workloads and args.hf_requests != 0:
         details.d_hf = bench.hf_baseline("d", details.d, offline[: args.hf_requests])
     try:

@@ -15,7 +15,7 @@ import torch
 from actors.inprocess import InProcessEngine
 from ops.bench.records import DecodeFigures, HfFigures, OfflineFigures, PrefillFigures, Row, RunFigures
 from ops.bench.report import p50_p90_p99
-from ops.bench.requests import BenchRequest, RequestTiming, summarize
+from ops.bench.requests import BenchRequest, RequestTiming, Sampling, summarize
 from ops.bench.testbed import MAX_NUM_SEQS, MAX_PREFILL_TOKENS, Testbed
 
 
@@ -29,9 +29,12 @@ class StepTiming:
 
 
 class InProcessBench:
-    def __init__(self, testbed: Testbed) -> None:
+    """`sampling`: how every request draws (default: the command line's)."""
+
+    def __init__(self, testbed: Testbed, sampling: Sampling | None = None) -> None:
         self.testbed = testbed
         self.args = testbed.args
+        self.sampling = sampling or self.args.sampling
         self.report = testbed.report
         self.profiler = None  # a cProfile.Profile while a workload is profiled (--profile)
 
@@ -43,7 +46,7 @@ class InProcessBench:
         fall on no measured workload; the HTTP side gets the same requests first."""
         engine = self.engine()
         for i, request in enumerate(requests):
-            engine.submit(f"warm-{i}", request.prompt_ids, self.args.sampling.params(request.output_tokens))
+            engine.submit(f"warm-{i}", request.prompt_ids, self.sampling.params(request.output_tokens))
         engine.run()
 
     def run_steps(self, engine: InProcessEngine, prompt_lens: dict[str, int]) -> list[StepTiming]:
@@ -83,7 +86,7 @@ class InProcessBench:
             self.profiler = cProfile.Profile()
         lens = {}
         for i in range(batch):
-            engine.submit(f"{name}-{i}", bed.prompt(context), self.args.sampling.params(new_tokens))
+            engine.submit(f"{name}-{i}", bed.prompt(context), self.sampling.params(new_tokens))
             lens[f"{name}-{i}"] = context
         steps = [s for s in self.run_steps(engine, lens) if s.decodes == batch and s.prefill_tokens == 0]
         steps = steps[2:]  # the first decode steps after a prefill warm the allocator
@@ -128,7 +131,7 @@ class InProcessBench:
 
     def prefill(self, name: str, prompt_len: int, count: int) -> PrefillFigures:
         bed = self.testbed
-        params = self.args.sampling.params(1)
+        params = self.sampling.params(1)
         warm = self.engine()
         for i in range(2):
             warm.submit(f"warm-{i}", bed.prompt(prompt_len), params)
@@ -179,7 +182,7 @@ class InProcessBench:
         engine = self.engine()
         request_ids = [f"{name}-{i}" for i in range(len(requests))]
         for request_id, request in zip(request_ids, requests):
-            engine.submit(request_id, request.prompt_ids, self.args.sampling.params(request.output_tokens))
+            engine.submit(request_id, request.prompt_ids, self.sampling.params(request.output_tokens))
         # Booking a step's arrivals costs tens of microseconds of host time, spent while the GPU runs
         # the step launched after it; keeping the step outputs to book later would hold them all
         # in memory for the garbage collector to walk.
@@ -216,7 +219,7 @@ class InProcessBench:
         for i, request in enumerate(requests):
             request_id = f"{name}-{i}"
             started = time.perf_counter()
-            engine.submit(request_id, request.prompt_ids, self.args.sampling.params(request.output_tokens))
+            engine.submit(request_id, request.prompt_ids, self.sampling.params(request.output_tokens))
             chunks, seen = [], 0
             while engine.busy:
                 engine.step()
@@ -244,9 +247,7 @@ class InProcessBench:
 
         self.testbed.release_runner()
         hf = hf_model_sharing_weights(self.testbed.runner.model, self.testbed.raw)
-        result = hf_generate(
-            hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests], self.args.sampling
-        )
+        result = hf_generate(hf, [r.prompt_ids for r in requests], [r.output_tokens for r in requests], self.sampling)
         theirs = result.useful_tokens / result.seconds
         self.report.add(
             Row(

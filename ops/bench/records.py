@@ -99,6 +99,18 @@ class SystemSetup(msgspec.Struct):
     startup_s: float
 
 
+class FeatureCost(msgspec.Struct):
+    """One feature's cost (--feature-cost): workloads a and d of the same run with every request
+    using it, beside the same workloads without it."""
+
+    feature: str
+    fields: dict  # what every request set
+    step_s: float  # workload a's batch-1 decode step (median)
+    step_off_s: float
+    output_tok_s: float  # workload d's offline throughput
+    output_tok_s_off: float
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -126,3 +138,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     e_ids_http: LowLoadHttpFigures | None = None
     d_http: OfflineHttpFigures | None = None
     sweep: list[RunFigures] | None = None
+    feature_cost: list[FeatureCost] | None = None

@@ -2,7 +2,7 @@
 driver and the HTTP clients, so both are judged by one definition of TTFT and inter-token latency.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,14 +18,16 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0  # 0: off
+    # More SamplingParams fields every request sets (logprobs, per-token controls): --feature-cost.
+    more: dict = field(default_factory=dict)
 
     def params(self, max_tokens: int) -> SamplingParams:
         """Exactly `max_tokens` tokens (EOS does not stop a request), drawn this way."""
-        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **asdict(self))
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **self.fields())
 
     def fields(self) -> dict:
-        """The sampling fields of an HTTP request body."""
-        return asdict(self)
+        """The sampling fields of a request, as an HTTP body or SamplingParams takes them."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, **self.more)
 
     def describe(self) -> str:
         if self.temperature <= 0:

@@ -164,3 +164,21 @@ def test_written_tokenizer_decodes_every_token_id_of_the_model(tmp_path):
     assert len(tokenizer) == 1100
     assert tokenizer.decode([1099]).strip() and tokenizer.decode([1050]).strip()
     assert tokenizer.decode(tokenizer.encode("the cat", add_special_tokens=False)) == "the cat"
+
+
+def test_feature_cost_reruns_a_and_d_with_the_feature_beside_the_run_without(tmp_path):
+    results = tmp_path / "results.json"
+    args = ["--model", "toy-llama", "--device", "cpu", "--workloads", "d", "--requests", "4", "--lengths", "8,24"]
+    args += ["--context", "32", "--hf-requests", "0", "--feature-cost", "logprobs,rules", "--json", str(results)]
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    costs = json.loads(results.read_text())["details"]["feature-cost"]
+    assert [cost["feature"] for cost in costs] == ["logprobs", "rules"]
+    assert costs[0]["fields"] == {"logprobs": True, "top_logprobs": 5}
+    assert len(costs[1]["fields"]["allowed_token_ids"]) == 1024
+    for cost in costs:
+        assert min(cost["step_s"], cost["step_off_s"], cost["output_tok_s"], cost["output_tok_s_off"]) > 0
+    for feature in ("logprobs", "rules"):
+        assert f"d+{feature}: offline throughput with {feature} / without" in done.stdout
