@@ -3,8 +3,9 @@
 With one token a layer's products are pure weight reads, which this kernel does nearer the copy
 rate than cuBLAS (docs/journal/benchmarks.md, section "Batch-1 decode through our own GEMV").
 `linear` takes this path for a single row on the GPU in bf16/fp16 and leaves everything else to
-`F.linear`. `silu_mul_linear` also folds SwiGLU's activation into the down projection's reads,
-saving a kernel per layer. TRITON_INTERPRET=1 runs the kernel on the CPU for tests.
+`F.linear` (on the CPU over whole blocks of rows, so a row's product is the same in any batch).
+`silu_mul_linear` also folds SwiGLU's activation into the down projection's reads, saving a kernel
+per layer. TRITON_INTERPRET=1 runs the kernel on the CPU for tests.
 """
 
 import torch
@@ -102,11 +103,23 @@ def _takes_gemv(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _GEMV_DTYPES and x.shape[0] == 1
 
 
+# On the CPU MKL's sgemm computes whole blocks of this many rows with one kernel and the rows of a
+# last partial block with another that sums in another order, so a row's product would depend on how
+# many rows share the call. Padded to whole blocks, a token's product is the same number in a decode
+# and in a prompt: the logprobs a rollout returned equal, exactly, those of the sequence fed back.
+CPU_ROW_BLOCK = 4
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through `gemv` for a single row on the GPU. x: [T, K], weight: [N, K] -> [T, N]"""
+    """F.linear, through `gemv` for a single row on the GPU, and over whole blocks of rows on the CPU.
+    x: [T, K], weight: [N, K] -> [T, N]"""
     if _takes_gemv(x):
         return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+    rows = x.shape[0]
+    if x.is_cuda or rows % CPU_ROW_BLOCK == 0:
+        return F.linear(x, weight, bias)
+    padded = torch.cat([x, x.new_zeros(CPU_ROW_BLOCK - rows % CPU_ROW_BLOCK, x.shape[1])])  # [T', K]
+    return F.linear(padded, weight, bias)[:rows]
 
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -128,7 +128,7 @@ class MLP(nn.Module):
         if _uses_kernels(x):
             return silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
