@@ -9,6 +9,8 @@ embedding, KV write and activation run as fused Triton kernels (gpu/kernels.py),
 token's products as our matrix-vector kernel (gpu/gemv.py).
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from gpu.gemv import linear, silu_mul_linear
 from gpu.kv_cache import KVCache
 from gpu.layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
-__all__ = ["CausalLM", "ModelConfig"]
+__all__ = ["CausalLM", "LastLayer", "ModelConfig"]
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -228,13 +230,17 @@ class CausalLM(nn.Module):
     def compute_logits(self, batch: ForwardBatch, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """The forward pass once the backend is planned; what a CUDA graph captures. `out`: where
         to write the logits (a graph's static output) instead of a new tensor."""
+        return self.logits(self.run_layers(batch, kv), batch.logits_index, out)
+
+    def run_layers(self, batch: ForwardBatch, kv: KVCache) -> "LastLayer":
+        """Every layer over the step's tokens, once the backend is planned: what logits are taken from."""
         x = self.model.embed_tokens(batch.input_ids)  # [T, hidden]
         rope = self.rope_inputs(batch.positions, batch.slot_mapping, x)
         residual = None
         for i, layer in enumerate(self.model.layers):
             q, residual = layer.query(x, residual, rope, kv)
             x, residual = layer.finish(self.attention_backend.attend(i, q, kv), residual)
-        return self.logits(x, residual, batch.logits_index, out)
+        return LastLayer(output=x, residual=residual)
 
     def rope_inputs(self, positions: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> RopeInputs:
         """The rotary inputs of tokens at `positions` [T] writing KV `slot_mapping` [T], for hidden
@@ -242,18 +248,23 @@ class CausalLM(nn.Module):
         return RopeInputs(positions, slot_mapping, self.rope_inv_freq, x.dtype, fused=_uses_kernels(x))
 
     def logits(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        logits_index: torch.Tensor | None,
-        out: torch.Tensor | None = None,
+        self, last: "LastLayer", logits_index: torch.Tensor | None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """float32 logits [R, vocab] of the tokens in `logits_index` (all when None), from the last
-        layer's output and residual [T, hidden]; written to `out` when given."""
+        """float32 logits [R, vocab] of the tokens in `logits_index` [R] (all when None), from the
+        last layer; written to `out` when given. A token's logits are the same numbers whichever
+        other tokens share the call (on the CPU exactly: gpu/gemv.py:linear)."""
+        x, residual = last
         if logits_index is not None:
             x, residual = x[logits_index], residual[logits_index]  # [R, hidden]
-        last, _ = add_rms_norm(x, residual, self.model.norm)
-        logits = linear(last, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
+        final, _ = add_rms_norm(x, residual, self.model.norm)
+        logits = linear(final, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
         if out is None:
             return logits.float()
         return out.copy_(logits)
+
+
+class LastLayer(NamedTuple):
+    """The last layer's output and residual stream of a step's tokens, before the final norm."""
+
+    output: torch.Tensor  # [T, hidden]
+    residual: torch.Tensor  # [T, hidden]

@@ -8,7 +8,8 @@ number of tokens, so it is captured: piece 0 embeds the tokens and computes laye
 piece i finishes layer i-1 (output projection, norm, MLP) and computes layer i's queries, the last
 piece finishes the last layer. Attention, whose kernels depend on how the tokens split into
 sequences, runs eagerly between the replays, reading the queries from a fixed buffer and writing
-its output into another. The logits of the few tokens that sample are computed eagerly after.
+its output into another. The logits of the few tokens that sample (and of scored prompt positions)
+are computed eagerly after, from the last layer's buffers.
 
 All pieces of all counts share one memory pool: each piece's temporaries die within it, and
 replays never overlap, so a piece can reuse what the previous one used.
@@ -22,7 +23,7 @@ import torch
 
 from gpu.batch import ForwardBatch, HostBatch, token_thirds
 from gpu.kv_cache import KVCache
-from gpu.model import CausalLM
+from gpu.model import CausalLM, LastLayer
 from gpu.staging import Staging
 
 # Every count captures one graph per layer, so the counts are few: steps of 64 tokens up to 512,
@@ -73,9 +74,10 @@ class LayerPieces:
         self.num_pieces = model.config.num_hidden_layers + 1
         self._buffers = _Buffers.allocate(model, max_tokens, kv.layers[0].device)
 
-    def forward(self, batch: ForwardBatch, run_piece: Callable[[int, int], None]) -> torch.Tensor:
-        """float32 logits [R, vocab] of `batch` (planned by the attention backend), each piece run by
-        `run_piece(piece, num_tokens)`: the piece itself or its graph's replay."""
+    def forward(self, batch: ForwardBatch, run_piece: Callable[[int, int], None]) -> LastLayer:
+        """The last layer of `batch` (planned by the attention backend), each piece run by
+        `run_piece(piece, num_tokens)`: the piece itself or its graph's replay. Views of the fixed
+        buffers: take the logits from them before the next step runs."""
         num_tokens = batch.host.num_tokens
         buffers = self._buffers.rows(num_tokens)
         buffers.inputs.copy_(batch.token_data)
@@ -84,7 +86,7 @@ class LayerPieces:
             run_piece(layer, num_tokens)
             attend(layer, buffers.queries, self.kv, out=buffers.attended)
         run_piece(self.num_pieces - 1, num_tokens)
-        return self.model.logits(buffers.hidden, buffers.residual, batch.logits_index)
+        return LastLayer(output=buffers.hidden, residual=buffers.residual)
 
     def run_piece(self, piece: int, num_tokens: int) -> None:
         """Piece `piece` of a step of `num_tokens` tokens, whose inputs are in the buffers."""
@@ -153,9 +155,9 @@ class PromptGraphs:
             self._graphs[count] = graphs
         torch.cuda.synchronize(device)
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [R, vocab] of `batch`, planned by the attention backend and padded to a
-        captured count."""
+    def run(self, batch: ForwardBatch) -> LastLayer:
+        """The last layer of `batch`, planned by the attention backend and padded to a captured
+        count: views of the graphs' buffers, valid until the next run."""
         return self.pieces.forward(batch, self._replay)
 
     def _replay(self, piece: int, num_tokens: int) -> None:

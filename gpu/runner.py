@@ -8,11 +8,12 @@ On CUDA `launch` enqueues a step and returns at once. It prepares (numpy metadat
 host-to-device copy, the input ids that the previous step drew gathered on the device, the
 attention plan), runs the forward pass (a graph replay for decode batches up to the largest
 captured size; for steps with prompt tokens, replays of the layers' pieces around eager attention)
-and draws (the sampler, and a non-blocking copy of the drawn tokens into pinned memory).
-`PendingStep.tokens` waits for that copy, the step's one sync; the host builds and launches the
-next step meanwhile, so the GPU does not wait for it.
+and draws (the sampler, the logprobs asked (gpu/logprobs.py), and a non-blocking copy of both into
+pinned memory). `PendingStep.tokens` waits for that copy, the step's one sync; the host builds and
+launches the next step meanwhile, so the GPU does not wait for it.
 """
 
+from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -26,7 +27,8 @@ from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig, resolve_dtype
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
-from gpu.model import CausalLM
+from gpu.logprobs import LogprobArrays, LogprobRequests
+from gpu.model import CausalLM, LastLayer
 from gpu.previous_draw import PreviousDraw
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensors, sample
@@ -52,6 +54,13 @@ class _Step(NamedTuple):
     decode_graph: int | None  # the batch size of the decode CUDA graph it replays
     graph_kind: str | None  # the kind of that graph the attention backend planned for
     prompt_graph: bool  # runs the prompt graphs' pieces around eager attention
+    logprobs: LogprobRequests | None  # the logprobs asked; None: none
+    logprob_arrays: LogprobArrays[torch.Tensor] | None  # their arrays on the device
+
+
+class _Forwarded(NamedTuple):
+    logits: torch.Tensor  # [R, vocab] float32, of the rows that draw
+    last: LastLayer | None  # every token's last layer, where scored prompt positions' logits come from
 
 
 _token_ids, _starts, _tables, _samples, _previous_rows = (
@@ -82,52 +91,20 @@ class ModelRunner:
         config = ModelConfig.from_pretrained(model_dir)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
-        self._setup(
-            config,
-            load_model(model_dir, config, device_, dtype_),
-            device_,
-            dtype_,
-            num_kv_blocks,
-            kv_cache_bytes,
-            block_size,
-            attention_backend,
-            cuda_graphs,
-            cuda_graph_batch_sizes,
-            cuda_graph_token_counts,
-        )
+        model = load_model(model_dir, config, device_, dtype_)
+        options = (num_kv_blocks, kv_cache_bytes, block_size, attention_backend, cuda_graphs)
+        self._setup(config, model, device_, dtype_, *options, cuda_graph_batch_sizes, cuda_graph_token_counts)
 
     @classmethod
     def with_random_weights(
-        cls,
-        config: ModelConfig,
-        device: str = "cuda",
-        dtype: str | torch.dtype = "auto",
-        seed: int = 0,
-        num_kv_blocks: int | None = None,
-        kv_cache_bytes: int | None = None,
-        block_size: int = 16,
-        attention_backend: str = "auto",
-        cuda_graphs: bool | None = None,
-        cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
-        cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
+        cls, config: ModelConfig, device: str = "cuda", dtype: str | torch.dtype = "auto", seed: int = 0, **options
     ) -> "ModelRunner":
-        """A runner over a model of `config`'s shape with random weights made on the device (benchmarks)."""
+        """A runner over a model of `config`'s shape with random weights made on the device
+        (benchmarks); `options` are the constructor's, from `num_kv_blocks` on."""
         runner = cls.__new__(cls)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
-        runner._setup(
-            config,
-            random_model(config, device_, dtype_, seed),
-            device_,
-            dtype_,
-            num_kv_blocks,
-            kv_cache_bytes,
-            block_size,
-            attention_backend,
-            cuda_graphs,
-            cuda_graph_batch_sizes,
-            cuda_graph_token_counts,
-        )
+        runner._setup(config, random_model(config, device_, dtype_, seed), device_, dtype_, **options)
         return runner
 
     def _setup(
@@ -136,13 +113,13 @@ class ModelRunner:
         model: CausalLM,
         device: torch.device,
         dtype: torch.dtype,
-        num_kv_blocks: int | None,
-        kv_cache_bytes: int | None,
-        block_size: int,
-        attention_backend: str,
-        cuda_graphs: bool | None,
-        cuda_graph_batch_sizes: tuple[int, ...],
-        cuda_graph_token_counts: tuple[int, ...],
+        num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        block_size: int = 16,
+        attention_backend: str = "auto",
+        cuda_graphs: bool | None = None,
+        cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -227,8 +204,7 @@ class ModelRunner:
         if not seqs:
             return PendingStep(0, np.zeros(0, np.int64), torch.zeros(0, dtype=torch.int64), None)
         step = self._prepare(seqs)
-        logits = self._forward(step)  # [R, vocab] float32
-        return self._draw(step, logits)
+        return self._draw(step, self._forward(step))
 
     def _prepare(self, seqs: list[SequenceInput]) -> _Step:
         """The step on the device, ready to run: its metadata and sampling settings laid out on the
@@ -251,12 +227,17 @@ class ModelRunner:
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
-        decode_graph = self.graphs.padded_size(host.num_seqs) if self.graphs and host.is_decode else None
+        logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size)
+        scores = logprobs is not None and logprobs.scored is not None  # the decode graphs keep no last layer
+        decode_graph = None
+        if self.graphs and host.is_decode and not scores:
+            decode_graph = self.graphs.padded_size(host.num_seqs)
         prompt_tokens = None
         if self.prompt_graphs and not host.is_decode:
             prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens)
         host = self._padded(host, decode_graph, prompt_tokens)
-        batch, (feed, sampling) = ForwardBatch.from_host(host, self.staging, (host_feed, settings))
+        extras = (host_feed, settings, logprobs and logprobs.arrays)
+        batch, (feed, sampling, logprob_arrays) = ForwardBatch.from_host(host, self.staging, extras)
         if feed is not None:
             self._previous.feed(batch.input_ids, feed)
         graph_kind = None
@@ -274,6 +255,8 @@ class ModelRunner:
             decode_graph=decode_graph,
             graph_kind=graph_kind,
             prompt_graph=prompt_tokens is not None,
+            logprobs=logprobs,
+            logprob_arrays=logprob_arrays,
         )
 
     def _padded(self, host: HostBatch, decode_graph: int | None, prompt_tokens: int | None) -> HostBatch:
@@ -287,24 +270,28 @@ class ModelRunner:
         bucket = self.eager_token_bucket
         return host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
 
-    def _forward(self, step: _Step) -> torch.Tensor:
-        """float32 logits [R, vocab] of the sequences that draw."""
+    def _forward(self, step: _Step) -> _Forwarded:
         if step.decode_graph is not None:
             logits = self.graphs.replay(step.decode_graph, step.graph_kind)  # [decode_graph, vocab]
-            return logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
-        if step.prompt_graph:
-            return self.prompt_graphs.run(step.batch)
-        return self.model.compute_logits(step.batch, self.kv)
+            rows = logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
+            return _Forwarded(logits=rows, last=None)
+        last = self.prompt_graphs.run(step.batch) if step.prompt_graph else self.model.run_layers(step.batch, self.kv)
+        return _Forwarded(logits=self.model.logits(last, step.batch.logits_index), last=last)
 
-    def _draw(self, step: _Step, logits: torch.Tensor) -> PendingStep:
-        """Draws one token per row of `logits` [R, vocab] (argmax when every row is greedy), keeps
-        them on the device for the next launch and starts their copy to the host."""
+    def _draw(self, step: _Step, forwarded: _Forwarded) -> PendingStep:
+        """Draws one token per row of the logits (argmax when every row is greedy), keeps them on the
+        device for the next launch, computes the logprobs asked and starts their copy to the host."""
+        logits = forwarded.logits  # [R, vocab] float32
         if step.sampling is None:
             drawn = logits.argmax(dim=-1)  # [R] int64
         else:
             drawn = self._sample(logits, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
         self._previous.remember(drawn, step.rows, step.num_seqs)
-        return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream)
+        logprobs = None
+        if step.logprobs is not None:
+            scored = partial(self.model.logits, forwarded.last)  # index [n] -> [n, vocab] float32
+            logprobs = (step.logprobs, step.logprobs.compute(step.logprob_arrays, logits, logits, drawn, scored))
+        return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream, logprobs)
 
     def _release_staging(self) -> None:
         # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)

@@ -9,6 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from gpu.logit_rules import TokenRules
+    from gpu.logprobs import LogprobRequests
 
 
 @dataclass(frozen=True)
@@ -62,28 +63,43 @@ class StepLogprobs:
 
 
 class PendingStep:
-    """A launched step: its drawn tokens are on their way to pinned host memory."""
+    """A launched step: its drawn tokens, and the logprobs asked, are on their way to pinned host memory."""
 
-    def __init__(self, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, done: torch.cuda.Event | None) -> None:
+    def __init__(
+        self,
+        num_seqs: int,
+        rows: np.ndarray,
+        drawn: torch.Tensor,
+        done: torch.cuda.Event | None,
+        logprobs: "tuple[LogprobRequests, torch.Tensor] | None" = None,
+    ) -> None:
         self._num_seqs = num_seqs
         self._rows = rows  # [R] the sequences that sample, in order
         self._drawn = drawn  # [R] int64 on the host (pinned on CUDA), written once `done` has passed
         self._done = done
+        # The step's asks and their packed result [size] float32 on the host, written with `drawn`.
+        self._logprobs = logprobs
         self._tokens: list[int | None] | None = None
 
     @classmethod
     def copying(
-        cls, num_seqs: int, rows: np.ndarray, drawn: torch.Tensor, stream: torch.cuda.Stream | None
+        cls,
+        num_seqs: int,
+        rows: np.ndarray,
+        drawn: torch.Tensor,
+        stream: torch.cuda.Stream | None,
+        logprobs: "tuple[LogprobRequests, torch.Tensor] | None" = None,
     ) -> "PendingStep":
-        """The step whose tokens `drawn` [R] (on the device when `stream` is given) start their copy
-        to pinned host memory now, behind the step's work on `stream`."""
+        """The step whose tokens `drawn` [R] and packed logprobs (on the device when `stream` is
+        given) start their copy to pinned host memory now, behind the step's work on `stream`."""
         if stream is None:
-            return cls(num_seqs, rows, drawn, None)
-        pinned = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)  # [R], from torch's pinned cache
-        pinned.copy_(drawn, non_blocking=True)
+            return cls(num_seqs, rows, drawn, None, logprobs)
+        pinned = _pinned_copy(drawn)
+        if logprobs is not None:
+            logprobs = (logprobs[0], _pinned_copy(logprobs[1]))
         done = torch.cuda.Event()
         done.record(stream)
-        return cls(num_seqs, rows, pinned, done)
+        return cls(num_seqs, rows, pinned, done, logprobs)
 
     def done(self) -> bool:
         """Whether the step has finished, so `tokens()` returns without waiting."""
@@ -103,3 +119,19 @@ class PendingStep:
                 for row, token in zip(self._rows.tolist(), drawn):
                     self._tokens[row] = token
         return self._tokens
+
+    def logprobs(self) -> "list[StepLogprobs | None]":
+        """Waits for the step (as `tokens` does) and returns one entry per sequence: the logprobs it
+        asked for, None where it asked none (every entry None when no sequence of the step asked)."""
+        self.tokens()
+        if self._logprobs is None:
+            return [None] * self._num_seqs
+        requests, packed = self._logprobs
+        return requests.unpack(packed.numpy(), self._num_seqs)
+
+
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of device `tensor` into pinned host memory (from torch's pinned cache), enqueued."""
+    pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    pinned.copy_(tensor, non_blocking=True)
+    return pinned

@@ -1,17 +1,16 @@
-"""Reference attention in plain torch: one scaled_dot_product_attention call per query token.
+"""Reference attention in plain torch, one query token at a time.
 
 Slow for long prompts, but it runs anywhere (CPU included) and is easy to check; the fast kernels
-are tested against it. Each query is its own call over exactly the keys it sees: the attention
-kernels block queries and keys by the call's shape, so a token attended beside others (a prompt)
-would differ in the last bits from the same token attended alone (a decode). One call per token
-makes a token's output independent of how the steps were cut, which is what lets the CPU return
-exactly the same logprob for a sampled token and for that token fed back in a prompt.
+are tested against it. Each query is computed alone over exactly the keys it sees: products and
+attention kernels block their rows by the call's shape, so a token attended beside others (a
+prompt) would differ in the last bits from the same token attended alone (a decode). Alone, a
+token's output does not depend on how the steps were cut, which is what lets the CPU return exactly
+the same logprob for a sampled token and for that token fed back in a prompt.
 """
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from gpu.attention.base import AttentionBackend
 from gpu.batch import ForwardBatch
@@ -48,19 +47,16 @@ class TorchAttention(AttentionBackend):
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         cache = kv.layers[layer]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
         out = torch.empty_like(q) if out is None else out  # [T, heads, head_dim]
+        tokens, heads, head_dim = q.shape
+        kv_heads = cache.shape[3]
         for plan in self._plans:
             pages = cache[plan.blocks]  # [pages, 2, block_size, kv_heads, head_dim]
-            keys = pages[:, 0].flatten(0, 1)[: plan.context_len].transpose(0, 1)  # [kv_heads, context, head_dim]
-            values = pages[:, 1].flatten(0, 1)[: plan.context_len].transpose(0, 1)
+            keys, values = (pages[:, i].flatten(0, 1)[: plan.context_len].transpose(0, 1) for i in (0, 1))
             for token in range(plan.start, plan.end):
                 # The new token sits at position context_len - (end - token) and sees the keys up to it.
                 seen = plan.context_len - (plan.end - 1 - token)
-                attended = F.scaled_dot_product_attention(
-                    q[token : token + 1].transpose(0, 1),  # [heads, 1, head_dim]
-                    keys[:, :seen],
-                    values[:, :seen],
-                    scale=self.scale,
-                    enable_gqa=True,  # query head h reads kv head h // (heads / kv_heads), as HF's repeat_kv
-                )
-                out[token] = attended[:, 0]
+                # Query head h reads kv head h // (heads / kv_heads), as HF's repeat_kv.
+                query = q[token].view(kv_heads, heads // kv_heads, head_dim)  # [kv_heads, group, head_dim]
+                scores = query @ keys[:, :seen].transpose(1, 2) * self.scale  # [kv_heads, group, seen]
+                out[token] = (scores.softmax(dim=-1) @ values[:, :seen]).view(heads, head_dim)
         return out

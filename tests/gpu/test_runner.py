@@ -71,8 +71,8 @@ def test_filler_tokens_change_no_drawn_token_and_no_real_block(build_tiny_model)
     for bucket in (1, 16):
         runner = ModelRunner(build_tiny_model("llama"), num_kv_blocks=8, block_size=4)
         runner.eager_token_bucket = bucket
-        compute = runner.model.compute_logits
-        runner.model.compute_logits = lambda batch, kv: fed.append(batch.host.num_tokens) or compute(batch, kv)
+        run_layers = runner.model.run_layers
+        runner.model.run_layers = lambda batch, kv: fed.append(batch.host.num_tokens) or run_layers(batch, kv)
         runs.append(([runner.step(s) for s in steps], runner.kv.layers[-1][: runner.kv.scratch_block].clone()))
     assert fed == [12, 3, 16, 16]
     (tokens, blocks), (filled_tokens, filled_blocks) = runs
@@ -95,7 +95,7 @@ def test_layers_run_in_pieces_around_attention_give_the_whole_forward(build_tiny
     pieces = LayerPieces(runner.model, runner.kv, max_tokens=16)
     assert pieces.num_pieces == runner.config.num_hidden_layers + 1
     runner.model.attention_backend.prepare(batch)
-    assert torch.equal(pieces.forward(batch, pieces.run_piece), whole)
+    assert torch.equal(runner.model.logits(pieces.forward(batch, pieces.run_piece), batch.logits_index), whole)
     assert torch.equal(runner.kv.layers[-1], whole_kv)
 
 
