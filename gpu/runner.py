@@ -287,11 +287,16 @@ class ModelRunner:
         else:
             drawn = self._sample(logits, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
         self._previous.remember(drawn, step.rows, step.num_seqs)
-        logprobs = None
-        if step.logprobs is not None:
-            scored = partial(self.model.logits, forwarded.last)  # index [n] -> [n, vocab] float32
-            logprobs = (step.logprobs, step.logprobs.compute(step.logprob_arrays, logits, logits, drawn, scored))
+        logprobs = None if step.logprobs is None else (step.logprobs, self._logprobs(step, forwarded, logits, drawn))
         return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream, logprobs)
+
+    def _logprobs(
+        self, step: _Step, forwarded: _Forwarded, adjusted: torch.Tensor, drawn: torch.Tensor
+    ) -> torch.Tensor:
+        """The packed logprobs asked: of the model's logits, or for a processed row of `adjusted`
+        [R, vocab], the logits the draw used (after the token rules), then its temperature and filters."""
+        scored = partial(self.model.logits, forwarded.last)  # index [n] -> [n, vocab] float32
+        return step.logprobs.compute(step.logprob_arrays, forwarded.logits, adjusted, drawn, scored)
 
     def _release_staging(self) -> None:
         # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)

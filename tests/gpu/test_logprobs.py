@@ -13,6 +13,7 @@ import gpu.logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.gemv import linear
 from gpu.logprobs import LogprobRequests, ranked_top
+from gpu.prompt_graphs import LayerPieces
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
 from tests.devices import needs_cuda
@@ -263,6 +264,37 @@ def test_long_prompts_are_scored_in_chunks_with_the_same_results(build_tiny_mode
     chunked = scored()
     assert chunked.scored == whole.scored and len(whole.scored) == 39
     assert chunked.drawn == whole.drawn
+
+
+class PiecesRunEagerly:
+    """The prompt graphs' pieces run without capturing them: a CUDA step with prompt tokens, on the CPU."""
+
+    def __init__(self, runner: ModelRunner, count: int) -> None:
+        self.count, self.runs = count, 0
+        self.pieces = LayerPieces(runner.model, runner.kv, count)
+
+    def padded_tokens(self, num_tokens: int) -> int | None:
+        return self.count if num_tokens <= self.count else None
+
+    def run(self, batch):
+        self.runs += 1
+        return self.pieces.forward(batch, self.pieces.run_piece)
+
+
+def test_prompt_chunks_run_in_the_prompt_graphs_pieces_score_as_run_whole(build_tiny_model):
+    """Scored positions take their logits from the pieces' last-layer buffers, grown with filler."""
+    prompt = random_prompt(30, seed=12)
+    settings = dict(temperature=1.0, seed=3, logprobs=True, top_logprobs=3)
+    runs = []
+    for in_pieces in (False, True):
+        runner = cpu_runner(build_tiny_model("llama"))
+        if in_pieces:
+            runner.prompt_graphs = PiecesRunEagerly(runner, count=32)
+        runs.append(roll(runner, [Rollout(prompt, 3, chunk=12, settings=settings, score_from=2)])[0])
+    whole, pieced = runs
+    assert runner.prompt_graphs.runs == 3  # the three chunks
+    assert pieced.scored == whole.scored and len(whole.scored) == 28
+    assert pieced.drawn == whole.drawn and pieced.output == whole.output
 
 
 def test_top_logprobs_rank_ties_by_lower_id():
