@@ -21,9 +21,9 @@ from gpu.staging import Array
 from gpu.step_io import PositionLogprobs, SequenceInput, StepLogprobs
 
 MAX_TOP_LOGPROBS = 20
-# A chunk of scored positions computes at most this many logits (rows x vocab) at once, 256 MiB of
-# float32 plus twice that in ranking keys.
-CHUNK_LOGITS = 1 << 26
+# Rows are computed in chunks of at most this many logits (rows x vocab), each with some 20 bytes of
+# temporaries (its log_softmax, its ranking keys): 320 MiB at most, however long a prompt is scored.
+CHUNK_LOGITS = 1 << 24
 # Top ids travel in the float32 result, exact below 2^24 (vocabularies are a few hundred thousand).
 _EXACT_IDS = 1 << 24
 
@@ -169,23 +169,26 @@ class LogprobRequests:
         `drawn` [R] int64; `scored_logits(index)`: float32 logits [n, vocab] of the step's tokens at
         `index` [n] (None when nothing is scored)."""
         blocks = []
+        chunk = max(1, CHUNK_LOGITS // raw.shape[-1])  # rows
         if self.drawn is not None:
-            blocks.append(self._drawn_block(arrays, raw, adjusted, drawn).flatten())
+            logits, tokens = self._drawn_logits(arrays, raw, adjusted, drawn)  # [L, vocab], [L]
+            ids = arrays.drawn_ids.view(self.drawn.rows, self.drawn.asked)  # [L, A]
+            for start in range(0, self.drawn.rows, chunk):
+                rows = slice(start, start + chunk)
+                blocks.append(token_logprobs(logits[rows], tokens[rows], self.drawn.top, ids[rows]))
         if self.scored is not None:
             ids = arrays.scored_ids.view(self.scored.rows, self.scored.asked)  # [N, B]
-            chunk = max(1, CHUNK_LOGITS // raw.shape[-1])
             for start in range(0, self.scored.rows, chunk):
                 rows = slice(start, start + chunk)
                 logits = scored_logits(arrays.scored_index[rows])  # [n, vocab]
-                block = token_logprobs(logits, arrays.scored_targets[rows], self.scored.top, ids[rows])
-                blocks.append(block.flatten())
-        return torch.cat(blocks)
+                blocks.append(token_logprobs(logits, arrays.scored_targets[rows], self.scored.top, ids[rows]))
+        return torch.cat([block.flatten() for block in blocks])
 
-    def _drawn_block(
+    def _drawn_logits(
         self, arrays: LogprobArrays[torch.Tensor], raw: torch.Tensor, adjusted: torch.Tensor, drawn: torch.Tensor
-    ) -> torch.Tensor:
-        """[L, width]: the drawn tokens' entries, of the raw logits or, for a processed row, of the
-        distribution it drew from."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The L asking rows' logits [L, vocab] (the raw ones, or for a processed row those of the
+        distribution it drew from) and drawn tokens [L]."""
         rows = arrays.drawn_rows  # [L]
         logits = raw if self.every_row else raw.index_select(0, rows)  # [L, vocab]
         tokens = drawn if self.every_row else drawn.index_select(0, rows)  # [L]
@@ -193,8 +196,7 @@ class LogprobRequests:
             chosen = adjusted.index_select(0, rows.index_select(0, arrays.processed_rows))  # [P, vocab]
             processed = processed_logits(chosen, arrays, self.filters_top, self.filters_min_p)
             logits = logits.index_copy(0, arrays.processed_rows, processed)  # a new tensor: raw stays as it is
-        ids = arrays.drawn_ids.view(self.drawn.rows, self.drawn.asked)  # [L, A]
-        return token_logprobs(logits, tokens, self.drawn.top, ids)
+        return logits, tokens
 
     def unpack(self, packed: np.ndarray, num_seqs: int) -> list[StepLogprobs | None]:
         """One entry per sequence of the step (None where it asked nothing), from the packed result
@@ -228,9 +230,8 @@ def ranked_top(values: torch.Tensor, top: int) -> torch.Tensor:
     # floats do (a negative float's magnitude bits flipped; + 0.0 makes -0.0 equal 0.0), above the
     # reversed id. Every key differs, so topk's order is the only one.
     bits = (values + 0.0).view(torch.int32)  # [n, V]
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
-    reversed_ids = torch.arange(vocab - 1, -1, -1, dtype=torch.int64, device=values.device)  # [V]
-    keys = ordered * (1 << 32) + reversed_ids  # [n, V]
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # [n, V]
+    keys.mul_(1 << 32).add_(torch.arange(vocab - 1, -1, -1, dtype=torch.int64, device=values.device))
     return vocab - 1 - (keys.topk(top, dim=-1).values & 0xFFFFFFFF)
 
 

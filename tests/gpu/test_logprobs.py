@@ -251,19 +251,21 @@ def test_a_rollouts_logprobs_equal_its_teacher_forced_prompt_logprobs_exactly(bu
             assert (logprob, top_ids, top_logprobs) == (drawn.logprobs[0], drawn.top_ids[0], drawn.top_logprobs[0])
 
 
-def test_long_prompts_are_scored_in_chunks_with_the_same_results(build_tiny_model, monkeypatch):
+def test_rows_computed_in_chunks_give_the_same_results(build_tiny_model, monkeypatch):
+    """A long prompt scored whole, and a batch of drawing rows, in chunks of 3 rows: the same numbers."""
     runner = cpu_runner(build_tiny_model("qwen3"))
-    prompt = random_prompt(40, seed=8)
     settings = dict(temperature=1.0, seed=3, logprobs=True, top_logprobs=3, logprob_token_ids=(4, 8))
 
-    def scored():
-        return roll(runner, [Rollout(prompt, 2, chunk=40, settings=settings, score_from=0)])[0]
+    def rolled():
+        scored = Rollout(random_prompt(40, seed=8), 2, chunk=40, settings=settings, score_from=0)
+        drawing = [Rollout(random_prompt(5, seed=i), 4, chunk=5, settings=settings) for i in range(6)]
+        return roll(runner, [scored, *drawing])
 
-    whole = scored()
-    monkeypatch.setattr(gpu.logprobs, "CHUNK_LOGITS", 3 * runner.vocab_size)  # 3 rows a chunk
-    chunked = scored()
-    assert chunked.scored == whole.scored and len(whole.scored) == 39
-    assert chunked.drawn == whole.drawn
+    whole = rolled()
+    monkeypatch.setattr(gpu.logprobs, "CHUNK_LOGITS", 3 * runner.vocab_size)
+    chunked = rolled()
+    assert chunked[0].scored == whole[0].scored and len(whole[0].scored) == 39
+    assert [r.drawn for r in chunked] == [r.drawn for r in whole]
 
 
 class PiecesRunEagerly:
