@@ -5,8 +5,8 @@ such a step does no logprob work at all. Otherwise, for each row that asks (a dr
 scored prompt target) the device takes the token's logprob, the k most likely tokens' (k the step's
 largest `top_logprobs`) and the asked ids', and packs them all into one float32 array, copied to
 pinned memory behind the drawn tokens; `LogprobRequests.unpack` cuts it per sequence on the host once
-the step's one sync has passed. Scored positions are computed in chunks, so a long prompt scored
-whole never holds its [N, vocab] logits at once.
+the step's one sync has passed. Rows are computed in chunks, so a long prompt scored whole never
+holds its [N, vocab] logits at once.
 """
 
 from collections.abc import Callable, Sequence
@@ -136,7 +136,7 @@ class LogprobRequests:
         min_p = np.array([s.min_p for s in chosen], np.float32)
         arrays = LogprobArrays(
             drawn_rows=np.array(drawing, np.int64),
-            drawn_ids=_padded_ids([inputs[i] for i in drawn_seqs], [1] * len(drawn_seqs), drawn),
+            drawn_ids=_padded_ids(inputs, drawn),
             processed_rows=np.array(processed, np.int64),
             temperature=np.array([_temperature(s) for s in chosen], np.float32),
             top_k=top_k,
@@ -144,7 +144,7 @@ class LogprobRequests:
             min_p=min_p,
             scored_index=_scored_index([inputs[i] for i in scored_seqs], query_start[scored_seqs]),
             scored_targets=np.fromiter((t for i in scored_seqs for t in inputs[i].scored_targets), np.int64),
-            scored_ids=_padded_ids([inputs[i] for i in scored_seqs], scored.counts if scored else [], scored),
+            scored_ids=_padded_ids(inputs, scored),
         )
         return cls(
             arrays=arrays,
@@ -268,13 +268,15 @@ def _temperature(s: SequenceInput) -> float:
     return s.temperature if s.temperature >= GREEDY_BELOW_TEMPERATURE else 1.0
 
 
-def _padded_ids(inputs: list[SequenceInput], counts: list[int], layout: EntryLayout | None) -> np.ndarray:
-    """[rows * A] int64: each input's asked ids on each of its `counts` rows, padded with 0 to A."""
+def _padded_ids(inputs: Sequence[SequenceInput], layout: EntryLayout | None) -> np.ndarray:
+    """[rows * A] int64: the asked ids of each sequence with entries on each of its rows, padded with
+    0 to the layout's A."""
     if layout is None:
         return np.zeros(0, np.int64)
     ids = np.zeros((layout.rows, layout.asked), np.int64)
-    for s, start, count in zip(inputs, layout.starts, counts):
-        ids[start : start + count, : len(s.logprob_token_ids)] = s.logprob_token_ids
+    for seq, start, count in zip(layout.seqs, layout.starts, layout.counts):
+        asked = inputs[seq].logprob_token_ids
+        ids[start : start + count, : len(asked)] = asked
     return ids.reshape(-1)
 
 
