@@ -21,9 +21,10 @@ from gpu.staging import Array
 from gpu.step_io import PositionLogprobs, SequenceInput, StepLogprobs
 
 MAX_TOP_LOGPROBS = 20
-# Rows are computed in chunks of at most this many logits (rows x vocab), each with some 20 bytes of
-# temporaries (its log_softmax, its ranking keys): 320 MiB at most, however long a prompt is scored.
-CHUNK_LOGITS = 1 << 24
+# Rows are computed in chunks of at most this many logits (rows x vocab), each with about 10 bytes
+# of temporaries (its log_softmax, the running count of ties): a bounded amount, however long a
+# prompt is scored.
+CHUNK_LOGITS = 1 << 25
 # Top ids travel in the float32 result, exact below 2^24 (vocabularies are a few hundred thousand).
 _EXACT_IDS = 1 << 24
 
@@ -226,13 +227,27 @@ def ranked_top(values: torch.Tensor, top: int) -> torch.Tensor:
     n, vocab = values.shape
     if top == 0:
         return torch.zeros(n, 0, dtype=torch.int64, device=values.device)
-    # One int64 key per token orders as (value, -id): the value's float32 bits, made to order as the
-    # floats do (a negative float's magnitude bits flipped; + 0.0 makes -0.0 equal 0.0), above the
-    # reversed id. Every key differs, so topk's order is the only one.
-    bits = (values + 0.0).view(torch.int32)  # [n, V]
-    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # [n, V]
-    keys.mul_(1 << 32).add_(torch.arange(vocab - 1, -1, -1, dtype=torch.int64, device=values.device))
-    return vocab - 1 - (keys.topk(top, dim=-1).values & 0xFFFFFFFF)
+    best, best_ids = values.topk(top, dim=-1)  # [n, top], largest first; among equal values, any ids
+    kth = best[:, -1:]  # [n, 1]
+    # Every token above the kth value is among `best`: only their order needs fixing, a sort of `top`.
+    above = (best > kth).sum(dim=-1, keepdim=True)  # [n, 1]
+    keys = _value_then_lower_id(best, best_ids, vocab).sort(dim=-1, descending=True).values  # [n, top]
+    above_ids = vocab - 1 - (keys & 0xFFFFFFFF)
+    # The rest equal the kth value, and the lowest ids of those are wanted: the j-th is where the
+    # running count of tokens equal to it reaches j.
+    slots = torch.arange(top, device=values.device)  # [top]
+    equal = (values == kth).cumsum(dim=-1, dtype=torch.int32)  # [n, V]
+    tie_ids = torch.searchsorted(equal, (slots + 1).to(torch.int32).expand(n, top).contiguous())  # [n, top]
+    return torch.where(slots < above, above_ids, tie_ids.gather(1, (slots - above).clamp(min=0)))
+
+
+def _value_then_lower_id(values: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 keys that order as (value, -id): the value's float32 bits made to order as the floats do
+    (a negative float's magnitude bits flipped; + 0.0 makes -0.0 equal 0.0), above the reversed id.
+    values: [n, k] float32; ids: [n, k] int64 -> [n, k] int64"""
+    bits = (values + 0.0).view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    return ordered * (1 << 32) + (vocab - 1 - ids)
 
 
 def processed_logits(logits: torch.Tensor, arrays: LogprobArrays[torch.Tensor], top: bool, min_p: bool) -> torch.Tensor:

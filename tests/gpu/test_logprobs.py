@@ -312,6 +312,16 @@ def test_top_logprobs_rank_ties_by_lower_id():
     assert ranked_top(values, 0).shape == (3, 0)
 
 
+def test_top_logprobs_rank_as_a_full_sort_would_on_rows_full_of_ties():
+    generator = torch.Generator().manual_seed(1)
+    levels = torch.tensor([0.0, -0.0, -0.5, -1.0, -2.0, float("-inf")])
+    values = levels[torch.randint(len(levels), (64, 40), generator=generator)]
+    values[::7] = torch.randn(10, 40, generator=generator)  # some rows with no tie at all
+    for top in (1, 3, 8, 20, 40):
+        expected = [sorted(range(40), key=lambda t: (-row[t].item(), t))[:top] for row in values]
+        assert ranked_top(values, top).tolist() == expected
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
