@@ -80,6 +80,7 @@ class PendingStep:
         # The step's asks and their packed result [size] float32 on the host, written with `drawn`.
         self._logprobs = logprobs
         self._tokens: list[int | None] | None = None
+        self._unpacked: list[StepLogprobs | None] | None = None
 
     @classmethod
     def copying(
@@ -120,14 +121,17 @@ class PendingStep:
                     self._tokens[row] = token
         return self._tokens
 
-    def logprobs(self) -> "list[StepLogprobs | None]":
+    def logprobs(self) -> list[StepLogprobs | None]:
         """Waits for the step (as `tokens` does) and returns one entry per sequence: the logprobs it
         asked for, None where it asked none (every entry None when no sequence of the step asked)."""
         self.tokens()
-        if self._logprobs is None:
-            return [None] * self._num_seqs
-        requests, packed = self._logprobs
-        return requests.unpack(packed.numpy(), self._num_seqs)
+        if self._unpacked is None:
+            if self._logprobs is None:
+                self._unpacked = [None] * self._num_seqs
+            else:
+                requests, packed = self._logprobs
+                self._unpacked = requests.unpack(packed.numpy(), self._num_seqs)
+        return self._unpacked
 
 
 def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
