@@ -207,9 +207,9 @@ class ModelRunner:
         return self._draw(step, self._forward(step))
 
     def _prepare(self, seqs: list[SequenceInput]) -> _Step:
-        """The step on the device, ready to run: its metadata and sampling settings laid out on the
-        host and copied over at once, the tokens of the previous launch fed in, attention planned.
-        Raises ValueError before it enqueues anything."""
+        """The step on the device, ready to run: its metadata, sampling settings and logprob asks
+        laid out on the host and copied over at once, the tokens of the previous launch fed in,
+        attention planned. Raises ValueError before it enqueues anything."""
         n = len(seqs)
         rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, n))  # [R]
         previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]
@@ -271,6 +271,7 @@ class ModelRunner:
         return host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
 
     def _forward(self, step: _Step) -> _Forwarded:
+        """The logits of the rows that draw, and every token's last layer (but after a decode graph)."""
         if step.decode_graph is not None:
             logits = self.graphs.replay(step.decode_graph, step.graph_kind)  # [decode_graph, vocab]
             rows = logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
