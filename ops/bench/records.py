@@ -111,6 +111,16 @@ class FeatureCost(msgspec.Struct):
     output_tok_s_off: float
 
 
+class LogprobError(msgspec.Struct):
+    """Our logprobs against transformers' on the same weights (`python -m ops.bench.logprob_accuracy`)."""
+
+    reference: str  # transformers' dtype
+    kind: str  # "sampled", "prompt" or "top" (the top-k alternatives' logprobs)
+    count: int
+    max_abs: float
+    mean_abs: float
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -139,3 +149,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     d_http: OfflineHttpFigures | None = None
     sweep: list[RunFigures] | None = None
     feature_cost: list[FeatureCost] | None = None
+    logprob_error: list[LogprobError] | None = None

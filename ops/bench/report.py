@@ -59,11 +59,11 @@ class Report:
             json.dump(self.as_json(), f, indent=2)
 
 
-def run_identity(model: str, device: str) -> RunIdentity:
+def run_identity(model: str, device: str, module: str = "ops.bench") -> RunIdentity:
     """What a results page needs to say where a figure came from: the command that made it, the
     commit it ran on, when, on what device and with which software."""
     return RunIdentity(
-        command=shlex.join(["python", "-m", "ops.bench", *sys.argv[1:]]),
+        command=shlex.join(["python", "-m", module, *sys.argv[1:]]),
         commit=_commit(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         model=model,
