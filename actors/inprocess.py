@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.scheduler.batching import ContinuousBatcher
+from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
 from schemas.errors import Error
@@ -81,8 +82,12 @@ class InProcessEngine:
             self.outputs[request_id] = []
         return error
 
-    def abort(self, request_id: str) -> None:
-        self.batcher.abort(request_id)
+    def abort(self, request_id: str, keep_output: bool = False) -> None:
+        """With `keep_output` the request ends with finish_reason "abort": a running one in the
+        next step output, any other at once, as the scheduler actor ends it."""
+        seq = self.batcher.abort(request_id, keep_output)
+        if keep_output and seq is not None and seq.state is not State.RUNNING:
+            self.finish_reasons[request_id] = "abort"
 
     def step(self) -> StepOutput:
         """One scheduling round: launches the next model step, then books and returns the output
@@ -99,7 +104,10 @@ class InProcessEngine:
         updates = []
         if previous is not None:
             pending, launched_plan = previous
-            updates = self.batch.book(launched_plan, pending.tokens())
+            tokens = pending.tokens()
+            logprobs = pending.logprobs() if self.batch.asks_logprobs(launched_plan) else None
+            updates = self.batch.book(launched_plan, tokens, logprobs)
+        updates += self.batch.take_aborted()
         self.steps += 1
         output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())
         self.batcher.on_step(output)

@@ -4,7 +4,7 @@ It runs decode steps back to back on its own. Commands from the scheduler are qu
 arrive and applied between steps, so the bus never sits between two steps. Steps overlap: the
 loop applies commands, plans and launches step N+1, then waits for step N's tokens, books and
 publishes them while the GPU runs N+1. Each step publishes one `StepOutput` with every sequence's
-new tokens.
+new tokens (and their logprobs, for the requests that ask), and the ends of aborted sequences.
 """
 
 import asyncio
@@ -139,10 +139,13 @@ class ExecutorActor(Actor):
                 previous = in_flight[0] if in_flight else None
                 launched, tokens = await self._launch_then_collect(copies, inputs, previous)
                 if in_flight:
-                    updates = self.batch.book(in_flight[1], tokens)
+                    pending, booked = in_flight
+                    logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None
+                    updates = self.batch.book(booked, tokens, logprobs)
                 # Booking cannot let a sequence move that this plan left out (only blocks can), so with
                 # nothing launched the loop waits for the next commands.
                 in_flight = (launched, plan) if launched else None
+            updates += self.batch.take_aborted()
             dropped = self.batch.take_dropped()
             if updates or dropped:
                 self.step_count += 1

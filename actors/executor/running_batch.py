@@ -9,14 +9,20 @@ whose last token is still on the device feeds it by reference (`previous_row`), 
 when planned, not when booked. A token limit is known when planning, so no step runs past it;
 EOS or a stop id is only seen when booking, after the next step was launched, whose result for
 that sequence is then discarded, as is every pending result of a sequence dropped since its launch.
+A sequence its client aborted (`DropSequence(abort=True)`) ends in the next step output with
+finish_reason "abort", after the last token booked for it: what the client has is all it drew.
+
+Logprobs ride with the tokens, only for the requests that ask: the drawn token's (as
+`SequenceUpdate.logprobs`, from its output index) and, for a run that scores its prompt, those of
+the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from their prompt position).
 """
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpu.batch import FROM_PREVIOUS_STEP
-from gpu.step_io import SequenceInput
-from schemas.generate import SamplingParams
+from gpu.step_io import PositionLogprobs, SequenceInput, StepLogprobs
+from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
 
 
@@ -33,6 +39,10 @@ class RunningSequence:
     exhausted: bool = False  # the last token planned reaches max_tokens or the context: nothing more to plan
     stop_ids: frozenset[int] = frozenset()
     cached_tokens: int | None = None  # reported in the first update, then None
+    booked_outputs: int = 0  # output tokens in the step outputs so far (before a preemption included)
+    # The prompt position from which its prompt tokens are scored; None: not scored. Only a run with
+    # no outputs yet scores: a later one's prefill holds outputs, and its client has the prompt's.
+    scores_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,9 @@ class PlannedInput:
     row: int  # its index among the step's inputs
     prefill_tokens: int  # 0 for a decode
     output_index: int  # of the token it draws (of the next one when it draws none)
-    last: bool  # the token it draws is the sequence's last: max_tokens or the context is reached
+    last: bool  # the sequence ends with this input: its token reaches max_tokens or the context (or, with
+    # max_tokens 0, its prompt's last chunk draws none)
+    scored_start: int = -1  # the prompt position of its first scored target; -1: it scores none
 
 
 class RunningBatch:
@@ -53,6 +65,7 @@ class RunningBatch:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
+        self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
         self.copies: list[tuple[int, int]] = []  # KV blocks to copy before the next step: (source, target)
 
     def __len__(self) -> int:
@@ -72,6 +85,10 @@ class RunningBatch:
                     position=cached_tokens,
                     stop_ids=stop_ids,
                     cached_tokens=cached_tokens,
+                    booked_outputs=num_outputs,
+                    scores_from=max(params.prompt_logprobs_from, 1)
+                    if params.prompt_logprobs_from is not None and num_outputs == 0
+                    else None,
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -81,9 +98,11 @@ class RunningBatch:
                     self.sequences[request_id].block_table += block_ids
             case CopyBlock(source, target):
                 self.copies.append((source, target))
-            case DropSequence(request_id):
-                self.sequences.pop(request_id, None)
+            case DropSequence(request_id, abort):
+                seq = self.sequences.pop(request_id, None)
                 self.dropped.append(request_id)
+                if abort and seq is not None:
+                    self.aborted.append(SequenceUpdate(request_id, [], seq.booked_outputs, finish_reason="abort"))
 
     def drop_all(self) -> None:
         self.dropped += list(self.sequences)
@@ -96,6 +115,12 @@ class RunningBatch:
     def take_dropped(self) -> list[str]:
         dropped, self.dropped = self.dropped, []
         return dropped
+
+    def take_aborted(self) -> list[SequenceUpdate]:
+        """The ends of the sequences aborted since the last call: publish them after the updates
+        booked meanwhile (a dropped sequence books none)."""
+        aborted, self.aborted = self.aborted, []
+        return aborted
 
     def plan_step(self, max_prefill_tokens: int) -> tuple[list[SequenceInput], list[PlannedInput]]:
         """Every decode that has a block for its next token, then prefill chunks up to the budget
@@ -127,23 +152,55 @@ class RunningBatch:
                 continue
             if taken == len(chunk.token_ids):
                 seq.chunks.popleft()
+                next_token = chunk.next_token
             else:
                 seq.chunks[0] = PrefillChunk(
-                    seq.request_id, chunk.token_ids[taken:], chunk.start_position + taken, chunk.last
+                    seq.request_id, chunk.token_ids[taken:], chunk.start_position + taken, chunk.last, chunk.next_token
                 )
-            last = chunk.last and taken == len(chunk.token_ids)
+                next_token = chunk.token_ids[taken]
+            final = chunk.last and taken == len(chunk.token_ids)
+            draws = final and seq.num_outputs < seq.params.max_tokens  # max_tokens 0: the prompt alone
             prefill_budget -= taken
-            inputs.append(self._input(seq, list(chunk.token_ids[:taken]), chunk.start_position, last))
+            token_ids = list(chunk.token_ids[:taken])
+            scored_from, targets = self._scored(seq, token_ids, chunk.start_position, next_token, final)
+            inputs.append(self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets))
             seq.position += taken
-            plan.append(self._advance(seq, len(inputs) - 1, taken, last))
+            planned = self._advance(seq, len(inputs) - 1, taken, draws)
+            if final and not draws:
+                planned = replace(planned, last=True)
+                seq.exhausted = True
+            if targets:
+                planned = replace(planned, scored_start=chunk.start_position + scored_from + 1)
+            plan.append(planned)
         return inputs, plan
+
+    @staticmethod
+    def _scored(
+        seq: RunningSequence, token_ids: list[int], start: int, next_token: int | None, final: bool
+    ) -> tuple[int, tuple[int, ...]]:
+        """The prompt positions a chunk's input scores: from its first fed position whose next
+        token is at `seq.scores_from` or later, the tokens that follow each, the token after the
+        input last (`next_token`, which the scheduler sets while the prompt goes on). A final chunk's
+        last position draws (or, with max_tokens 0, has no next token): it scores nothing."""
+        if seq.scores_from is None:
+            return 0, ()
+        following = token_ids[1:] + ([] if final or next_token is None else [next_token])
+        first = max(seq.scores_from - 1 - start, 0)
+        return (first, tuple(following[first:])) if first < len(following) else (0, ())
 
     def _capacity(self, seq: RunningSequence) -> int:
         """Tokens its granted blocks hold."""
         return len(seq.block_table) * self.block_size
 
     def _input(
-        self, seq: RunningSequence, token_ids: list[int], start: int, sample: bool, previous_row: int = -1
+        self,
+        seq: RunningSequence,
+        token_ids: list[int],
+        start: int,
+        sample: bool,
+        previous_row: int = -1,
+        scored_from: int = 0,
+        scored_targets: tuple[int, ...] = (),
     ) -> SequenceInput:
         p = seq.params
         return SequenceInput(
@@ -158,6 +215,12 @@ class RunningBatch:
             seed=p.seed or 0,
             output_index=seq.num_outputs,
             previous_row=previous_row,
+            logprobs=p.logprobs,
+            top_logprobs=p.top_logprobs,
+            logprob_token_ids=tuple(p.logprob_token_ids),
+            processed_logprobs=p.processed_logprobs,
+            scored_from=scored_from,
+            scored_targets=scored_targets,
         )
 
     def _advance(self, seq: RunningSequence, row: int, prefill_tokens: int, sample: bool) -> PlannedInput:
@@ -170,9 +233,17 @@ class RunningBatch:
         seq.pending, seq.exhausted = (None, True) if last else (planned, False)
         return planned
 
-    def book(self, plan: list[PlannedInput], tokens: list[int | None]) -> list[SequenceUpdate]:
-        """Records one launched step's results and returns them as updates for the step output.
-        Results of sequences dropped or finished since the launch are discarded."""
+    @staticmethod
+    def asks_logprobs(plan: list[PlannedInput]) -> bool:
+        """Whether any input of the step asked for logprobs (drawn or prompt): only then are they fetched."""
+        return any(p.seq.params.logprobs or p.scored_start >= 0 for p in plan)
+
+    def book(
+        self, plan: list[PlannedInput], tokens: list[int | None], logprobs: list[StepLogprobs | None] | None = None
+    ) -> list[SequenceUpdate]:
+        """Records one launched step's results (its tokens, and its logprobs when it asked for any)
+        and returns them as updates for the step output. Results of sequences dropped or finished
+        since the launch are discarded."""
         updates = []
         for planned, token in zip(plan, tokens):
             seq = planned.seq
@@ -182,7 +253,11 @@ class RunningBatch:
             if token is not None:
                 if seq.pending is planned:  # no later step reads it on the device: feed it from here
                     seq.pending, seq.last_token = None, token
-                finish = "stop" if token in seq.stop_ids else "length" if planned.last else None
+                finish = "stop" if token in seq.stop_ids else None
+                seq.booked_outputs += 1
+            if planned.last and finish is None:
+                finish = "length"
+            step = logprobs[planned.row] if logprobs else None
             updates.append(
                 SequenceUpdate(
                     seq.request_id,
@@ -191,9 +266,24 @@ class RunningBatch:
                     planned.prefill_tokens,
                     finish,
                     seq.cached_tokens,
+                    logprobs=wire_logprobs(step.drawn, planned.output_index) if step and token is not None else None,
+                    prompt_logprobs=wire_logprobs(step.prompt, planned.scored_start) if step else None,
                 )
             )
             seq.cached_tokens = None
             if finish:
                 del self.sequences[seq.request_id]
         return updates
+
+
+def wire_logprobs(positions: PositionLogprobs | None, start: int) -> TokenLogprobs | None:
+    """The runner's logprobs as they travel, from position `start`: lists nobody asked for stay off the wire."""
+    if positions is None or not positions.logprobs:
+        return None
+    return TokenLogprobs(
+        start,
+        positions.logprobs,
+        positions.top_ids if any(positions.top_ids) else [],
+        positions.top_logprobs if any(positions.top_logprobs) else [],
+        positions.id_logprobs if any(positions.id_logprobs) else [],
+    )

@@ -8,9 +8,11 @@ out, published as one message per scheduling round without waiting for a reply. 
 
 import asyncio
 import uuid
+from collections import defaultdict
 
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.bus import PayloadTooLarge
@@ -28,7 +30,17 @@ from schemas.admin import (
 )
 from schemas.errors import Error
 from schemas.health import Heartbeat
-from schemas.requests import Abort, Accepted, SchedulerRequest, Submit, Tenant
+from schemas.requests import (
+    Abort,
+    AbortAll,
+    Aborted,
+    Accepted,
+    OutputBatch,
+    RequestOutput,
+    SchedulerRequest,
+    Submit,
+    Tenant,
+)
 from schemas.session import (
     AsTenant,
     BeginTurn,
@@ -133,7 +145,7 @@ class SchedulerActor(Actor):
 
     async def _on_request(
         self, message: SchedulerRequest | SessionRequest, reply_to: str | None
-    ) -> Accepted | SessionReply | None:
+    ) -> Accepted | Aborted | SessionReply | None:
         match message:
             case Submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of):
                 if self.batcher is None:
@@ -146,16 +158,35 @@ class SchedulerActor(Actor):
                     return error
                 await self._schedule()
                 return Accepted(request_id)
-            case Abort(request_id, reason):
-                if self.batcher and self.batcher.abort(request_id):
+            case Abort(request_id, reason, keep_output):
+                seq = self.batcher.abort(request_id, keep_output) if self.batcher else None
+                if seq is not None:
                     self.log.info("request_aborted", request_id=request_id, reason=reason)
-                    self.sessions.turn_released(request_id)
-                    await self._schedule()
-                return None
+                    await self._aborted([seq], keep_output)
+                return Aborted([request_id] if seq else [])
+            case AbortAll(tenant):
+                aborted = self.batcher.abort_all(tenant) if self.batcher else []
+                self.log.info("requests_aborted", count=len(aborted), tenant=tenant and tenant.name)
+                await self._aborted(aborted, keep_output=True)
+                return Aborted([seq.request_id for seq in aborted])
             case AsTenant(tenant, request):  # an HTTP client's, with the tenant of its key
                 return self._session(request, tenant)
             case BeginTurn() | RecordTurn():
                 return self._session(message, message.tenant)
+
+    async def _aborted(self, aborted: list[Sequence], keep_output: bool) -> None:
+        """After aborts: with `keep_output`, ends those that were not on the executor (whose end
+        comes from there) for their origins, after the tokens they drew; then schedules."""
+        ends: dict[str, list[RequestOutput]] = defaultdict(list)
+        for seq in aborted:
+            self.sessions.turn_released(seq.request_id)
+            if keep_output and seq.state is not State.RUNNING:
+                done = len(seq.output_ids)
+                ends[seq.origin].append(RequestOutput(seq.request_id, [], "", "abort", done, output_index=done))
+        for origin, outputs in ends.items():
+            await self.bus.publish(origin, OutputBatch(outputs))
+        if aborted:
+            await self._schedule()
 
     async def _on_session(
         self, message: PublicSessionRequest, _reply_to: str | None, key_tenant: str | None = None

@@ -78,14 +78,28 @@ class ContinuousBatcher:
         added = self.requests.add(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of)
         return added if isinstance(added, Error) else None
 
-    def abort(self, request_id: str) -> Sequence | None:
+    def abort(self, request_id: str, keep_output: bool = False) -> Sequence | None:
+        """Forgets the request and frees its blocks; returns it, or None if it is not in flight.
+        With `keep_output` its client waits for its end: a running one's comes from the executor
+        (finish_reason "abort", after every token it drew); the caller ends any other, whose
+        tokens are all in `output_ids`, itself."""
         seq = self.requests.get(request_id)
         if seq is None:
             return None
         if seq.state is State.RUNNING:
-            self._drop(seq)
+            self._drop(seq, abort=keep_output)
         self.requests.remove(seq)
         return seq
+
+    def abort_all(self, tenant: Tenant | None) -> list[Sequence]:
+        """Aborts, keeping their output, every request of `tenant` (narrowed by its user, if it has
+        one), or with None of every tenant; returns them."""
+        chosen = [
+            seq
+            for seq in self.requests.by_id.values()
+            if tenant is None or (seq.tenant.name == tenant.name and tenant.user in ("", seq.tenant.user))
+        ]
+        return [self.abort(seq.request_id, keep_output=True) for seq in chosen]
 
     def on_step(self, output: StepOutput) -> list[Sequence]:
         """Books one step's results; returns the sequences that finished in it.
@@ -100,8 +114,8 @@ class ContinuousBatcher:
         finished = []
         for update in output.updates:
             seq = self.requests.get(update.request_id)
-            if seq is None:
-                continue  # aborted while the step ran
+            if seq is None or update.finish_reason == "abort":
+                continue  # aborted while the step ran; an abort's end follows the abort, which forgot it
             stale = self.drops.unconfirmed(seq.request_id)
             if not stale and seq.record_computed(update):
                 self.kv.cache_prefill(seq)
@@ -207,10 +221,11 @@ class ContinuousBatcher:
         self._commands.append(chunk)
         return len(chunk.token_ids)
 
-    def _drop(self, seq: Sequence) -> None:
-        """Tells the executor to forget `seq` and frees its blocks; the ledger counts the drop until
-        the executor confirms it, so updates of the dropped run are recognised."""
-        self._commands.append(DropSequence(seq.request_id))
+    def _drop(self, seq: Sequence, abort: bool = False) -> None:
+        """Tells the executor to forget `seq` (and with `abort` to end it for its client) and frees
+        its blocks; the ledger counts the drop until the executor confirms it, so updates of the
+        dropped run are recognised."""
+        self._commands.append(DropSequence(seq.request_id, abort))
         self.drops.sent(seq.request_id)
         self.kv.release(seq)
 

@@ -27,7 +27,8 @@ class TenancyPolicy:
     """The rule of who reads what in the prefix cache.
 
     A node is private to its owners, the tenants that stored its tokens (each computed the same
-    KV), each as narrowed by its `user`. A tenant sends a node's tokens when its request's tokens
+    KV), each as narrowed by its `user` and its `cache_salt`. A salted tenant reads no public node
+    and makes none public: its requests share KV only with requests of the same salt. A tenant sends a node's tokens when its request's tokens
     run through the node, whether it may read the node or not, and whether it looks them up or
     stores them. Once `min_tenants` distinct tenants did so within `window_s` of each other's
     latest send, the node is public. Senders count by name: the users of one API key are one
@@ -50,7 +51,8 @@ class TenancyPolicy:
         self._published: set[Key] = set()  # token prefixes, as given
 
     def may_read(self, visibility: Visibility, tenant: Tenant) -> bool:
-        return visibility.public or tenant in visibility.owners
+        # A salted tenant reads only what it stored under the same salt.
+        return (visibility.public and not tenant.cache_salt) or tenant in visibility.owners
 
     @staticmethod
     def owner_names(visibility: Visibility) -> set[str] | None:
@@ -58,8 +60,9 @@ class TenancyPolicy:
         return None if visibility.public else {tenant.name for tenant in visibility.owners}
 
     def sent(self, visibility: Visibility, tenant: Tenant, now: float) -> bool:
-        """Records that `tenant` sent the node's tokens at `now`; True if that made it public."""
-        if visibility.public:
+        """Records that `tenant` sent the node's tokens at `now`; True if that made it public. A
+        salted tenant's sends do not count: what it sends stays its own."""
+        if visibility.public or tenant.cache_salt:
             return False
         senders = visibility.senders
         senders[tenant.name] = now

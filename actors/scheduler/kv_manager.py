@@ -38,7 +38,7 @@ class KVManager:
         if not seq.looked_up:
             self.cache.record_lookup(tokens, seq.tenant)
             seq.looked_up = True
-        cached = self.cache.match(tokens, seq.tenant)
+        cached = self.cache.match(self.lookup_tokens(seq), seq.tenant)
         self.cache.lock(cached.node)  # so that allocating cannot evict it
         own = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if own is None:
@@ -47,6 +47,14 @@ class KVManager:
         self.pool.retain(cached.blocks)
         seq.blocks, seq.cached = cached.blocks + own, cached
         return True
+
+    @staticmethod
+    def lookup_tokens(seq: Sequence) -> list[int]:
+        """The tokens whose cached prefix `seq` may read: all of them, or the first it may reuse and
+        one more (the cache leaves the last token it is given uncached)."""
+        tokens = seq.prompt_ids + seq.output_ids
+        reusable = seq.reusable_len
+        return tokens if reusable is None else tokens[: reusable + 1]
 
     def fork(self, seq: Sequence, parent: Sequence) -> CopyBlock | None:
         """Gives `seq` the blocks of `parent`, whose prefill of the same prompt is done: it shares

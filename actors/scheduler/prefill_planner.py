@@ -32,7 +32,10 @@ class PrefillPlanner:
         start = seq.prefill_sent
         end = min(len(seq.prefill_ids), start + budget)
         seq.prefill_sent = end
-        return PrefillChunk(seq.request_id, seq.prefill_ids[start:end], start, last=end == len(seq.prefill_ids))
+        last = end == len(seq.prefill_ids)
+        # A run that scores its prompt scores the token after the chunk at the chunk's last position.
+        next_token = seq.prefill_ids[end] if seq.scores_prompt and not last else None
+        return PrefillChunk(seq.request_id, seq.prefill_ids[start:end], start, last, next_token)
 
     def awaits_shared_prefill(self, seq: Sequence, running: list[Sequence], kv: KVManager) -> bool:
         """Whether a running request of the same tenant is computing blocks of `seq`'s tokens that
@@ -41,7 +44,7 @@ class PrefillPlanner:
         peers = [o for o in running if o.prefilling and o.tenant == seq.tenant]
         if seq.fork_of or not kv.cache.enabled or not peers:
             return False  # and no tree walk beside the admission's, in the common case
-        tokens = seq.prompt_ids + seq.output_ids
+        tokens = kv.lookup_tokens(seq)
         cached = kv.cache.match(tokens, seq.tenant)  # a read: the request's lookup is recorded at its start
         end = (len(cached.blocks) + 1) * kv.block_size  # one block past what the cache has
         if end >= len(tokens):

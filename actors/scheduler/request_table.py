@@ -47,16 +47,23 @@ class RequestTable:
                 f"This model's maximum context length is {self.max_model_len} tokens, and the prompt has {len(prompt_ids)}.",
                 param="prompt",
             )
-        if params.max_tokens <= 0:
-            return Error("invalid_request", "max_tokens must be at least 1", param="max_tokens")
-        bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
+        for field, ids in (("prompt", prompt_ids), ("logprob_token_ids", params.logprob_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                return Error(
+                    "invalid_request",
+                    f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                    param=field,
+                )
+        start = params.prompt_logprobs_from
+        if start is not None and start >= len(prompt_ids):
             return Error(
                 "invalid_request",
-                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                param="prompt",
+                f"prompt_logprobs_from is {start}, past the prompt's last position ({len(prompt_ids) - 1})",
+                param="prompt_logprobs_from",
             )
-        total = len(prompt_ids) + params.max_tokens
+        # A prompt alone (max_tokens 0) still gets room for one token more, as every start does.
+        total = len(prompt_ids) + max(params.max_tokens, 1)
         if total > self.max_model_len:
             return Error(
                 "context_length_exceeded",

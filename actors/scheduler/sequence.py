@@ -47,6 +47,18 @@ class Sequence:
         return self.state is State.RUNNING and self.prefill_done < len(self.prefill_ids)
 
     @property
+    def scores_prompt(self) -> bool:
+        """Whether its run computes prompt logprobs: asked for, and no outputs yet (a client that has
+        outputs has the prompt's logprobs, and a later run's prefill holds outputs)."""
+        return self.params.prompt_logprobs_from is not None and not self.output_ids
+
+    @property
+    def reusable_len(self) -> int | None:
+        """How many leading tokens it may take from the prefix cache; None: as many as are cached.
+        Scoring the prompt from position s needs the logits from position s - 1 on."""
+        return max(self.params.prompt_logprobs_from - 1, 0) if self.scores_prompt else None
+
+    @property
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 

@@ -258,3 +258,28 @@ def test_tenancy_policy_rejects_meaningless_settings(settings):
 def test_cache_rejects_a_half_life_that_is_not_positive():
     with pytest.raises(ValueError):
         RadixCache(BlockPool(8), BS, hit_half_life_s=0.0)
+
+
+def test_a_salted_tenant_reads_only_what_the_same_salt_stored():
+    """`cache_salt` narrows a tenant further: its requests read no public prefix and no prefix of
+    another salt (or of none), and their sends make nothing public."""
+    pool, cache, _ = make(k=2)
+    salted, resalted, other_salt = (
+        Tenant("a", cache_salt="s1"),
+        Tenant("a", cache_salt="s1"),
+        Tenant("a", cache_salt="s2"),
+    )
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=A)
+    assert ask(cache, salted, PROMPT) == 0  # the unsalted tenant's own prefix
+    finish(pool, cache, PROMPT, pool.allocate(3), tenant=salted)
+    assert ask(cache, resalted, PROMPT) == 12
+    assert ask(cache, other_salt, PROMPT) == 0 and ask(cache, A, PROMPT) == 12
+    assert not cache.usage().public_blocks
+    cache.publish(PROMPT)
+    assert ask(cache, B, PROMPT) == 12 and ask(cache, other_salt, PROMPT) == 0
+    assert ask(cache, salted, PROMPT) == 12  # it stored the same tokens itself
+
+    policy, node = TenancyPolicy(min_tenants=2, window_s=10.0), Visibility()
+    assert not policy.sent(node, Tenant("x", cache_salt="s"), now=0.0)
+    assert not policy.sent(node, Tenant("y", cache_salt="s"), now=1.0)
+    assert node.senders == {} and not node.public

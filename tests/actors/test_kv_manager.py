@@ -136,3 +136,20 @@ def test_reports_and_publication():
     assert kv.report([seq]).public_blocks == 2
     kv.release(seq)
     assert kv.flush() == 2 and kv.pool.num_free == 16
+
+
+def test_a_run_scoring_its_prompt_reuses_no_more_than_the_positions_before_its_first_score():
+    """Prompt logprobs from position s need the logits of positions s - 1 on: the cached prefix
+    read stops there (in whole blocks), and a run with outputs, which scores nothing, reads it all."""
+    kv = make()
+    first = sequence("first")
+    assert kv.start(first)
+    run_to_the_end_of_the_prompt(kv, first)
+    kv.release(first)  # PROMPT's two full blocks are cached
+    for scored_from, reused in [(None, 8), (10, 8), (9, 8), (8, 4), (5, 4), (4, 0), (1, 0), (0, 0)]:
+        seq = Sequence(f"s{scored_from}", list(PROMPT), SamplingParams(prompt_logprobs_from=scored_from), "o", 0)
+        assert kv.start(seq)
+        assert seq.cached.num_tokens == reused, scored_from
+        kv.release(seq)
+    resumed = Sequence("resumed", list(PROMPT), SamplingParams(prompt_logprobs_from=0), "o", 0, output_ids=[7])
+    assert not resumed.scores_prompt and kv.start(resumed) and resumed.cached.num_tokens == 8

@@ -26,20 +26,33 @@ def test_a_request_without_max_tokens_gets_what_the_context_leaves():
 
 
 @pytest.mark.parametrize(
-    ("prompt", "max_tokens", "code", "param"),
+    ("prompt", "params", "code", "param"),
     [
-        ([], 4, "invalid_request", "prompt"),
-        ([1, 2, 100], 4, "invalid_request", "prompt"),  # outside the vocabulary
-        ([1, 2, 3], 0, "invalid_request", "max_tokens"),
-        ([1, 2, 3], 14, "context_length_exceeded", "max_tokens"),
-        (list(range(16)), None, "context_length_exceeded", "prompt"),  # no room for one token
+        ([], SamplingParams(max_tokens=4), "invalid_request", "prompt"),
+        ([1, 2, 100], SamplingParams(max_tokens=4), "invalid_request", "prompt"),  # outside the vocabulary
+        ([1, 2, 3], SamplingParams(max_tokens=14), "context_length_exceeded", "max_tokens"),
+        (
+            list(range(16)),
+            SamplingParams(max_tokens=None),
+            "context_length_exceeded",
+            "prompt",
+        ),  # no room for one token
+        (list(range(16)), SamplingParams(max_tokens=0), "context_length_exceeded", "prompt"),  # nor for a prompt alone
+        ([1, 2, 3], SamplingParams(logprob_token_ids=[5, 100]), "invalid_request", "logprob_token_ids"),
+        ([1, 2, 3], SamplingParams(prompt_logprobs_from=3), "invalid_request", "prompt_logprobs_from"),
     ],
 )
-def test_a_request_that_cannot_be_served_is_refused_with_the_field_named(prompt, max_tokens, code, param):
+def test_a_request_that_cannot_be_served_is_refused_with_the_field_named(prompt, params, code, param):
     table = RequestTable(max_model_len=16, vocab_size=100)
-    error = table.add("r", prompt, SamplingParams(max_tokens=max_tokens), "origin", [], "", None)
+    error = table.add("r", prompt, params, "origin", [], "", None)
     assert isinstance(error, Error) and (error.code, error.param) == (code, param)
     assert len(table) == 0 and not table.waiting
+
+
+def test_a_prompt_alone_may_be_scored_from_its_last_position():
+    table = RequestTable(max_model_len=16, vocab_size=100)
+    seq = table.add("r", list(range(15)), SamplingParams(max_tokens=0, prompt_logprobs_from=14), "origin", [], "", None)
+    assert isinstance(seq, Sequence) and seq.max_total_len == 15
 
 
 def test_an_id_in_flight_is_refused():
