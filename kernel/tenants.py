@@ -44,3 +44,9 @@ def request_tenant(key_tenant: str | None, user: str) -> Tenant:
     if key_tenant is None:
         return Tenant(user)
     return Tenant(key_tenant, user)
+
+
+def may_abort(tenant: Tenant | None, owner: Tenant) -> bool:
+    """Whether an abort asked by `tenant` (None: by anyone, a trusted network or an admin) may end
+    a request that `owner` runs: one of its own, and with a `user` set, of that user alone."""
+    return tenant is None or (owner.name == tenant.name and tenant.user in ("", owner.user))

@@ -124,6 +124,15 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     cache_salt: str = ""
 
 
+class AbortGenerate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="abort"):
+    """Sent on the subject of the requests it aborts (`<ns>.generate`, or with API keys the tenant's
+    own): each ends with finish_reason "abort", every token it generated and their logprobs.
+    Answered with `schemas.requests.Aborted`. Give `request_id` or `abort_all`."""
+
+    request_id: str | None = None  # a GenerateRequest's request_id: all its n choices
+    abort_all: bool = False  # every request of the tenant (without API keys, every request)
+
+
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """Logprobs at consecutive positions, compactly: entry i is the token at position `start + i`
     (of the outputs, or of the prompt). Empty lists where not asked for."""
@@ -161,3 +170,4 @@ class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error
+BusRequest = GenerateRequest | AbortGenerate  # what `<ns>.generate` takes

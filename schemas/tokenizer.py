@@ -37,6 +37,12 @@ class Track(msgspec.Struct, frozen=True, tag="track"):
     # What the origin already received, so a re-track after a crash resumes exactly after it.
     delivered_ids: list[int] = []
     delivered_chars: int = 0
+    stop_regex: list[str] = []  # Python regexes, matched on the text as stop strings are
+    include_stop_str: bool = False  # a matched stop string (or regex match) stays in the text
+    # With logprobs, outputs carry the text of every token id in them: those of the scored prompt
+    # tokens and of the asked ids come from here.
+    prompt_ids: list[int] = []
+    logprob_token_ids: list[int] = []
 
 
 class Tracked(msgspec.Struct, frozen=True, tag="tracked"):

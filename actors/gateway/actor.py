@@ -1,5 +1,5 @@
 """The gateway actor: the origin of the requests that other services send on `<ns>.generate`
-(with API keys, `<ns>.generate.<tenant>`).
+(with API keys, `<ns>.generate.<tenant>`), and of their aborts, sent on the same subject.
 
 It runs apart from the HTTP frontdoor, so a frontdoor crash leaves bus clients untouched, and a
 bus outage costs them nothing: a client that missed chunks asks again and gets them replayed.
@@ -8,7 +8,7 @@ bus outage costs them nothing: a client that missed chunks asks again and gets t
 from actors.gateway.bus_api import BusApi
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
-from schemas.generate import GenerateRequest
+from schemas.generate import BusRequest
 
 QUEUE_GROUP = "gateways"
 
@@ -29,12 +29,10 @@ class GatewayActor(Actor):
         self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
-            await self.bus.subscribe(
-                self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP
-            )
+            await self.bus.subscribe(self.subjects.generate, BusRequest, self.bus_api.on_request, queue=QUEUE_GROUP)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(
-                self.subjects.generate, GenerateRequest, self.bus_api.on_generate, queue=QUEUE_GROUP
+                self.subjects.generate, BusRequest, self.bus_api.on_request, queue=QUEUE_GROUP
             )
 
     async def stop(self) -> None:

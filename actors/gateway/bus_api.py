@@ -9,6 +9,9 @@ each request until a while after its end. A client that sees a gap in the number
 sends the same request again with the `request_id` from its chunks (or one it chose) and
 `resume_from` set to the next number it expects: the gateway replays from there and streams on to
 the new reply inbox. Asking again is harmless, so a client may do it whenever in doubt.
+
+An `AbortGenerate` on the same subject ends requests keeping what they generated: each ends with a
+result of finish_reason "abort" holding every token so far (and their logprobs, when asked for).
 """
 
 import asyncio
@@ -19,10 +22,12 @@ from dataclasses import dataclass, field
 import structlog
 
 from actors.lib.origin.pipeline import RequestPipeline
+from actors.lib.origin.request_stream import RequestGroup
 from kernel.bus import Bus
 from kernel.tenants import request_tenant
 from schemas.errors import Error
-from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
+from schemas.generate import AbortGenerate, BusRequest, GenerateChunk, GenerateRequest, GenerateResult
+from schemas.requests import Aborted, RequestOutput, Tenant
 
 log = structlog.get_logger()
 KEEP_FINISHED_S = 120.0  # how long a client may still ask for the replies of a finished request
@@ -48,10 +53,28 @@ class BusApi:
         self.streams: dict[str, BusStream] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    async def on_generate(
-        self, request: GenerateRequest, reply_to: str | None, tenant: str | None = None
-    ) -> Error | None:
+    async def on_request(
+        self, request: BusRequest, reply_to: str | None, tenant: str | None = None
+    ) -> Aborted | Error | None:
         """`tenant`: with API keys, the last token of the subject it came on; None without them."""
+        match request:
+            case AbortGenerate():
+                return await self._abort(request, tenant)
+            case GenerateRequest():
+                return await self._on_generate(request, reply_to, tenant)
+
+    async def _abort(self, request: AbortGenerate, tenant: str | None) -> Aborted | Error:
+        """Ends requests, keeping their output: with API keys only the subject's tenant's, and
+        without them anyone's. A request aborts by id at the gateway that took it."""
+        if (request.request_id is None) == (not request.abort_all):
+            return Error("invalid_request", "give request_id or abort_all", param="request_id")
+        owner = None if tenant is None else Tenant(tenant)
+        if request.abort_all:
+            aborted = await self.pipeline.abort_all(owner)
+            return aborted if isinstance(aborted, Error) else Aborted(aborted)
+        return Aborted(await self.pipeline.abort_request(request.request_id, owner))
+
+    async def _on_generate(self, request: GenerateRequest, reply_to: str | None, tenant: str | None) -> Error | None:
         if reply_to is None:
             return None  # nobody to answer
         if request.model is not None and request.model != self.model_name:
@@ -111,25 +134,45 @@ class BusApi:
                 token_ids[index] += output.token_ids
                 texts[index].append(output.text)
                 if request.stream and (output.token_ids or output.text):
-                    chunk = GenerateChunk(request_id, len(stream.chunks), output.token_ids, output.text, index)
+                    chunk = GenerateChunk(
+                        request_id, len(stream.chunks), output.token_ids, output.text, index, output.logprobs
+                    )
                     stream.chunks.append(chunk)
                     await self.bus.reply(stream.reply_to, chunk)
                 if output.finish_reason:
-                    results.append(
-                        GenerateResult(
-                            request_id,
-                            "".join(texts[index]),
-                            token_ids[index],
-                            output.finish_reason,
-                            len(group.prompt_ids),
-                            output.completion_tokens,
-                            group.cached_tokens,
-                            index,
-                        )
-                    )
+                    results.append(self._result(request, group, index, output, token_ids[index], texts[index]))
             await self._finish(stream, sorted(results, key=lambda r: r.index))
         finally:
             await group.close()
+
+    @staticmethod
+    def _result(
+        request: GenerateRequest,
+        group: RequestGroup,
+        index: int,
+        end: RequestOutput,
+        token_ids: list[int],
+        texts: list[str],
+    ) -> GenerateResult:
+        """Choice `index`'s result, from its record: its tokens' logprobs all delivered, and the
+        prompt's as the first choice computed them for every choice."""
+        params, record = request.params, group.choices[index].record
+        scored = params.prompt_logprobs_from is not None
+        return GenerateResult(
+            group.request_id,
+            "".join(texts),
+            token_ids,
+            end.finish_reason,
+            len(group.prompt_ids),
+            end.completion_tokens,
+            group.cached_tokens,
+            index,
+            logprobs=record.logprobs.whole() if params.logprobs else None,
+            prompt_logprobs=group.prompt_logprobs if scored else None,
+            prompt_ids=group.prompt_ids if scored else [],
+            matched_stop=end.matched_stop,
+            created=record.created,
+        )
 
     async def _finish(self, stream: BusStream, finals: list[GenerateResult] | list[Error]) -> None:
         stream.finals, stream.finished_at = finals, time.monotonic()

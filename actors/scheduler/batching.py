@@ -19,6 +19,7 @@ from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.prefill_planner import PrefillPlanner
 from actors.scheduler.request_table import RequestTable
 from actors.scheduler.sequence import Sequence, State
+from kernel.tenants import may_abort
 from schemas.admin import SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
@@ -94,11 +95,7 @@ class ContinuousBatcher:
     def abort_all(self, tenant: Tenant | None) -> list[Sequence]:
         """Aborts, keeping their output, every request of `tenant` (narrowed by its user, if it has
         one), or with None of every tenant; returns them."""
-        chosen = [
-            seq
-            for seq in self.requests.by_id.values()
-            if tenant is None or (seq.tenant.name == tenant.name and tenant.user in ("", seq.tenant.user))
-        ]
+        chosen = [seq for seq in self.requests.by_id.values() if may_abort(tenant, seq.tenant)]
         return [self.abort(seq.request_id, keep_output=True) for seq in chosen]
 
     def on_step(self, output: StepOutput) -> list[Sequence]:

@@ -2,24 +2,27 @@
 
 Stateless between requests: tokenizers form a queue group, so `Encode` and `Track` go to any one
 of them. Step outputs reach every tokenizer; each detokenizes the requests it tracks, ends those
-whose stop string matched (through the scheduler), and sends each origin its requests' new text
-in one message per step. A Track that comes after its request's first step output is told so
+whose stop string or regex matched (through the scheduler), and sends each origin its requests'
+new text, with the logprobs of the tokens it keeps and the text of the tokens they name, in one
+message per step. A Track that comes after its request's first step output is told so
 (see untracked_starts.py).
 """
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jinja2
 from transformers import AutoTokenizer
 
+from actors.lib.logprobs import slice_logprobs, token_ids_of
 from actors.tokenizer.detokenizer import StreamingDetokenizer
 from actors.tokenizer.untracked_starts import UntrackedStarts
 from kernel.actor import Actor
 from schemas.errors import Error
+from schemas.generate import TokenLogprobs
 from schemas.requests import Abort, OutputBatch, RequestOutput
-from schemas.step import StepOutput
+from schemas.step import SequenceUpdate, StepOutput
 from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
 
 QUEUE_GROUP = "tokenizers"
@@ -37,6 +40,8 @@ class TrackedRequest:
     origin: str
     detokenizer: StreamingDetokenizer
     cached_tokens: int | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # when it asked for prompt logprobs
+    logprob_token_ids: list[int] = field(default_factory=list)
 
 
 class TokenizerActor(Actor):
@@ -48,6 +53,7 @@ class TokenizerActor(Actor):
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.engine.model)
         self.tracked: dict[str, TrackedRequest] = {}
+        self._texts: dict[int, str] = {}  # token id -> its text alone, for logprobs
         self.untracked_starts = UntrackedStarts(UNTRACKED_START_KEEP_S)
         await self.bus.subscribe(self.subjects.tokenizer, TokenizerRequest, self._on_request, queue=QUEUE_GROUP)
         await self.bus.subscribe(self.subjects.tokenizer_untrack, Untrack, self._on_untrack)
@@ -60,11 +66,19 @@ class TokenizerActor(Actor):
         match message:
             case Encode():
                 return self.encode(message)
-            case Track(request_id, origin, stop, skip_special_tokens, delivered_ids, delivered_chars):
+            case Track(request_id, origin):
                 detokenizer = StreamingDetokenizer(
-                    self.tokenizer.backend_tokenizer, stop, skip_special_tokens, delivered_ids, delivered_chars
+                    self.tokenizer.backend_tokenizer,
+                    message.stop,
+                    message.skip_special_tokens,
+                    message.delivered_ids,
+                    message.delivered_chars,
+                    message.stop_regex,
+                    message.include_stop_str,
                 )
-                self.tracked[request_id] = TrackedRequest(origin, detokenizer)
+                self.tracked[request_id] = TrackedRequest(
+                    origin, detokenizer, prompt_ids=message.prompt_ids, logprob_token_ids=message.logprob_token_ids
+                )
                 return Tracked(request_id, self.instance_id, self.untracked_starts.claim(request_id))
 
     def encode(self, message: Encode) -> Encoded | Error:
@@ -134,30 +148,77 @@ class TokenizerActor(Actor):
                 continue
             if update.cached_tokens is not None:  # reported when a run starts, before its first token
                 tracked.cached_tokens = update.cached_tokens
-            if not update.token_ids:
+            request_output = self._output(tracked, update)
+            if request_output is None:
                 continue
-            detokenizer = tracked.detokenizer
-            start = detokenizer.completion_tokens
-            if not update.continues(start):
-                continue
-            text = detokenizer.push(
-                update.token_ids, final=update.finish_reason is not None, first_index=update.output_index
-            )
-            finish = "stop" if text.stopped else update.finish_reason
-            if text.stopped and update.finish_reason is None:
+            if request_output.finish_reason == "stop" and update.finish_reason is None:  # a stop string matched
                 await self.bus.publish(self.subjects.scheduler, Abort(update.request_id, reason="stop"))
-            batches[tracked.origin].append(
-                RequestOutput(
-                    update.request_id,
-                    text.token_ids,
-                    text.text,
-                    finish,
-                    detokenizer.completion_tokens,
-                    output_index=start,
-                    cached_tokens=tracked.cached_tokens,
-                )
-            )
-            if finish:
+            batches[tracked.origin].append(request_output)
+            if request_output.finish_reason:
                 del self.tracked[update.request_id]
         for origin, outputs in batches.items():
             await self.bus.publish(origin, OutputBatch(outputs))
+
+    def _output(self, tracked: TrackedRequest, update: SequenceUpdate) -> RequestOutput | None:
+        """What the client gets of `update`: the text of its tokens that continue where the client
+        stands, up to a stop string, with their logprobs; an end or prompt logprobs without tokens
+        as they come (an abort ends where the executor says, at or before the client's place);
+        None when it brings nothing new."""
+        detokenizer = tracked.detokenizer
+        start = detokenizer.completion_tokens
+        if update.token_ids:
+            if not update.continues(start):
+                return None
+        elif not (update.finish_reason or update.prompt_logprobs) or update.output_index > start:
+            return None
+        text = detokenizer.push(
+            update.token_ids, final=update.finish_reason is not None, first_index=update.output_index
+        )
+        skip = start - update.output_index if update.token_ids else 0
+        logprobs = slice_logprobs(update.logprobs, skip, skip + len(text.token_ids))
+        if text.stopped:
+            finish, matched = "stop", detokenizer.matched_stop
+        else:
+            finish = update.finish_reason
+            matched = update.token_ids[-1] if finish == "stop" else None  # the executor's: EOS or a stop id
+        return RequestOutput(
+            update.request_id,
+            text.token_ids,
+            text.text,
+            finish,
+            detokenizer.completion_tokens,
+            output_index=start,
+            cached_tokens=tracked.cached_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=update.prompt_logprobs,
+            token_texts=self._token_texts(tracked, text.token_ids, logprobs, update.prompt_logprobs),
+            matched_stop=matched,
+        )
+
+    def _token_texts(
+        self,
+        tracked: TrackedRequest,
+        token_ids: list[int],
+        logprobs: TokenLogprobs | None,
+        prompt_logprobs: TokenLogprobs | None,
+    ) -> dict[int, str]:
+        """The text of each token id that the logprobs name: the tokens they are of, the most likely
+        alternatives and the asked ids; each decoded alone."""
+        if logprobs is None and prompt_logprobs is None:
+            return {}
+        ids = token_ids_of(logprobs) | token_ids_of(prompt_logprobs) | set(tracked.logprob_token_ids)
+        if logprobs is not None:
+            ids.update(token_ids)
+        if prompt_logprobs is not None:
+            ids.update(
+                tracked.prompt_ids[prompt_logprobs.start : prompt_logprobs.start + len(prompt_logprobs.logprobs)]
+            )
+        return {token_id: self._token_text(token_id) for token_id in ids}
+
+    def _token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.backend_tokenizer.decode(
+                [token_id], skip_special_tokens=False
+            )
+        return text

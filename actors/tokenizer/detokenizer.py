@@ -1,10 +1,16 @@
-"""Incremental detokenization of one request's output, with stop strings.
+"""Incremental detokenization of one request's output, with stop strings and stop regexes.
 
 Text is released as soon as it is valid UTF-8, except the last few characters that could still
 become the start of a stop string: those wait until the next token or the end, so a client never
-sees text that a stop string later takes back.
+sees text that a stop string later takes back. A regex can match text of any length, so nothing is
+held back for it: it is searched in the whole text after every token, and a match that begins in
+text already released cuts only what was not.
+
+The tokens a client gets are those consumed up to and including the one whose text completed a
+match; their logprobs are cut the same way (by the tokenizer actor, from `TextUpdate.token_ids`).
 """
 
+import re
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
@@ -26,17 +32,24 @@ class StreamingDetokenizer:
         skip_special_tokens: bool = True,
         delivered_ids: list[int] = (),
         delivered_chars: int = 0,
+        stop_regex: list[str] = (),
+        include_stop: bool = False,
     ) -> None:
         """`delivered_ids` and `delivered_chars`: what the client already has, when tracking
-        resumes after a crash; decoding continues after them and nothing is released twice."""
+        resumes after a crash; decoding continues after them and nothing is released twice.
+        `stop_regex`: patterns of Python's `re` (the origin checked they compile). `include_stop`:
+        the matched stop string or regex match stays in the text."""
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._stop = [s for s in stop if s]
+        self._regexes = [re.compile(pattern) for pattern in stop_regex]
+        self._include_stop = include_stop
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self.text = ""  # everything decoded so far (cut at a stop string once one matched)
         self._released = 0
         self.completion_tokens = 0
         self.stopped = False
+        self.matched_stop: str | None = None  # the stop string, or the regex's pattern, that matched
         if delivered_ids:
             self.push(list(delivered_ids))
             self._released = delivered_chars
@@ -60,13 +73,15 @@ class StreamingDetokenizer:
                 self._append(piece)
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._holdback)
         released = self.text[self._released : end]
-        self._released = end
+        self._released = max(self._released, end)
         return TextUpdate(consumed, released, self.stopped)
 
     def _append(self, piece: str) -> None:
         search_from = max(0, len(self.text) - self._holdback)
         self.text += piece
-        matches = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
+        matches = [(i, i + len(s), s) for s in self._stop if (i := self.text.find(s, search_from)) >= 0]
+        matches += [(m.start(), m.end(), r.pattern) for r in self._regexes if (m := r.search(self.text))]
         if matches:
-            self.text = self.text[: min(matches)]
-            self.stopped = True
+            start, end, matched = min(matches)
+            self.text = self.text[: end if self._include_stop else start]
+            self.stopped, self.matched_stop = True, matched

@@ -58,3 +58,31 @@ def test_special_tokens_are_skipped(tokenizer):
     ids = tokenizer.encode("Done", add_special_tokens=False) + [eot]
     text, consumed, _ = stream(tokenizer, ids)
     assert text == "Done" and consumed == ids
+
+
+def test_a_stop_regex_ends_the_text_at_its_first_match_and_names_its_pattern(tokenizer):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    detok = StreamingDetokenizer(tokenizer.backend_tokenizer, [], stop_regex=[r"qu\w+", r"b[aeiou]own"])
+    updates = [detok.push([token]) for token in ids]
+    stopped_at = next(i for i, u in enumerate(updates) if u.stopped)
+    assert "".join(u.text for u in updates[: stopped_at + 1]) == "Hello world, the "
+    assert detok.matched_stop == r"qu\w+"
+    # the tokens the client gets: up to the one whose text completed the match
+    assert tokenizer.decode(ids[: stopped_at + 1]).startswith("Hello world, the qu")
+    assert not tokenizer.decode(ids[:stopped_at]).endswith("qu")
+
+
+@pytest.mark.parametrize(("stop", "stop_regex"), [(["brown"], []), ([], [r"br.wn"])])
+def test_include_stop_str_keeps_the_match(tokenizer, stop, stop_regex):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    detok = StreamingDetokenizer(tokenizer.backend_tokenizer, stop, stop_regex=stop_regex, include_stop=True)
+    text = "".join(detok.push([token]).text for token in ids if not detok.stopped)
+    assert text == "Hello world, the quick brown"
+    assert detok.matched_stop == (stop or stop_regex)[0]
+
+
+def test_a_regex_match_that_begins_in_released_text_cuts_only_what_was_not(tokenizer):
+    ids = tokenizer.encode("aaaa bbbb cccc", add_special_tokens=False)
+    detok = StreamingDetokenizer(tokenizer.backend_tokenizer, [], stop_regex=[r"a+ b+ c"])
+    text = "".join(detok.push([token]).text for token in ids if not detok.stopped)
+    assert detok.stopped and "aaaa bbbb".startswith(text)  # what was out stays out; nothing after

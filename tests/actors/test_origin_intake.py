@@ -17,6 +17,12 @@ from schemas.requests import Tenant
         (GenerateRequest(text="hi", messages=[ChatMessage("user", "hi")]), "prompt"),
         (GenerateRequest(text="hi", params=SamplingParams(stop=["."], detokenize=False)), "stop"),
         (GenerateRequest(text="hi", n=2, session=SessionTurn("s1")), "n"),
+        (GenerateRequest(text="hi", params=SamplingParams(stop_regex=["x"], detokenize=False)), "stop_regex"),
+        (GenerateRequest(text="hi", params=SamplingParams(stop_regex=["ok", "(unclosed"])), "stop_regex[1]"),
+        (GenerateRequest(text="hi", params=SamplingParams(stop_regex=["a*"])), "stop_regex[0]"),  # matches nothing
+        (GenerateRequest(text="hi", n=2, params=SamplingParams(max_tokens=0)), "n"),
+        (GenerateRequest(text="hi", session=SessionTurn("s1"), params=SamplingParams(max_tokens=0)), "max_tokens"),
+        (GenerateRequest(text="hi", session=SessionTurn("s1"), cache_salt="salt"), "cache_salt"),
     ],
 )
 def test_requests_the_origin_cannot_take_are_refused_naming_the_field(request_, param):
@@ -27,10 +33,14 @@ def test_requests_the_origin_cannot_take_are_refused_naming_the_field(request_, 
 def test_a_request_it_can_take_is_not_refused():
     assert refusal(GenerateRequest(input_ids=[1, 2], n=3, params=SamplingParams(detokenize=False))) is None
     assert refusal(GenerateRequest(text="hi", session=SessionTurn("s1"), params=SamplingParams(stop=["."]))) is None
+    scoring = SamplingParams(max_tokens=0, prompt_logprobs_from=0, stop_regex=[r"\d+"], detokenize=True)
+    assert refusal(GenerateRequest(input_ids=[1, 2], params=scoring, cache_salt="salt")) is None
 
 
 def test_one_choice_is_the_request_itself():
-    [record] = choice_records("r", [1, 2], SamplingParams(seed=7, max_tokens=5), n=1, tenant=Tenant("tenant"))
+    [record] = choice_records(
+        "r", [1, 2], SamplingParams(seed=7, max_tokens=5), n=1, tenant=Tenant("tenant"), created=0.0
+    )
     assert (record.request_id, record.prompt_ids, record.tenant, record.fork_of) == (
         "r",
         [1, 2],
@@ -41,14 +51,14 @@ def test_one_choice_is_the_request_itself():
 
 
 def test_n_choices_share_the_prompt_with_seeds_of_their_own():
-    records = choice_records("r", [1, 2], SamplingParams(seed=7), n=3, tenant=Tenant())
+    records = choice_records("r", [1, 2], SamplingParams(seed=7), n=3, tenant=Tenant(), created=0.0)
     assert [r.request_id for r in records] == ["r-0", "r-1", "r-2"]
     assert [r.fork_of for r in records] == [None, "r-0", "r-0"]  # the first computes the prompt
     assert [r.params.seed for r in records] == [7, choice_seed(7, 1), choice_seed(7, 2)]
 
 
 def test_a_request_without_a_seed_gets_one_so_its_draw_survives_a_restart():
-    records = choice_records("r", [1, 2], SamplingParams(), n=2, tenant=Tenant())
+    records = choice_records("r", [1, 2], SamplingParams(), n=2, tenant=Tenant(), created=0.0)
     seed = records[0].params.seed
     assert seed is not None and 0 <= seed < 2**SEED_BITS
     assert records[1].params.seed == choice_seed(seed, 1)

@@ -10,7 +10,7 @@ from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest
-from schemas.requests import Abort, Accepted, Submit
+from schemas.requests import Abort, AbortAll, Aborted, Accepted, Submit, Tenant
 from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
@@ -43,6 +43,10 @@ class Downstream:
             params.skip_special_tokens,
             record.delivered_ids,
             record.delivered_chars,
+            params.stop_regex,
+            params.include_stop_str_in_output,
+            record.prompt_ids if params.prompt_logprobs_from is not None else [],
+            params.logprob_token_ids,
         )
         reply = await self._bus.request(self._subjects.tokenizer, track, Tracked, CONTROL_TIMEOUT_S)
         if isinstance(reply, Tracked):
@@ -66,7 +70,17 @@ class Downstream:
         return await self._bus.request(self._subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
 
     async def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Frees what the request holds downstream; its client gets nothing more."""
         await self._bus.publish(self._subjects.scheduler, Abort(request_id, reason))
+
+    async def abort_keeping_output(self, request_id: str) -> Aborted | Error:
+        """Ends the request for a client that waits for its end (finish_reason "abort")."""
+        abort = Abort(request_id, keep_output=True)
+        return await self._bus.request(self._subjects.scheduler, abort, Aborted, CONTROL_TIMEOUT_S)
+
+    async def abort_all(self, tenant: Tenant | None) -> Aborted | Error:
+        """Ends, as `abort_keeping_output` does, every request of `tenant` (None: of everyone)."""
+        return await self._bus.request(self._subjects.scheduler, AbortAll(tenant), Aborted, CONTROL_TIMEOUT_S)
 
     async def begin_turn(self, begin: BeginTurn) -> TurnTokens | Error:
         return await self._bus.request(self._subjects.scheduler, begin, TurnTokens, CONTROL_TIMEOUT_S)

@@ -46,6 +46,8 @@ class Migrations:
 
     async def _migrate(self, stream: RequestStream, migration: Migration) -> None:
         record = stream.record
+        if stream.aborting:
+            return  # its client aborted it: it ends where it stands, and runs no more
         if error := self._policy.count_move(record):
             stream.fail(error)
             return
@@ -60,13 +62,15 @@ class Migrations:
             if isinstance(reply, Error):
                 stream.fail(reply)
                 return
-        if not stream.running:
-            return  # its end came meanwhile: nothing left to compute
+        if not stream.running or stream.aborting:
+            return  # its end came meanwhile, or its client aborted it: nothing left to compute
         await self._downstream.abort(record.request_id, reason="migrate")
         reply = await self._retry(lambda: self._downstream.submit(record))
         if isinstance(reply, Error):
             stream.fail(reply)
-        elif not stream.running:  # the old run's end came while this one was submitted: stop this one
+        elif not stream.running or stream.aborting:
+            # The old run's end came while this one was submitted, or the client aborted it and its
+            # abort missed this run (the origin ends it): stop this one.
             await self._downstream.abort(record.request_id, reason="ended")
 
     async def _retry(self, attempt):

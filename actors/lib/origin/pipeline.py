@@ -6,7 +6,8 @@ its book (`RequestBook`), encodes the prompt with a tokenizer, asks one to track
 it submits to the scheduler (both at once: a round trip less before the first token), and receives
 the text on its own subject. A request that wants no text skips the tokenizer: the origin takes
 its tokens from the executor's step outputs. Leaving a stream before its end aborts the request,
-which frees its KV blocks. When an actor downstream dies, `MigrationPolicy` says which requests
+which frees its KV blocks; a client that aborts and waits for the end (`abort_request`,
+`abort_all`) gets every token generated so far (aborts.py). When an actor downstream dies, `MigrationPolicy` says which requests
 move and `Migrations` moves them. The decisions live in those plain objects; this one subscribes,
 asks, and hands each of them what arrives.
 """
@@ -15,8 +16,10 @@ import asyncio
 import time
 import uuid
 
+import msgspec
 import structlog
 
+from actors.lib.origin.aborts import Aborts
 from actors.lib.origin.downstream import Downstream
 from actors.lib.origin.intake import choice_records, refusal
 from actors.lib.origin.migration_policy import MISSED_START, STALL_S, STALLED, MigrationPolicy
@@ -53,6 +56,7 @@ class RequestPipeline:
         self._policy = MigrationPolicy(max_migrations)
         self._downstream = Downstream(bus, subjects, self._origin_subject)
         self._migrations = Migrations(self._downstream, self._policy, retry_for_s=request_timeout_s)
+        self._aborts = Aborts(self._downstream)
         self._steps_subscription = asyncio.Lock()
         self._receiving_steps = False
 
@@ -99,8 +103,11 @@ class RequestPipeline:
     ) -> RequestGroup | Error:
         """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
         as a request of its own; the caller must `close()` the group it gets."""
+        created = time.time()
         if error := refusal(request):
             return error
+        if request.cache_salt:  # it narrows the tenant's cached prefixes to those of the same salt
+            tenant = msgspec.structs.replace(tenant, cache_salt=request.cache_salt)
         # A request without text takes its tokens from the step outputs: nothing goes downstream
         # before they can arrive.
         if not request.params.detokenize and (error := await self._receive_steps()):
@@ -126,7 +133,7 @@ class RequestPipeline:
                 earlier.parent_turn,
                 self._record_turn,
             )
-        for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant):
+        for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant, created):
             stream = RequestStream(record, self._request_timeout_s, self.release)
             self._book.open(stream)
             group.choices.append(stream)
@@ -165,14 +172,37 @@ class RequestPipeline:
 
     async def release(self, stream: RequestStream) -> None:
         """Its client is done with the request: out of the book, and aborted downstream if it may
-        still run there."""
+        still run there. A tokenizer that tracks it forgets it: an abort's end may have come from
+        the scheduler or from the origin itself, not through the tokenizer."""
         self._book.close(stream.request_id)
-        if stream.running:
+        running = stream.running
+        if running:
             stream.finished = True
             log.info("request_aborted", request_id=stream.request_id)
             await self._downstream.abort(stream.request_id)
-            if stream.record.params.detokenize:
-                await self._downstream.untrack(stream.request_id)
+        if stream.record.params.detokenize and (running or stream.finish_reason == "abort"):
+            await self._downstream.untrack(stream.request_id)
+
+    # -- aborts that keep the output --------------------------------------------------------
+
+    async def abort_request(self, request_id: str, tenant: Tenant | None = None) -> list[str]:
+        """Aborts the request its client knows as `request_id` (every one of its n choices), if
+        `tenant` may (None: anyone may): each ends with finish_reason "abort", after every token
+        it generated and their logprobs. Returns the ids aborted downstream (`<id>-<i>` for a
+        choice of n); none if the request is not this origin's or has ended."""
+        streams = self._book.of_client(request_id, tenant)
+        if streams:
+            log.info("request_aborted_by_client", request_id=request_id, choices=len(streams))
+            await self._aborts.abort(streams)
+        return [stream.request_id for stream in streams]
+
+    async def abort_all(self, tenant: Tenant | None = None) -> list[str] | Error:
+        """Aborts, as `abort_request` does, every request of `tenant` (narrowed by its `user` if it
+        has one), or with None every request, whichever origin took it. Returns the ids aborted
+        downstream."""
+        aborted = await self._aborts.abort_all(tenant, self._book.of_tenant(tenant))
+        log.info("requests_aborted_by_client", tenant=tenant and tenant.name, aborted=aborted)
+        return aborted
 
     # -- migration ------------------------------------------------------------------------
 
@@ -197,3 +227,4 @@ class RequestPipeline:
 
     async def close(self) -> None:
         await self._migrations.close()
+        await self._aborts.close()

@@ -5,7 +5,8 @@ and closes entries and hands it what arrives.
 """
 
 from actors.lib.origin.request_stream import RequestStream
-from schemas.requests import OutputBatch
+from kernel.tenants import may_abort
+from schemas.requests import OutputBatch, Tenant
 from schemas.step import StepOutput
 
 
@@ -38,6 +39,19 @@ class RequestBook:
             stream = self._streams.get(update.request_id)
             if stream is not None and not stream.record.params.detokenize:
                 stream.deliver_step(update)
+
+    def of_client(self, client_request_id: str, tenant: Tenant | None) -> list[RequestStream]:
+        """The running choices of the request its client knows as `client_request_id`, if
+        `tenant` may abort it (kernel/tenants.py:may_abort)."""
+        return [
+            stream
+            for stream in self.running()
+            if stream.record.client_request_id == client_request_id and may_abort(tenant, stream.record.tenant)
+        ]
+
+    def of_tenant(self, tenant: Tenant | None) -> list[RequestStream]:
+        """The running requests that `tenant` may abort."""
+        return [stream for stream in self.running() if may_abort(tenant, stream.record.tenant)]
 
     def running(self) -> list[RequestStream]:
         """The requests that may still run downstream (their end has neither come nor been read)."""

@@ -1,7 +1,7 @@
 """The origin's record of one request, and the stream of its outputs to the client.
 
-The record (prompt ids, sampling parameters, and every token and character delivered so far) is
-the one durable copy of the request: whatever dies downstream, the origin can resubmit from it,
+The record (prompt ids, sampling parameters, and every token, character and logprob delivered so
+far) is the one durable copy of the request: whatever dies downstream, the origin can resubmit from it,
 and because outputs are numbered by their position, the client never receives a token twice.
 """
 
@@ -10,8 +10,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
+from actors.lib.logprobs import LogprobsRun, slice_logprobs
 from schemas.errors import Error
-from schemas.generate import SamplingParams
+from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.requests import RequestOutput, Tenant
 from schemas.step import SequenceUpdate
 
@@ -28,6 +31,13 @@ class RequestRecord:
     tokenizer_id: str = ""  # the tokenizer instance tracking the request
     migrations: int = 0
     fork_of: str | None = None  # the choice of the same prompt that computes it for this one
+    client_request_id: str = ""  # the id its client knows: one for the n choices of a prompt
+    created: float = field(default_factory=time.time)  # when the request was received, since the epoch
+    # The logprobs delivered: of `delivered_ids` (a resubmitted run continues them), and of the
+    # prompt, each position once however often a run recomputes it.
+    logprobs: LogprobsRun = field(default_factory=LogprobsRun)
+    prompt_logprobs: LogprobsRun = field(default_factory=LogprobsRun)
+    matched_stop: int | str | None = None
 
 
 class RequestStream:
@@ -37,6 +47,10 @@ class RequestStream:
         self.record = record
         self.finished = False  # the client has read the end, or left
         self.completed = False  # the end has come from upstream (the client may not have read it yet)
+        self.ended = asyncio.Event()  # set once completed
+        self.finish_reason: str | None = None  # the end's, once completed
+        self.aborting = False  # its client aborted it and waits for its end: it must not run again
+        self._early_end: RequestOutput | None = None  # an abort's end that came before tokens it follows
         self.progressed_at = time.monotonic()  # when the client last got something, or the request last moved
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._timeout_s = timeout_s
@@ -60,36 +74,73 @@ class RequestStream:
         return not (self.finished or self.completed)
 
     def deliver(self, output: RequestOutput) -> None:
-        """Takes an output if it continues exactly where the client stands (or ends the request)."""
+        """Takes an output if it continues exactly where the client stands (or ends the request).
+        An abort's end without tokens ends it where the client stands: one that comes before the
+        tokens it follows (they take a tokenizer's detour) waits for them."""
         record = self.record
         if self.completed:
             return  # from a run resubmitted before the client read the end: it goes past the end
-        if output.error is None and output.output_index != len(record.delivered_ids):
-            return  # a repeat from a run that was replaced, or another tokenizer's copy
-        self.completed = output.finish_reason is not None
+        delivered = len(record.delivered_ids)
+        if output.error is None and output.output_index != delivered:
+            if output.finish_reason != "abort" or output.token_ids:
+                return  # a repeat from a run that was replaced, or another tokenizer's copy
+            if output.output_index > delivered:
+                self._early_end = output
+                return
+            output = msgspec.structs.replace(output, output_index=delivered, completion_tokens=delivered)
+        prompt_logprobs = record.prompt_logprobs.extend(output.prompt_logprobs)
+        if prompt_logprobs != output.prompt_logprobs:  # positions a recomputed prompt scored again
+            output = msgspec.structs.replace(output, prompt_logprobs=prompt_logprobs)
+        if not (output.token_ids or output.text or output.finish_reason or output.prompt_logprobs):
+            return
         self.progressed_at = time.monotonic()
         record.delivered_ids += output.token_ids
         record.delivered_chars += len(output.text)
+        record.logprobs.extend(output.logprobs)
         if output.cached_tokens is not None:
             record.cached_tokens = output.cached_tokens
+        if output.finish_reason is not None:
+            self.completed, self.finish_reason, record.matched_stop = True, output.finish_reason, output.matched_stop
+            self.ended.set()
         self._queue.put_nowait(output)
+        early_end = self._early_end
+        if early_end is not None and early_end.output_index == len(record.delivered_ids):
+            self._early_end = None
+            self.deliver(early_end)
 
     def deliver_step(self, update: SequenceUpdate) -> None:
-        """Takes the tokens of a step as the executor published them, for a request that wants no
-        text (a tokenizer turns the others' steps into the outputs `deliver` takes)."""
+        """Takes a step's update as the executor published it, for a request that wants no text (a
+        tokenizer turns the others' steps into the outputs `deliver` takes): its tokens that
+        continue where the client stands, with their logprobs; an end or prompt logprobs without
+        tokens as they come."""
         if self.completed:
             return
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
             self.record.cached_tokens = update.cached_tokens
         start = len(self.record.delivered_ids)
-        if not update.continues(start):
+        if update.token_ids and not update.continues(start):
             return
-        token_ids = update.token_ids[start - update.output_index :]
+        skip = start - update.output_index if update.token_ids else 0
+        token_ids = update.token_ids[skip:]
+        finish = update.finish_reason
         self.deliver(
             RequestOutput(
-                self.request_id, token_ids, "", update.finish_reason, start + len(token_ids), output_index=start
+                self.request_id,
+                token_ids,
+                "",
+                finish,
+                start + len(token_ids),
+                output_index=start if token_ids else update.output_index,
+                logprobs=slice_logprobs(update.logprobs, skip, len(update.token_ids)),
+                prompt_logprobs=update.prompt_logprobs,
+                matched_stop=token_ids[-1] if finish == "stop" and token_ids else None,
             )
         )
+
+    def end_aborted(self) -> None:
+        """Ends the aborted request where its client stands, if no end came from downstream."""
+        delivered = len(self.record.delivered_ids)
+        self.deliver(RequestOutput(self.request_id, [], "", "abort", delivered, output_index=delivered))
 
     def fail(self, error: Error) -> None:
         self._queue.put_nowait(RequestOutput(self.request_id, [], "", "error", error=error))
@@ -119,7 +170,8 @@ class RequestStream:
 
 class RequestGroup:
     """The n choices of one prompt, each its own request downstream; n is 1 for most requests.
-    Iterate for (choice index, output) until every choice has ended."""
+    Iterate for (choice index, output) until every choice has ended; each output carries the
+    logprobs of its tokens and the prompt's that came with it, the records all delivered."""
 
     def __init__(self, request_id: str, prompt_ids: list[int]) -> None:
         self.request_id = request_id
@@ -129,6 +181,15 @@ class RequestGroup:
     @property
     def cached_tokens(self) -> int:
         return self.choices[0].cached_tokens  # the prompt's reuse, as the first choice found it
+
+    @property
+    def created(self) -> float:
+        return self.choices[0].record.created
+
+    @property
+    def prompt_logprobs(self) -> TokenLogprobs | None:
+        """Of the prompt, as the first choice computed it for all (the others fork it)."""
+        return self.choices[0].record.prompt_logprobs.whole()
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         if len(self.choices) == 1:
