@@ -67,7 +67,8 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             answers_requests=True,
         ),
         "scheduler": Grant(
-            publish=[s.executor_commands, s.executor_describe, s.heartbeat("scheduler")],
+            # origins: the end of a waiting request aborted with its output kept
+            publish=[s.executor_commands, s.executor_describe, s.origin("*"), s.heartbeat("scheduler")],
             subscribe=[
                 s.scheduler,
                 sessions,

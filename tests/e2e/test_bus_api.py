@@ -72,7 +72,7 @@ async def test_malformed_messages_get_error_replies(nc, payload):
 @pytest.mark.parametrize(
     ("request_", "code"),
     [
-        (GenerateRequest(text="hi", params=SamplingParams(max_tokens=0)), "invalid_request"),
+        (GenerateRequest(text="hi", n=2, params=SamplingParams(max_tokens=0)), "invalid_request"),
         (GenerateRequest(text="hi", params=SamplingParams(min_p=1.5)), "invalid_request"),  # refused when decoded
         (GenerateRequest(text="hi", params=SamplingParams(max_tokens=10**7)), "context_length_exceeded"),
         (GenerateRequest(messages=[]), "invalid_request"),
@@ -94,7 +94,8 @@ async def test_bad_requests_get_error_replies(nc, request_, code):
 @pytest.mark.parametrize(
     ("params", "field"),
     [
-        (SamplingParams(max_tokens=0), "params.max_tokens"),
+        (SamplingParams(max_tokens=-1), "params.max_tokens"),
+        (SamplingParams(top_logprobs=21), "params.top_logprobs"),
         (SamplingParams(temperature=2.5), "params.temperature"),
         (SamplingParams(top_p=0.0), "params.top_p"),
         (SamplingParams(top_k=-2), "params.top_k"),

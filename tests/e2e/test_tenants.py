@@ -4,6 +4,7 @@ publish on (the bus), cached prefixes and replies never cross tenants, a client 
 another tenant's name nor pass for several tenants, and only the admin key or the admin
 credentials reach the admin API."""
 
+import asyncio
 import json
 import stat
 
@@ -18,7 +19,8 @@ from ops.bus_client import stream_generate
 from ops.local_server import start_server
 from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
-from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, SessionTurn
+from schemas.generate import AbortGenerate, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, SessionTurn
+from schemas.requests import Aborted
 from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
 from tests.e2e.nats_probe import Connection
 
@@ -142,6 +144,37 @@ async def test_a_tenant_cannot_resume_another_tenants_stream(keyed_server):
     refused = await ask(alpha, "llm.generate.alpha", replay, GenerateResult)
     assert isinstance(refused, Error) and refused.param == "request_id"
     await alpha.drain()
+
+
+async def test_a_tenant_aborts_its_own_requests_alone(keyed_server):
+    """By id or all at once, on its own subject: another tenant's request runs on to its end."""
+    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
+    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    long = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    short = msgspec.structs.replace(long, max_tokens=100)
+    runs = {
+        name: asyncio.create_task(
+            ask(
+                nc, f"llm.generate.{tenant}", GenerateRequest(text="Hi", params=params, request_id=name), GenerateResult
+            )
+        )
+        for name, nc, tenant, params in [
+            ("alpha-1", alpha, "alpha", long),
+            ("alpha-2", alpha, "alpha", long),
+            ("beta-1", beta, "beta", short),
+        ]
+    }
+    await asyncio.sleep(0.5)
+    assert await ask(beta, "llm.generate.beta", AbortGenerate(request_id="alpha-1"), Aborted) == Aborted([])
+    assert await ask(alpha, "llm.generate.alpha", AbortGenerate(request_id="alpha-1"), Aborted) == Aborted(["alpha-1"])
+    assert sorted((await ask(alpha, "llm.generate.alpha", AbortGenerate(abort_all=True), Aborted)).request_ids) == [
+        "alpha-2"
+    ]
+    results = {name: await run for name, run in runs.items()}
+    assert [results[name].finish_reason for name in ("alpha-1", "alpha-2", "beta-1")] == ["abort", "abort", "length"]
+    assert results["beta-1"].completion_tokens == 100
+    await alpha.drain()
+    await beta.drain()
 
 
 async def test_a_session_opened_on_the_bus_belongs_to_the_subjects_tenant(keyed_server):
