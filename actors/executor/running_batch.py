@@ -20,9 +20,10 @@ the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from the
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from actors.executor.step_logprobs import scored_targets, wire_logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
-from gpu.step_io import PositionLogprobs, SequenceInput, StepLogprobs
-from schemas.generate import SamplingParams, TokenLogprobs
+from gpu.step_io import SequenceInput, StepLogprobs
+from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
 
 
@@ -143,50 +144,41 @@ class RunningBatch:
                 plan.append(self._advance(seq, len(inputs) - 1, 0, True))
         prefill_budget = max_prefill_tokens
         for seq in live:
-            if not seq.chunks or prefill_budget == 0:
-                continue
-            chunk = seq.chunks[0]
-            # As much of the chunk as the budget and the sequence's blocks take: the rest waits.
-            taken = min(len(chunk.token_ids), prefill_budget, self._capacity(seq) - chunk.start_position)
-            if taken <= 0:
-                continue
-            if taken == len(chunk.token_ids):
-                seq.chunks.popleft()
-                next_token = chunk.next_token
-            else:
-                seq.chunks[0] = PrefillChunk(
-                    seq.request_id, chunk.token_ids[taken:], chunk.start_position + taken, chunk.last, chunk.next_token
-                )
-                next_token = chunk.token_ids[taken]
-            final = chunk.last and taken == len(chunk.token_ids)
-            draws = final and seq.num_outputs < seq.params.max_tokens  # max_tokens 0: the prompt alone
-            prefill_budget -= taken
-            token_ids = list(chunk.token_ids[:taken])
-            scored_from, targets = self._scored(seq, token_ids, chunk.start_position, next_token, final)
-            inputs.append(self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets))
-            seq.position += taken
-            planned = self._advance(seq, len(inputs) - 1, taken, draws)
-            if final and not draws:
-                planned = replace(planned, last=True)
-                seq.exhausted = True
-            if targets:
-                planned = replace(planned, scored_start=chunk.start_position + scored_from + 1)
-            plan.append(planned)
+            if seq.chunks and prefill_budget > 0 and (planned := self._plan_chunk(seq, prefill_budget, len(inputs))):
+                inputs.append(planned[0])
+                plan.append(planned[1])
+                prefill_budget -= planned[1].prefill_tokens
         return inputs, plan
 
-    @staticmethod
-    def _scored(
-        seq: RunningSequence, token_ids: list[int], start: int, next_token: int | None, final: bool
-    ) -> tuple[int, tuple[int, ...]]:
-        """The prompt positions a chunk's input scores: from its first fed position whose next
-        token is at `seq.scores_from` or later, the tokens that follow each, the token after the
-        input last (`next_token`, which the scheduler sets while the prompt goes on). A final chunk's
-        last position draws (or, with max_tokens 0, has no next token): it scores nothing."""
-        if seq.scores_from is None:
-            return 0, ()
-        following = token_ids[1:] + ([] if final or next_token is None else [next_token])
-        first = max(seq.scores_from - 1 - start, 0)
-        return (first, tuple(following[first:])) if first < len(following) else (0, ())
+    def _plan_chunk(self, seq: RunningSequence, budget: int, row: int) -> tuple[SequenceInput, PlannedInput] | None:
+        """As much of `seq`'s next chunk as `budget` and its blocks take, as input `row`; the rest
+        waits, first in line, for the next step. None if its blocks take none."""
+        chunk = seq.chunks[0]
+        taken = min(len(chunk.token_ids), budget, self._capacity(seq) - chunk.start_position)
+        if taken <= 0:
+            return None
+        if taken == len(chunk.token_ids):
+            seq.chunks.popleft()
+            next_token = chunk.next_token
+        else:
+            rest = chunk.token_ids[taken:]
+            seq.chunks[0] = PrefillChunk(
+                seq.request_id, rest, chunk.start_position + taken, chunk.last, chunk.next_token
+            )
+            next_token = rest[0]
+        token_ids = list(chunk.token_ids[:taken])
+        final = chunk.last and taken == len(chunk.token_ids)
+        draws = final and seq.num_outputs < seq.params.max_tokens  # max_tokens 0: the prompt alone
+        scored_from, targets = scored_targets(seq.scores_from, token_ids, chunk.start_position, next_token, final)
+        sequence_input = self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets)
+        seq.position += taken
+        planned = self._advance(seq, row, taken, draws)
+        if final and not draws:
+            planned = replace(planned, last=True)
+            seq.exhausted = True
+        if targets:
+            planned = replace(planned, scored_start=chunk.start_position + scored_from + 1)
+        return sequence_input, planned
 
     def _capacity(self, seq: RunningSequence) -> int:
         """Tokens its granted blocks hold."""
@@ -274,16 +266,3 @@ class RunningBatch:
             if finish:
                 del self.sequences[seq.request_id]
         return updates
-
-
-def wire_logprobs(positions: PositionLogprobs | None, start: int) -> TokenLogprobs | None:
-    """The runner's logprobs as they travel, from position `start`: lists nobody asked for stay off the wire."""
-    if positions is None or not positions.logprobs:
-        return None
-    return TokenLogprobs(
-        start,
-        positions.logprobs,
-        positions.top_ids if any(positions.top_ids) else [],
-        positions.top_logprobs if any(positions.top_logprobs) else [],
-        positions.id_logprobs if any(positions.id_logprobs) else [],
-    )

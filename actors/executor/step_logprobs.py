@@ -1,0 +1,33 @@
+"""The logprobs side of the executor's running batch: which prompt positions a chunk's input
+scores, and the runner's logprobs as they travel in the step outputs."""
+
+from gpu.step_io import PositionLogprobs
+from schemas.generate import TokenLogprobs
+
+
+def scored_targets(
+    scores_from: int | None, token_ids: list[int], start: int, next_token: int | None, final: bool
+) -> tuple[int, tuple[int, ...]]:
+    """The prompt tokens an input of `token_ids` fed from position `start` scores: `(first, targets)`,
+    target i following fed position `first + i`, from the first whose target is at prompt position
+    `scores_from` or later (None: the run scores nothing). Each fed position is followed by the
+    next fed token, the last by `next_token` (the scheduler names it while the prompt goes on). A
+    final chunk's last position draws (or, with max_tokens 0, has no next token): it scores nothing."""
+    if scores_from is None:
+        return 0, ()
+    following = token_ids[1:] + ([] if final or next_token is None else [next_token])
+    first = max(scores_from - 1 - start, 0)
+    return (first, tuple(following[first:])) if first < len(following) else (0, ())
+
+
+def wire_logprobs(positions: PositionLogprobs | None, start: int) -> TokenLogprobs | None:
+    """The runner's logprobs as they travel, from position `start`: lists nobody asked for stay off the wire."""
+    if positions is None or not positions.logprobs:
+        return None
+    return TokenLogprobs(
+        start,
+        positions.logprobs,
+        positions.top_ids if any(positions.top_ids) else [],
+        positions.top_logprobs if any(positions.top_logprobs) else [],
+        positions.id_logprobs if any(positions.id_logprobs) else [],
+    )
