@@ -13,13 +13,14 @@ from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.generate import ChatMessage, GenerateRequest, SamplingParams, SessionTurn
 from schemas.health import Heartbeat
-from schemas.requests import Abort, Accepted, OutputBatch, RequestOutput, Submit, Tenant
+from schemas.requests import Abort, AbortAll, Aborted, Accepted, OutputBatch, RequestOutput, Submit, Tenant
 from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
 from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
 
 SUBJECTS = Subjects()
 ENCODED = [5, 6, 7]
 EARLIER_TURN = [1, 2, 3, 4]
+ABORT_END_WAIT_S = 0.3
 
 
 class StandIns:
@@ -31,9 +32,12 @@ class StandIns:
         self.encoded: list[Encode] = []
         self.tracked: list[Track] = []
         self.untracked: asyncio.Queue[Untrack] = asyncio.Queue()
+        self.aborts_known: set[str] = set()  # what it answers it aborted, keeping the output
 
     async def start(self) -> None:
-        await self.bus.subscribe(SUBJECTS.scheduler, Submit | Abort | BeginTurn | RecordTurn, self._on_scheduler)
+        await self.bus.subscribe(
+            SUBJECTS.scheduler, Submit | Abort | AbortAll | BeginTurn | RecordTurn, self._on_scheduler
+        )
         await self.bus.subscribe(SUBJECTS.tokenizer, Encode | Track, self._on_tokenizer)
         await self.bus.subscribe(SUBJECTS.tokenizer_untrack, Untrack, self._on_untrack)
 
@@ -46,6 +50,10 @@ class StandIns:
                 return TurnTokens(session_id, "turn-1", EARLIER_TURN)
             case RecordTurn(session_id=session_id, turn_id=turn_id):
                 return TurnRecorded(session_id, turn_id)
+            case Abort(request_id=request_id, keep_output=True):
+                return Aborted([request_id] if request_id in self.aborts_known else [])
+            case AbortAll():
+                return Aborted(sorted(self.aborts_known))
         return None
 
     async def _on_tokenizer(self, message, _reply_to):
@@ -90,7 +98,9 @@ async def stand_ins(nats_url):
 @pytest.fixture
 async def origin(nats_url):
     bus = await Bus.connect(nats_url, "origin")
-    pipeline = RequestPipeline(bus, SUBJECTS, "origin-1", request_timeout_s=10.0, max_migrations=3)
+    pipeline = RequestPipeline(
+        bus, SUBJECTS, "origin-1", request_timeout_s=10.0, max_migrations=3, abort_end_wait_s=ABORT_END_WAIT_S
+    )
     await pipeline.start()
     yield pipeline, bus
     await pipeline.close()
@@ -184,3 +194,47 @@ async def test_a_migration_that_fails_is_logged_and_fails_its_request(origin, st
     assert "could not be migrated" in output.error.message
     assert [entry["request_id"] for entry in logs if entry["event"] == "migration_failed"] == ["r"]
     await group.close()
+
+
+async def test_an_aborted_request_ends_with_what_its_client_has_and_moves_no_more(origin, stand_ins):
+    """Each of its n choices: one the scheduler ends (its end comes as a tokenizer's output), one
+    it did not know, which the origin ends itself after its wait and aborts downstream. A new
+    scheduler meanwhile gets neither again. Both are untracked when the client closes the group."""
+    pipeline, _ = origin
+    await stand_ins.heartbeat("scheduler", "scheduler-a")
+    await until(lambda: not pipeline.not_ready(("scheduler",)))
+    group = await pipeline.submit(GenerateRequest(text="hi", n=2, params=SamplingParams(max_tokens=9)), request_id="r")
+    submits = [await stand_ins.next_to_scheduler() for _ in range(2)]
+    origin_subject = submits[0].origin
+    await stand_ins.send(origin_subject, RequestOutput("r-0", [10, 11], "ab", output_index=0))
+    stand_ins.aborts_known = {"r-0"}
+    assert await pipeline.abort_request("r", tenant=Tenant("someone-else")) == []
+    assert await pipeline.abort_request("r") == ["r-0", "r-1"]
+    assert {await stand_ins.next_to_scheduler() for _ in range(2)} == {
+        Abort("r-0", keep_output=True),
+        Abort("r-1", keep_output=True),
+    }
+    await stand_ins.heartbeat("scheduler", "scheduler-b")  # a migration of everything running
+    await stand_ins.send(origin_subject, RequestOutput("r-0", [], "", "abort", 2, output_index=2))
+    got = [(index, output.token_ids, output.finish_reason) async for index, output in group]
+    assert got == [(0, [10, 11], None), (0, [], "abort"), (1, [], "abort")]
+    assert await stand_ins.next_to_scheduler() == Abort("r-1")  # the run it may have missed
+    assert stand_ins.scheduler.empty()  # and nothing was submitted again
+    await group.close()
+    assert {await asyncio.wait_for(stand_ins.untracked.get(), 5) for _ in range(2)} == {Untrack("r-0"), Untrack("r-1")}
+    assert await pipeline.abort_request("r") == []  # ended
+
+
+async def test_abort_all_asks_the_scheduler_for_every_request_of_the_tenant(origin, stand_ins):
+    pipeline, _ = origin
+    mine = await pipeline.submit(GenerateRequest(text="hi"), tenant=Tenant("a"), request_id="mine")
+    theirs = await pipeline.submit(GenerateRequest(text="hi"), tenant=Tenant("b"), request_id="theirs")
+    submits = [await stand_ins.next_to_scheduler() for _ in range(2)]
+    stand_ins.aborts_known = {"mine", "at-another-origin"}
+    assert await pipeline.abort_all(Tenant("a")) == ["at-another-origin", "mine"]
+    assert await stand_ins.next_to_scheduler() == AbortAll(Tenant("a"))
+    await stand_ins.send(submits[0].origin, RequestOutput("mine", [], "", "abort", 0, output_index=0))
+    assert [output.finish_reason async for _index, output in mine] == ["abort"]
+    assert theirs.choices[0].running and not theirs.choices[0].aborting
+    await mine.close()
+    await theirs.close()

@@ -59,6 +59,8 @@ class Aborts:
         except TimeoutError:
             log.info("abort_ended_at_origin", request_id=stream.request_id)
             stream.end_aborted()
+            # A run the scheduler did not know then (its submit was on the way) may run now: stop it.
+            await self._downstream.abort(stream.request_id)
 
     async def close(self) -> None:
         for task in self._tasks:

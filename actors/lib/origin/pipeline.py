@@ -19,7 +19,7 @@ import uuid
 import msgspec
 import structlog
 
-from actors.lib.origin.aborts import Aborts
+from actors.lib.origin.aborts import END_WAIT_S, Aborts
 from actors.lib.origin.downstream import Downstream
 from actors.lib.origin.intake import choice_records, refusal
 from actors.lib.origin.migration_policy import MISSED_START, STALL_S, STALLED, MigrationPolicy
@@ -46,7 +46,13 @@ class RequestPipeline:
     so each of its outputs finds it, and every migration sees it while it may run downstream."""
 
     def __init__(
-        self, bus: Bus, subjects: Subjects, origin_id: str, request_timeout_s: float, max_migrations: int
+        self,
+        bus: Bus,
+        subjects: Subjects,
+        origin_id: str,
+        request_timeout_s: float,
+        max_migrations: int,
+        abort_end_wait_s: float = END_WAIT_S,
     ) -> None:
         self._bus = bus
         self._subjects = subjects
@@ -56,7 +62,7 @@ class RequestPipeline:
         self._policy = MigrationPolicy(max_migrations)
         self._downstream = Downstream(bus, subjects, self._origin_subject)
         self._migrations = Migrations(self._downstream, self._policy, retry_for_s=request_timeout_s)
-        self._aborts = Aborts(self._downstream)
+        self._aborts = Aborts(self._downstream, abort_end_wait_s)
         self._steps_subscription = asyncio.Lock()
         self._receiving_steps = False
 
