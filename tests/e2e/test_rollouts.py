@@ -119,6 +119,25 @@ async def test_logprobs_equal_transformers_log_softmax(nc, log_softmax, sampling
         assert result.token_ids == reference[n - 1 : -1].argmax(-1).tolist()
 
 
+async def test_a_request_without_text_gets_the_same_logprobs_straight_from_the_steps(nc):
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
+    params = msgspec.structs.replace(params, prompt_logprobs_from=3)
+    with_text = await generate(nc, GenerateRequest(input_ids=prompt(6), params=params))
+    without = msgspec.structs.replace(params, detokenize=False)
+    inbox = nc.new_inbox()
+    replies = await nc.subscribe(inbox)
+    request = GenerateRequest(input_ids=prompt(6), params=without, stream=True)
+    await nc.publish("llm.generate", msgspec.msgpack.encode(request), reply=inbox)
+    chunks = []
+    while not isinstance(
+        item := msgspec.msgpack.decode((await replies.next_msg(timeout=60)).data, type=Reply), GenerateResult
+    ):
+        chunks.append(item)
+    assert (item.text, item.token_ids, item.logprobs) == ("", with_text.token_ids, with_text.logprobs)
+    assert item.prompt_logprobs == with_text.prompt_logprobs
+    assert [lp for c in chunks for lp in c.logprobs.logprobs] == with_text.logprobs.logprobs
+
+
 async def test_processed_logprobs_are_of_the_distribution_drawn_from(nc, log_softmax):
     prompt_ids = prompt(2)
     params = SamplingParams(
