@@ -3,6 +3,7 @@
 from aiohttp import web
 
 from actors.frontdoor.http_app import HttpApi
+from actors.frontdoor.sglang_info import ServerFacts
 from actors.frontdoor.tenants import Tenants
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
@@ -15,7 +16,7 @@ LISTEN_BACKLOG = 4096
 
 
 class FrontdoorActor(Actor):
-    """Serves the OpenAI-compatible HTTP API, the native `/generate` and the admin routes."""
+    """Serves the OpenAI-compatible HTTP API, SGLang's native routes and the admin routes."""
 
     name = "frontdoor"
     on_request_path = True
@@ -28,12 +29,21 @@ class FrontdoorActor(Actor):
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
         tenants = Tenants.from_config(cfg.tenancy.api_keys, cfg.tenancy.admin_key)
+        engine = cfg.engine
+        facts = ServerFacts(
+            engine.model_name,
+            engine.model or engine.model_name,
+            engine.block_size,
+            engine.max_num_seqs,
+            engine.max_prefill_tokens,
+            engine.max_model_len,
+        )
         app = HttpApi(
             self.pipeline,
             self.bus,
             self.subjects,
             tenants,
-            cfg.engine.model_name,
+            facts,
             cfg.http.max_body_bytes,
             cfg.http.max_concurrent_requests,
         ).build_app()

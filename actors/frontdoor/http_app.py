@@ -1,9 +1,8 @@
-"""The HTTP front door: OpenAI-compatible routes, the native `/generate`, and `/health`.
+"""The HTTP front door: the routes, the admin and session conversations, and `/health`.
 
-Handlers parse with `openai_protocol` or `native_protocol`, run the request through the pipeline,
-and write either one JSON body or a stream of server-sent events. A client that goes away
-mid-request cancels its handler (or fails its next write), and closing the stream aborts the
-request downstream.
+OpenAI's chat and completions are served by `openai_serving`, SGLang's native `/generate` and
+`/abort_request` by `sglang_serving`, and the health, info and load routes SGLang's clients poll by
+`sglang_info`; the admin and session routes here are plain requests to the scheduler.
 """
 
 import time
@@ -14,11 +13,14 @@ from aiohttp import web
 
 from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor.http_errors import error_response, errors_as_json
+from actors.frontdoor.openai_responses import models_response
+from actors.frontdoor.openai_serving import OpenAIServing
 from actors.frontdoor.openapi import openapi_document
-from actors.frontdoor.request_fields import ParsedRequest
+from actors.frontdoor.sglang_info import ServerFacts, SGLangInfo
+from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
 from actors.lib.origin.pipeline import RequestPipeline
-from actors.lib.origin.request_stream import RequestGroup
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import (
@@ -38,25 +40,8 @@ log = structlog.get_logger()
 
 
 PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
-RETRY_AFTER_S = 1
 ADMIN_TIMEOUT_S = 5.0
 SESSION_TIMEOUT_S = 5.0
-
-
-def error_response(error: Error) -> web.Response:
-    return web.json_response(protocol.error_body(error), status=error.http_status)
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler):
-    """aiohttp's own errors (unknown route, wrong method, body too large) in OpenAI's error shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {404: "not_found", 413: "payload_too_large"}.get(exc.status, "invalid_request")
-        return web.json_response(protocol.error_body(Error(code, exc.reason)), status=exc.status)
 
 
 class HttpApi:
@@ -69,7 +54,7 @@ class HttpApi:
         bus: Bus,
         subjects: Subjects,
         tenants: Tenants,
-        model_name: str,
+        facts: ServerFacts,
         max_body_bytes: int,
         max_concurrent_requests: int,
     ) -> None:
@@ -77,11 +62,13 @@ class HttpApi:
         self.bus = bus
         self.subjects = subjects
         self.tenants = tenants
-        self.model_name = model_name
+        self.model_name = facts.model_name
         self.max_body_bytes = max_body_bytes
-        self.max_concurrent_requests = max_concurrent_requests
         self.openapi_document = openapi_document()
-        self.created = int(time.time())
+        self.started = int(time.time())
+        self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
+        self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests)
+        self.info = SGLangInfo(pipeline, bus, subjects, facts)
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json, self.identify], client_max_size=self.max_body_bytes)
@@ -90,7 +77,18 @@ class HttpApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/generate", self.sglang.generate)
+        app.router.add_post("/abort_request", self.sglang.abort_request)
+        app.router.add_get("/health_generate", self.info.health_generate)
+        for path, handler in (
+            ("/server_info", self.info.server_info),
+            ("/get_server_info", self.info.server_info),
+            ("/model_info", self.info.model_info),
+            ("/get_model_info", self.info.model_info),
+            ("/v1/loads", self.info.loads),
+            ("/get_load", self.info.get_load),
+        ):
+            app.router.add_get(path, handler)
         app.router.add_post("/v1/sessions", self.open_session)
         app.router.add_delete("/v1/sessions/{session_id}", self.close_session)
         app.router.add_get("/admin/stats", self.stats)
@@ -148,7 +146,7 @@ class HttpApi:
         return web.json_response(msgspec.to_builtins(reply))
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response(protocol.models_response(self.model_name, self.created))
+        return web.json_response(models_response(self.model_name, self.started))
 
     async def open_session(self, request: web.Request) -> web.Response:
         body = native.parse_session_body(await request.read())
@@ -180,128 +178,8 @@ class HttpApi:
         return web.json_response({"id": reply.session_id, "object": "session", "deleted": True})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, protocol.parse_chat_request(await request.read(), self.model_name))
+        return await self.openai.serve(request, protocol.parse_chat_request(await request.read(), self.model_name))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, protocol.parse_completion_request(await request.read(), self.model_name))
-
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, native.parse_generate_request(await request.read()))
-
-    async def _serve(self, request: web.Request, parsed: ParsedRequest | Error) -> web.StreamResponse:
-        if isinstance(parsed, Error):
-            return error_response(parsed)
-        if self.pipeline.in_flight >= self.max_concurrent_requests:
-            response = error_response(
-                Error(
-                    "overloaded",
-                    f"more than {self.max_concurrent_requests} requests in flight; retry later",
-                    retriable=True,
-                )
-            )
-            response.headers["Retry-After"] = str(RETRY_AFTER_S)
-            return response
-        tenant = self.tenants.request_tenant(request["identity"], parsed.user)
-        group = await self.pipeline.submit(parsed.request, tenant=tenant)
-        if isinstance(group, Error):
-            return error_response(group)
-        try:
-            if parsed.request.stream:
-                return await self._stream_events(request, parsed, group)
-            return await self._whole_response(parsed, group)
-        finally:
-            await group.close()
-
-    async def _whole_response(self, parsed: ParsedRequest, group: RequestGroup) -> web.Response:
-        texts: list[list[str]] = [[] for _ in group.choices]
-        token_ids: list[list[int]] = [[] for _ in group.choices]
-        finishes: list[str] = [""] * len(group.choices)
-        completion_tokens = 0
-        async for index, output in group:
-            if output.error:
-                return error_response(output.error)
-            texts[index].append(output.text)
-            token_ids[index] += output.token_ids
-            if output.finish_reason:
-                finishes[index] = output.finish_reason
-                completion_tokens += output.completion_tokens
-        choices = [("".join(text), finish) for text, finish in zip(texts, finishes)]
-        return web.json_response(self._final_body(parsed.kind, group, choices, token_ids[0], completion_tokens))
-
-    def _final_body(
-        self,
-        kind: str,
-        group: RequestGroup,
-        choices: list[tuple[str, str]],
-        token_ids: list[int],
-        completion_tokens: int,
-    ) -> dict:
-        args = (
-            group.request_id,
-            self.model_name,
-            self.created,
-            choices,
-            len(group.prompt_ids),
-            completion_tokens,
-            group.cached_tokens,
-        )
-        if kind == "chat":
-            return protocol.chat_completion_response(*args)
-        if kind == "completion":
-            return protocol.completion_response(*args)
-        ((text, finish),) = choices  # the native route has no n
-        return {
-            "request_id": group.request_id,
-            "text": text,
-            "token_ids": token_ids,
-            "finish_reason": finish,
-            "prompt_tokens": len(group.prompt_ids),
-            "completion_tokens": completion_tokens,
-            "cached_tokens": group.cached_tokens,
-        }
-
-    async def _stream_events(
-        self, request: web.Request, parsed: ParsedRequest, group: RequestGroup
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        kind, rid, model, created = parsed.kind, group.request_id, self.model_name, self.created
-        if kind == "chat":
-            for index in range(len(group.choices)):
-                await response.write(
-                    protocol.sse_event(protocol.chat_chunk(rid, model, created, role="assistant", index=index))
-                )
-        completion_tokens = 0
-        async for index, output in group:
-            if output.error:
-                await response.write(protocol.sse_event(protocol.error_body(output.error)))
-                break
-            if output.text or output.finish_reason or (kind == "generate" and output.token_ids):
-                await response.write(protocol.sse_event(self._chunk(kind, rid, index, output)))
-            if output.finish_reason:
-                completion_tokens += output.completion_tokens
-        else:
-            if parsed.include_usage_in_stream:
-                usage = protocol.usage_chunk(
-                    kind, rid, model, created, len(group.prompt_ids), completion_tokens, group.cached_tokens
-                )
-                await response.write(protocol.sse_event(usage))
-        await response.write(protocol.SSE_DONE)
-        await response.write_eof()
-        return response
-
-    def _chunk(self, kind: str, rid: str, index: int, output) -> dict:
-        model, created = self.model_name, self.created
-        if kind == "chat":
-            return protocol.chat_chunk(
-                rid, model, created, delta_text=output.text, finish_reason=output.finish_reason, index=index
-            )
-        if kind == "completion":
-            return protocol.completion_chunk(rid, model, created, output.text, output.finish_reason, index=index)
-        return {
-            "request_id": rid,
-            "text": output.text,
-            "token_ids": output.token_ids,
-            "finish_reason": output.finish_reason,
-            "completion_tokens": output.completion_tokens,
-        }
+        parsed = protocol.parse_completion_request(await request.read(), self.model_name)
+        return await self.openai.serve(request, parsed)

@@ -2,29 +2,18 @@
 
 Pure functions with no I/O, so the HTTP handlers stay thin. A body either becomes a
 `ParsedRequest` or an `Error` that names the field at fault; a field we cannot honour is
-refused rather than ignored, so a client never gets output it did not ask for. The native
-routes' bodies are in `native_protocol`; the response builders live in `openai_responses` and
-are re-exported here for the handlers.
+refused rather than ignored, so a client never gets output it did not ask for. vLLM's extras are
+taken too (its sampling controls, `prompt_logprobs`, `return_token_ids`, `cache_salt`). SGLang's
+native bodies are in `sglang_protocol`; the response builders live in `openai_responses`.
 """
 
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.frontdoor.openai_responses import (  # noqa: F401  (re-exported for the HTTP handlers)
-    SSE_DONE,
-    chat_chunk,
-    chat_completion_response,
-    completion_chunk,
-    completion_response,
-    error_body,
-    models_response,
-    sse_event,
-    usage_chunk,
-)
 from actors.frontdoor.request_fields import (
     Id,
-    ParsedRequest,
     SamplingFields,
     decode_body,
     invalid,
@@ -32,9 +21,32 @@ from actors.frontdoor.request_fields import (
     session_turn,
 )
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, TokenCount, TokenId
+from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, TokenCount, TokenId, TopLogprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What the response shows beyond the text, as the client asked."""
+
+    logprobs: int | None = None  # the top alternatives per token (0: the chosen token's alone); None: no logprobs
+    echo: bool = False  # completions: the prompt before the output (with its logprobs when asked)
+    prompt_logprobs: int | None = None  # vLLM's: top alternatives per prompt token; None: none
+    return_token_ids: bool = False  # vLLM's: `prompt_token_ids` and each choice's `token_ids`
+    tokens_as_ids: bool = False  # vLLM's `return_tokens_as_token_ids`: tokens named `token_id:<id>`
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A valid request. For chat without max_tokens, `request.params.max_tokens` is None: the
+    scheduler fills in what the context window leaves after the prompt."""
+
+    kind: Literal["chat", "completion"]
+    request: GenerateRequest
+    include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
+    user: str = ""  # the OpenAI `user` field: the tenant when no API keys are configured
+    output: OutputOptions = field(default_factory=OutputOptions)
 
 
 class StreamOptions(msgspec.Struct):
@@ -53,15 +65,15 @@ class OpenAIFields(SamplingFields, kw_only=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
-    min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
     user: str | None = None  # names the tenant when no API keys are configured
     # A turn of a session (POST /v1/sessions): the prompt continues the parent turn's conversation.
     session_id: Id | None = None
     session_parent: Id | None = None  # the id of the turn to continue; default: the latest
     session_replace: bool | None = None  # drop the turns after the parent once this one is done
+    cache_salt: str | None = None  # vLLM's: prefixes are cached apart from other salts'
+    prompt_logprobs: TopLogprobs | None = None  # vLLM's
+    return_token_ids: bool | None = None  # vLLM's
+    return_tokens_as_token_ids: bool | None = None  # vLLM's
 
 
 class ContentPart(msgspec.Struct):
@@ -79,7 +91,7 @@ class ChatCompletionRequest(OpenAIFields, kw_only=True):
     messages: list[OpenAIMessage]
     max_completion_tokens: TokenCount | None = None  # the newer name of max_tokens
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     functions: list[Any] | None = None
@@ -92,7 +104,7 @@ class CompletionRequest(OpenAIFields, kw_only=True):
     prompt: str | list[Any]
     echo: bool | None = None
     best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    logprobs: int | None = None  # even 0 asks for the chosen token's logprob
+    logprobs: TopLogprobs | None = None  # even 0 asks for the chosen token's logprob
     suffix: str | None = None
 
 
@@ -109,7 +121,10 @@ def parse_chat_request(body: bytes, served_model: str) -> ParsedRequest | Error:
     if req.max_tokens is not None and req.max_completion_tokens not in (None, req.max_tokens):
         return invalid("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to the context window
-    return _openai_parsed("chat", req, GenerateRequest(messages=messages), max_tokens, served_model)
+    if req.top_logprobs and not req.logprobs:
+        return invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    output = OutputOptions(logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+    return _openai_parsed("chat", req, GenerateRequest(messages=messages), max_tokens, served_model, output)
 
 
 def parse_completion_request(body: bytes, served_model: str) -> ParsedRequest | Error:
@@ -123,7 +138,8 @@ def parse_completion_request(body: bytes, served_model: str) -> ParsedRequest | 
     if isinstance(prompt, Error):
         return prompt
     max_tokens = req.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
-    return _openai_parsed("completion", req, prompt, max_tokens, served_model)
+    output = OutputOptions(logprobs=req.logprobs, echo=bool(req.echo))
+    return _openai_parsed("completion", req, prompt, max_tokens, served_model, output)
 
 
 def _check_model(model: str | None, served_model: str) -> Error | None:
@@ -133,19 +149,8 @@ def _check_model(model: str | None, served_model: str) -> Error | None:
     return None
 
 
-def _common_unsupported(req: OpenAIFields) -> dict[str, bool]:
-    return {
-        "presence_penalty": bool(req.presence_penalty),
-        "frequency_penalty": bool(req.frequency_penalty),
-        "logit_bias": bool(req.logit_bias),
-        "min_tokens": bool(req.min_tokens),
-    }
-
-
 def _chat_unsupported(req: ChatCompletionRequest) -> dict[str, bool]:
-    return _common_unsupported(req) | {
-        "logprobs": bool(req.logprobs),
-        "top_logprobs": bool(req.top_logprobs),
+    return {
         "tools": bool(req.tools),
         # With no tools, "none" and "auto" both mean plain text, which is what we give.
         "tool_choice": req.tool_choice not in (None, "none", "auto"),
@@ -156,10 +161,8 @@ def _chat_unsupported(req: ChatCompletionRequest) -> dict[str, bool]:
 
 
 def _completion_unsupported(req: CompletionRequest) -> dict[str, bool]:
-    return _common_unsupported(req) | {
-        "echo": bool(req.echo),
+    return {
         "best_of > 1": (req.best_of or 1) > 1,
-        "logprobs": req.logprobs is not None,
         "suffix": bool(req.suffix),
     }
 
@@ -225,14 +228,45 @@ def _completion_prompt(prompt: str | list[Any]) -> GenerateRequest | Error:
 
 
 def _openai_parsed(
-    kind: Literal["chat", "completion"], req: OpenAIFields, prompt: GenerateRequest, max_tokens: int | None, model: str
+    kind: Literal["chat", "completion"],
+    req: OpenAIFields,
+    prompt: GenerateRequest,
+    max_tokens: int | None,
+    model: str,
+    output: OutputOptions,
 ) -> ParsedRequest | Error:
     session = session_turn(req.session_id, req.session_parent, req.session_replace)
     if isinstance(session, Error):
         return session
     stream = bool(req.stream)
+    if stream and req.prompt_logprobs is not None:
+        return invalid("prompt_logprobs are not available when streaming", "prompt_logprobs")
+    params = sampling_params(req, max_tokens)
+    if isinstance(params, Error):
+        return params
+    output = replace(
+        output,
+        prompt_logprobs=req.prompt_logprobs,
+        return_token_ids=bool(req.return_token_ids),
+        tokens_as_ids=bool(req.return_tokens_as_token_ids),
+    )
+    # The prompt's logprobs are computed from its second token on, for vLLM's `prompt_logprobs` or
+    # for an echoed prompt with logprobs; one top_logprobs serves the prompt and the output.
+    scores_prompt = output.prompt_logprobs is not None or (output.echo and output.logprobs is not None)
+    params = msgspec.structs.replace(
+        params,
+        logprobs=output.logprobs is not None,
+        top_logprobs=max(output.logprobs or 0, output.prompt_logprobs or 0),
+        prompt_logprobs_from=0 if scores_prompt else None,
+    )
     request = msgspec.structs.replace(
-        prompt, params=sampling_params(req, max_tokens), stream=stream, model=model, n=req.n or 1, session=session
+        prompt,
+        params=params,
+        stream=stream,
+        model=model,
+        n=req.n or 1,
+        session=session,
+        cache_salt=req.cache_salt or "",
     )
     include_usage = stream and req.stream_options is not None and bool(req.stream_options.include_usage)
-    return ParsedRequest(kind, request, include_usage, req.user or "")
+    return ParsedRequest(kind, request, include_usage, req.user or "", output)

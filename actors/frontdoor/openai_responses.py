@@ -37,38 +37,43 @@ def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, ch
     return {"id": _ID_PREFIX[kind] + request_id, "object": obj, "created": created, "model": model, "choices": choices}
 
 
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None, **extra) -> dict:
+    """`extra`: vLLM's additions to a choice (`token_ids`)."""
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason} | extra
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None, **extra) -> dict:
+    """`extra`: vLLM's additions to a choice (`prompt_logprobs`, `prompt_token_ids`, `token_ids`)."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason} | extra
+
+
 def chat_completion_response(
     request_id: str,
     model: str,
     created: int,
-    choices: list[tuple[str, str]],
+    choices: list[dict],
     prompt_tokens: int,
     completion_tokens: int,
     cached_tokens: int = 0,
+    **extra,
 ) -> dict:
-    """`choices`: (text, finish_reason) of each; the usage counts the prompt once, every choice's tokens."""
-    bodies = [
-        {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-        for i, (text, finish) in enumerate(choices)
-    ]
-    body = _envelope("chat", "chat.completion", request_id, model, created, bodies)
-    return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
+    """`choices`: from `chat_choice`; the usage counts the prompt once, every choice's tokens.
+    `extra`: vLLM's additions to the body (`prompt_token_ids`, `prompt_logprobs`)."""
+    body = _envelope("chat", "chat.completion", request_id, model, created, choices)
+    return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)} | extra
 
 
 def completion_response(
     request_id: str,
     model: str,
     created: int,
-    choices: list[tuple[str, str]],
+    choices: list[dict],
     prompt_tokens: int,
     completion_tokens: int,
     cached_tokens: int = 0,
 ) -> dict:
-    bodies = [
-        {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-        for i, (text, finish) in enumerate(choices)
-    ]
-    body = _envelope("completion", "text_completion", request_id, model, created, bodies)
+    body = _envelope("completion", "text_completion", request_id, model, created, choices)
     return body | {"usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
@@ -80,6 +85,7 @@ def chat_chunk(
     role: str | None = None,
     finish_reason: str | None = None,
     index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
     """The first chunk of a stream gives the role (with empty content, as OpenAI does); the last
     gives the finish_reason, with an empty delta when it brings no text."""
@@ -88,14 +94,20 @@ def chat_chunk(
         delta = {"role": role, "content": delta_text or ""}
     elif delta_text:
         delta = {"content": delta_text}
-    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return _envelope("chat", _CHUNK_OBJECT["chat"], request_id, model, created, [choice])
 
 
 def completion_chunk(
-    request_id: str, model: str, created: int, text: str, finish_reason: str | None = None, index: int = 0
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str | None = None,
+    index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
-    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return _envelope("completion", _CHUNK_OBJECT["completion"], request_id, model, created, [choice])
 
 

@@ -6,8 +6,9 @@ cannot drift from what the server accepts.
 
 import msgspec
 
-from actors.frontdoor.native_protocol import GenerateBody, PublishBody, SessionBody
+from actors.frontdoor.native_protocol import PublishBody, SessionBody
 from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
+from actors.frontdoor.sglang_protocol import AbortBody, GenerateBody
 from schemas.admin import CacheReport, SchedulerStats
 
 REF = "#/components/schemas/{name}"
@@ -44,10 +45,8 @@ ERROR_BODY = {
 
 
 def openapi_document() -> dict:
-    (chat, completion, generate, session, publish, stats, cache), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, CompletionRequest, GenerateBody, SessionBody, PublishBody, SchedulerStats, CacheReport],
-        ref_template=REF,
-    )
+    structs = [ChatCompletionRequest, CompletionRequest, GenerateBody, AbortBody, SessionBody, PublishBody]
+    _, components = msgspec.json.schema_components(structs + [SchedulerStats, CacheReport], ref_template=REF)
     components["ErrorBody"] = ERROR_BODY
     post_errors = (400, 404, 413, 429, 503)
     return {
@@ -55,8 +54,8 @@ def openapi_document() -> dict:
         "info": {
             "title": "kernel-llm",
             "version": "0.1.0",
-            "description": "OpenAI-compatible completions and chat, a native generate route, sessions for "
-            "multi-turn work, health and admin.",
+            "description": "OpenAI-compatible completions and chat (with vLLM's extras), SGLang's native "
+            "generate, abort, health, info and load routes, sessions for multi-turn work, and admin.",
         },
         "paths": {
             "/v1/chat/completions": {
@@ -74,8 +73,28 @@ def openapi_document() -> dict:
             "/generate": {
                 "post": {
                     "requestBody": _json_body("GenerateBody"),
-                    "responses": _responses("generated text and token ids, or an SSE stream", *post_errors),
+                    "responses": _responses(
+                        "SGLang's {text, output_ids, meta_info} (a list for a batch), or an SSE stream", *post_errors
+                    ),
                 }
+            },
+            "/abort_request": {
+                "post": {
+                    "requestBody": _json_body("AbortBody", required=False),
+                    "responses": _responses("the requests end with finish_reason abort and their output", 400),
+                }
+            },
+            "/health_generate": {"get": {"responses": _responses("one token went through every actor", 503)}},
+            **{
+                path: {"get": {"responses": _responses(says, 503)}}
+                for path, says in (
+                    ("/server_info", "the server's settings and load, as SGLang's"),
+                    ("/get_server_info", "the same as /server_info"),
+                    ("/model_info", "model_path, tokenizer_path, is_generation, as SGLang's"),
+                    ("/get_model_info", "the same as /model_info"),
+                    ("/v1/loads", "running and waiting requests and KV use, as SGLang's (?include=core)"),
+                    ("/get_load", "SGLang's older load shape"),
+                )
             },
             "/v1/sessions": {
                 "post": {

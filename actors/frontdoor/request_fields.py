@@ -1,19 +1,24 @@
 """What every route's request body shares: the sampling fields (with the ranges of the bus's
-`SamplingParams`), the parsed request, and the decoding that turns msgspec's complaints into an
-`Error` naming the field at fault.
+`SamplingParams`), the per-token controls and their checks, and the decoding that turns msgspec's
+complaints into an `Error` naming the field at fault.
 
-Used by the OpenAI routes (openai_protocol) and the native ones (native_protocol); no I/O.
+Used by the OpenAI routes (openai_protocol) and SGLang's (sglang_protocol); no I/O.
 """
 
-from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+import re
+from typing import Annotated, TypeVar
 
 import msgspec
 
 from schemas.errors import Error
 from schemas.generate import (
-    GenerateRequest,
+    INT32_MAX,
+    MAX_STOP_STRINGS,
+    Bias,
+    Count,
     MinP,
+    Penalty,
+    RepetitionPenalty,
     SamplingParams,
     Seed,
     SessionTurn,
@@ -31,11 +36,13 @@ Body = TypeVar("Body", bound=msgspec.Struct)
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # A turn is named by its request id; the id of an OpenAI response is that with a prefix.
 RESPONSE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+StopRegexes = Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
-    """What every route accepts for sampling; None means "the default". The ranges are those of
-    `SamplingParams` (schemas/generate.py), so HTTP and the bus refuse the same values."""
+    """What the OpenAI routes accept for sampling, with vLLM's extras; None means "the default".
+    The ranges are those of `SamplingParams` (schemas/generate.py), so HTTP and the bus refuse the
+    same values."""
 
     max_tokens: TokenCount | None = None
     temperature: Temperature | None = None
@@ -47,17 +54,17 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
-
-
-@dataclass(frozen=True)
-class ParsedRequest:
-    """A valid request. For chat without max_tokens, `request.params.max_tokens` is None: the
-    scheduler fills in what the context window leaves after the prompt."""
-
-    kind: Literal["chat", "completion", "generate"]
-    request: GenerateRequest
-    include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
-    user: str = ""  # the OpenAI `user` field: the tenant when no API keys are configured
+    min_tokens: Count | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    logit_bias: dict[str, Bias] | None = None  # token id (as JSON keys are strings) -> bias
+    allowed_token_ids: list[TokenId] | None = None
+    disallowed_token_ids: list[TokenId] | None = None
+    final_temperature: Temperature | None = None  # with temperature_schedule_tokens: a schedule
+    temperature_schedule_tokens: Count | None = None
+    stop_regex: StopString | StopRegexes | None = None
+    include_stop_str_in_output: bool | None = None
 
 
 def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:
@@ -74,7 +81,7 @@ def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:
 def _validation_error(text: str) -> Error:
     """Rewrites msgspec's "Expected `int`, got `str` - at `$.max_tokens`" with the field as `param`."""
     detail, _, path = text.partition(" - at `$")
-    path = path.rstrip("`").lstrip(".")
+    path = path.rstrip("`").lstrip(".").removesuffix("[...]")  # "[...]": a value of a dict
     for prefix, say in (
         ("Object missing required field `", "is required"),
         ("Object contains unknown field `", "is not a known field"),
@@ -101,13 +108,48 @@ def session_turn(session_id: str | None, parent: str | None, replace: bool | Non
     return SessionTurn(session_id, parent, bool(replace))
 
 
-def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingParams:
-    """Ranges were checked while decoding; here an absent or null field takes our default."""
+def logit_bias_ids(bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float] | Error:
+    """JSON keys are strings: each must be a token id. Whether it is in the vocabulary, the
+    scheduler checks (it knows the model)."""
+    ids = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
+            return invalid(f"logit_bias keys must be token ids, not {key!r}", param)
+        ids[int(key)] = value
+    return ids
+
+
+def stop_regexes(patterns: str | list[str] | None, param: str = "stop_regex") -> list[str] | Error:
+    """Compiled here, at the edge, so a bad pattern is the client's 400 and never a tokenizer's error."""
+    patterns = [patterns] if isinstance(patterns, str) else patterns or []
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            return invalid(f"stop_regex {pattern!r} is not a valid regular expression: {exc}", param)
+    return patterns
+
+
+def allowed_ids(ids: list[int] | None, param: str = "allowed_token_ids") -> list[int] | None | Error:
+    if ids is not None and not ids:
+        return invalid("allowed_token_ids must not be empty: nothing could be drawn", param)
+    return ids
+
+
+def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingParams | Error:
+    """Ranges were checked while decoding; here an absent or null field takes our default, and the
+    checks that need more than a range are made."""
     default = SamplingParams()
 
     def given(value, fallback):
         return fallback if value is None else value
 
+    bias = logit_bias_ids(fields.logit_bias)
+    regexes = stop_regexes(fields.stop_regex)
+    allowed = allowed_ids(fields.allowed_token_ids)
+    for checked in (bias, regexes, allowed):
+        if isinstance(checked, Error):
+            return checked
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=given(fields.temperature, default.temperature),
@@ -119,4 +161,15 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
         stop_token_ids=given(fields.stop_token_ids, []),
         ignore_eos=given(fields.ignore_eos, default.ignore_eos),
         skip_special_tokens=given(fields.skip_special_tokens, default.skip_special_tokens),
+        min_tokens=given(fields.min_tokens, 0),
+        presence_penalty=given(fields.presence_penalty, 0.0),
+        frequency_penalty=given(fields.frequency_penalty, 0.0),
+        repetition_penalty=given(fields.repetition_penalty, 1.0),
+        logit_bias=bias,
+        allowed_token_ids=allowed,
+        disallowed_token_ids=given(fields.disallowed_token_ids, []),
+        final_temperature=fields.final_temperature,
+        temperature_schedule_tokens=given(fields.temperature_schedule_tokens, 0),
+        stop_regex=regexes,
+        include_stop_str_in_output=given(fields.include_stop_str_in_output, False),
     )

@@ -10,7 +10,7 @@ from kernel import tenants
 from schemas.errors import Error
 from schemas.requests import Tenant
 
-PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/health_generate", "/openapi.json"})
 
 
 @dataclass(frozen=True)

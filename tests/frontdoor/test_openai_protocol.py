@@ -1,4 +1,4 @@
-"""OpenAI and native bodies become our requests or a named error; responses match the SDK's types."""
+"""OpenAI and SGLang bodies become our requests or a named error; responses match the SDK's types."""
 
 import json
 import operator
@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
-from actors.frontdoor.request_fields import ParsedRequest
+from actors.frontdoor import openai_responses as responses
+from actors.frontdoor import sglang_protocol as sglang
+from actors.frontdoor.openai_protocol import OutputOptions, ParsedRequest
+from actors.frontdoor.sglang_protocol import GenerateBatch
 from schemas.errors import Error
 from schemas.generate import ChatMessage, SamplingParams
 
@@ -32,10 +34,6 @@ def completion(**fields):
     return protocol.parse_completion_request(body(**({"model": MODEL, "prompt": "hi"} | fields)), MODEL)
 
 
-def generate(**fields):
-    return native.parse_generate_request(body(**({"text": "hi"} | fields)))
-
-
 def assert_invalid(result, param: str | None, words: str = "") -> Error:
     assert isinstance(result, Error), result
     assert (result.code, result.http_status, result.param) == ("invalid_request", 400, param), result
@@ -51,7 +49,7 @@ def assert_invalid(result, param: str | None, words: str = "") -> Error:
     [
         lambda b: protocol.parse_chat_request(b, MODEL),
         lambda b: protocol.parse_completion_request(b, MODEL),
-        native.parse_generate_request,
+        sglang.parse_generate_request,
     ],
 )
 @pytest.mark.parametrize(
@@ -97,6 +95,7 @@ def test_unknown_openai_fields_are_ignored():
         presence_penalty=0,
         frequency_penalty=0.0,
         logit_bias={},
+        bad_words=[],
         tools=[],
         n=1,
         logprobs=False,
@@ -125,17 +124,11 @@ def test_missing_model_means_the_served_one():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 3}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": -1}, "frequency_penalty"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"min_tokens": 5}, "min_tokens"),
     ],
 )
 def test_chat_features_we_cannot_honour_are_refused(fields, param):
@@ -158,10 +151,7 @@ def test_n_choices_reach_the_request():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"echo": True}, "echo"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 0}, "logprobs"),
-        ({"logprobs": 5}, "logprobs"),
         ({"suffix": "end"}, "suffix"),
     ],
 )
@@ -369,44 +359,98 @@ def test_sampling_out_of_range_is_refused(fields, param):
     assert_invalid(chat(**fields), param)
 
 
-# --- requests: native /generate -----------------------------------------------------------------
+# --- requests: logprobs, echo and vLLM's extras -------------------------------------------------
 
 
-def test_generate_takes_text_or_ids():
-    parsed = generate(sampling_params={"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [3]}, stream=True)
-    assert (parsed.kind, parsed.include_usage_in_stream) == ("generate", False)
-    assert parsed.request.text == "hi" and parsed.request.stream and parsed.request.model is None
-    assert parsed.request.params == SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[3])
-    by_ids = native.parse_generate_request(body(input_ids=[5, 6], sampling_params={"max_tokens": 4}))
-    assert (by_ids.request.input_ids, by_ids.request.text, by_ids.request.params.max_tokens) == ([5, 6], None, 4)
+def test_chat_logprobs_ask_for_the_chosen_tokens_and_their_alternatives():
+    parsed = chat(logprobs=True, top_logprobs=5)
+    assert parsed.output == OutputOptions(logprobs=5)
+    params = parsed.request.params
+    assert (params.logprobs, params.top_logprobs, params.prompt_logprobs_from) == (True, 5, None)
+    assert chat(logprobs=True).output.logprobs == 0
+    assert chat(logprobs=False, top_logprobs=0).output.logprobs is None
+    assert not chat().request.params.logprobs
 
 
-def test_generate_defaults_match_the_bus_api():
-    assert generate().request.params == SamplingParams()
-    assert not generate().request.stream
+def test_completion_logprobs_and_echo_score_the_prompt():
+    parsed = completion(logprobs=3, echo=True)
+    assert parsed.output == OutputOptions(logprobs=3, echo=True)
+    params = parsed.request.params
+    assert (params.logprobs, params.top_logprobs, params.prompt_logprobs_from) == (True, 3, 0)
+    zero = completion(logprobs=0).request.params
+    assert (zero.logprobs, zero.top_logprobs, zero.prompt_logprobs_from) == (True, 0, None)
+    echo_only = completion(echo=True)
+    assert echo_only.output.echo and echo_only.request.params.prompt_logprobs_from is None
+
+
+def test_vllm_extras_reach_the_request():
+    parsed = chat(prompt_logprobs=2, return_token_ids=True, return_tokens_as_token_ids=True, cache_salt="s1")
+    assert parsed.output == OutputOptions(prompt_logprobs=2, return_token_ids=True, tokens_as_ids=True)
+    params = parsed.request.params
+    assert (params.logprobs, params.top_logprobs, params.prompt_logprobs_from) == (False, 2, 0)
+    assert parsed.request.cache_salt == "s1"
+    # One top_logprobs serves the prompt and the output: the larger of the two.
+    assert completion(logprobs=1, prompt_logprobs=4).request.params.top_logprobs == 4
+
+
+def test_sampling_controls_reach_sampling_params():
+    parsed = completion(
+        min_tokens=3,
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        repetition_penalty=1.2,
+        logit_bias={"7": -100, "12": 2.5},
+        allowed_token_ids=[1, 2, 3],
+        disallowed_token_ids=[4],
+        temperature=1.5,
+        final_temperature=0.5,
+        temperature_schedule_tokens=10,
+        stop_regex=["\\d+\\."],
+        include_stop_str_in_output=True,
+    )
+    assert parsed.request.params == SamplingParams(
+        max_tokens=16,
+        temperature=1.5,
+        min_tokens=3,
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        repetition_penalty=1.2,
+        logit_bias={7: -100.0, 12: 2.5},
+        allowed_token_ids=[1, 2, 3],
+        disallowed_token_ids=[4],
+        final_temperature=0.5,
+        temperature_schedule_tokens=10,
+        stop_regex=["\\d+\\."],
+        include_stop_str_in_output=True,
+    )
+    assert chat(stop_regex="a+").request.params.stop_regex == ["a+"]
 
 
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
-        ({"text": 5}, "text", "Expected `str | null`"),
-        ({"text": ""}, "text", "empty"),
-        ({"text": None, "input_ids": []}, "input_ids", "empty"),
-        ({"text": None}, "text", "exactly one"),
-        ({"input_ids": [1]}, "text", "exactly one"),
-        ({"text": None, "input_ids": [1, -2]}, "input_ids[1]", ""),
-        ({"sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens", ""),
-        ({"sampling_params": {"max_new_tokens": 4, "max_tokens": 5}}, "sampling_params.max_new_tokens", "not both"),
-        ({"sampling_params": {"temperature": 3}}, "sampling_params.temperature", ""),
-        ({"sampling_params": {"min_p": 2}}, "sampling_params.min_p", "<= 1.0"),
-        ({"sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token", "not a known field"),
-        ({"sampling_params": {"repetition_penalty": 1.1}}, "sampling_params.repetition_penalty", "not a known field"),
-        ({"return_logprob": True}, "return_logprob", "not a known field"),
-        ({"sampling_params": []}, "sampling_params", "Expected `object`"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
+        ({"top_logprobs": 2}, "top_logprobs", "needs logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs", "<= 20"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "streaming"),
+        ({"logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias", "token ids"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "<= 100"),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "must not be empty"),
+        ({"stop_regex": "(unclosed"}, "stop_regex", "not a valid regular expression"),
+        ({"stop_regex": ["ok", "[z-a]"]}, "stop_regex", "not a valid regular expression"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "<= 2.0"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "> 0.0"),
+        ({"min_tokens": -1}, "min_tokens", ">= 0"),
     ],
 )
-def test_bad_generate_bodies_are_refused(fields, param, words):
-    assert_invalid(generate(**fields), param, words)
+def test_bad_logprob_and_control_fields_name_the_field(fields, param, words):
+    assert_invalid(chat(**fields), param, words)
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs")])
+def test_completion_logprobs_out_of_range_are_refused(fields, param):
+    assert_invalid(completion(**fields), param, "")
 
 
 # --- requests: no body makes a parser raise -----------------------------------------------------
@@ -465,11 +509,14 @@ def test_any_json_body_gives_a_request_or_an_error(value):
     for result in (
         protocol.parse_chat_request(raw, MODEL),
         protocol.parse_completion_request(raw, MODEL),
-        native.parse_generate_request(raw),
+        sglang.parse_generate_request(raw),
     ):
-        assert isinstance(result, ParsedRequest | Error)
+        assert isinstance(result, ParsedRequest | GenerateBatch | Error)
         if isinstance(result, ParsedRequest):
             msgspec.msgpack.encode(result.request)  # what reached a request must cross the bus
+        if isinstance(result, GenerateBatch):
+            for item in result.items:
+                msgspec.msgpack.encode(item.request)
 
 
 @settings(max_examples=200, deadline=None)
@@ -478,20 +525,21 @@ def test_any_bytes_give_a_request_or_an_error(raw):
     for result in (
         protocol.parse_chat_request(raw, MODEL),
         protocol.parse_completion_request(raw, MODEL),
-        native.parse_generate_request(raw),
+        sglang.parse_generate_request(raw),
     ):
-        assert isinstance(result, ParsedRequest | Error)
+        assert isinstance(result, ParsedRequest | GenerateBatch | Error)
 
 
 # --- responses, checked against the official SDK's types ----------------------------------------
 
 
 def through_json(payload: dict) -> dict:
-    return json.loads(protocol.sse_event(payload).removeprefix(b"data: ").removesuffix(b"\n\n"))
+    return json.loads(responses.sse_event(payload).removeprefix(b"data: ").removesuffix(b"\n\n"))
 
 
 def test_chat_completion_matches_the_sdk():
-    d = through_json(protocol.chat_completion_response("abc", MODEL, 1700000000, [("Hello!", "stop")], 5, 2))
+    choices = [responses.chat_choice(0, "Hello!", "stop")]
+    d = through_json(responses.chat_completion_response("abc", MODEL, 1700000000, choices, 5, 2))
     reply = ChatCompletion.model_validate(d, strict=True)
     assert (reply.id, reply.object, reply.model, reply.created) == (
         "chatcmpl-abc",
@@ -505,7 +553,8 @@ def test_chat_completion_matches_the_sdk():
 
 
 def test_completion_matches_the_sdk():
-    d = through_json(protocol.completion_response("abc", MODEL, 1700000000, [(" river", "length")], 3, 9))
+    choices = [responses.completion_choice(0, " river", "length")]
+    d = through_json(responses.completion_response("abc", MODEL, 1700000000, choices, 3, 9))
     reply = openai.types.Completion.model_validate(d, strict=True)
     assert (reply.id, reply.object) == ("cmpl-abc", "text_completion")
     assert (reply.choices[0].text, reply.choices[0].finish_reason, reply.choices[0].index) == (" river", "length", 0)
@@ -513,10 +562,10 @@ def test_completion_matches_the_sdk():
 
 
 def test_chat_stream_chunks_match_the_sdk():
-    first = ChatCompletionChunk.model_validate(through_json(protocol.chat_chunk("r", MODEL, 1, role="assistant")))
-    middle = ChatCompletionChunk.model_validate(through_json(protocol.chat_chunk("r", MODEL, 1, delta_text="Hi")))
+    first = ChatCompletionChunk.model_validate(through_json(responses.chat_chunk("r", MODEL, 1, role="assistant")))
+    middle = ChatCompletionChunk.model_validate(through_json(responses.chat_chunk("r", MODEL, 1, delta_text="Hi")))
     last = ChatCompletionChunk.model_validate(
-        through_json(protocol.chat_chunk("r", MODEL, 1, delta_text="", finish_reason="length"))
+        through_json(responses.chat_chunk("r", MODEL, 1, delta_text="", finish_reason="length"))
     )
     assert (first.id, first.object) == ("chatcmpl-r", "chat.completion.chunk")
     assert (first.choices[0].delta.role, first.choices[0].delta.content) == ("assistant", "")
@@ -526,8 +575,8 @@ def test_chat_stream_chunks_match_the_sdk():
 
 
 def test_completion_stream_chunks_match_the_sdk():
-    middle = through_json(protocol.completion_chunk("r", MODEL, 1, "A"))
-    last = through_json(protocol.completion_chunk("r", MODEL, 1, "", "stop"))
+    middle = through_json(responses.completion_chunk("r", MODEL, 1, "A"))
+    last = through_json(responses.completion_chunk("r", MODEL, 1, "", "stop"))
     # The SDK builds stream chunks without validating, since its type requires a finish_reason.
     chunk = openai.types.Completion.model_validate(last, strict=True)
     assert (chunk.id, chunk.object, chunk.choices[0].text, chunk.choices[0].finish_reason) == (
@@ -541,10 +590,10 @@ def test_completion_stream_chunks_match_the_sdk():
 
 
 def test_usage_chunks_match_the_sdk():
-    chat_usage = ChatCompletionChunk.model_validate(through_json(protocol.usage_chunk("chat", "r", MODEL, 1, 4, 6)))
+    chat_usage = ChatCompletionChunk.model_validate(through_json(responses.usage_chunk("chat", "r", MODEL, 1, 4, 6)))
     assert (chat_usage.id, chat_usage.choices, chat_usage.usage.total_tokens) == ("chatcmpl-r", [], 10)
     text_usage = openai.types.Completion.model_validate(
-        through_json(protocol.usage_chunk("completion", "r", MODEL, 1, 4, 6))
+        through_json(responses.usage_chunk("completion", "r", MODEL, 1, 4, 6))
     )
     assert (text_usage.id, text_usage.object, text_usage.choices, text_usage.usage.completion_tokens) == (
         "cmpl-r",
@@ -555,8 +604,8 @@ def test_usage_chunks_match_the_sdk():
 
 
 def test_sse_framing():
-    assert protocol.sse_event({"a": [1, "é"]}) == 'data: {"a":[1,"é"]}\n\n'.encode()
-    assert protocol.SSE_DONE == b"data: [DONE]\n\n"
+    assert responses.sse_event({"a": [1, "é"]}) == 'data: {"a":[1,"é"]}\n\n'.encode()
+    assert responses.SSE_DONE == b"data: [DONE]\n\n"
 
 
 @pytest.mark.parametrize(
@@ -571,13 +620,13 @@ def test_sse_framing():
     ],
 )
 def test_error_body_has_openai_shape(error, kind):
-    assert through_json(protocol.error_body(error)) == {
+    assert through_json(responses.error_body(error)) == {
         "error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}
     }
 
 
 def test_models_response_matches_the_sdk():
-    d = through_json(protocol.models_response(MODEL, 1700000000))
+    d = through_json(responses.models_response(MODEL, 1700000000))
     assert d["object"] == "list"
     models = [openai.types.Model.model_validate(m, strict=True) for m in d["data"]]
     assert [(m.id, m.object, m.created, m.owned_by) for m in models] == [(MODEL, "model", 1700000000, "kernel")]

@@ -1,0 +1,343 @@
+"""SGLang's native bodies in (`/generate`, `/abort_request`), our `GenerateRequest`s out.
+
+Clients written for SGLang send what SGLang takes: one prompt or a batch (`text` or `input_ids`,
+with per-item lists for the other fields), sampling keys this server does not use, and explicit
+nulls. Unknown keys are ignored, as SGLang ignores them; a known key with a bad value is refused
+with its name, and so is a constraint we cannot honour (`regex`, `json_schema`, ...). The field
+meanings follow SGLang's `GenerateReqInput` (python/sglang/srt/managers/io_struct.py). No I/O.
+"""
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+
+from actors.frontdoor.request_fields import (
+    StopRegexes,
+    allowed_ids,
+    decode_body,
+    invalid,
+    logit_bias_ids,
+    stop_regexes,
+)
+from schemas.errors import Error
+from schemas.generate import (
+    INT32_MAX,
+    MAX_CHOICES,
+    MAX_LOGPROB_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    Bias,
+    Count,
+    GenerateRequest,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    SamplingParams,
+    Seed,
+    SessionTurn,
+    StopString,
+    StopStrings,
+    Temperature,
+    TokenId,
+    TopP,
+)
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+UNSUPPORTED_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+class SGLangSampling(msgspec.Struct, kw_only=True):
+    """SGLang's `sampling_params`; absent and null both mean the default, except max_new_tokens."""
+
+    max_new_tokens: Count | None | msgspec.UnsetType = msgspec.UNSET  # null: up to the context window
+    min_new_tokens: Count | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: int | None = None  # -1, 0, or more than any vocabulary (1 << 30, say): no top-k filter
+    min_p: MinP | None = None
+    stop: StopString | StopStrings | None = None
+    stop_token_ids: list[TokenId] | None = None
+    stop_regex: StopString | StopRegexes | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None  # keep the matched stop string in the text
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    logit_bias: dict[str, Bias] | None = None
+    sampling_seed: Seed | None = None
+    seed: Seed | None = None  # an older name of sampling_seed
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
+    # This server's own, as on its OpenAI routes.
+    allowed_token_ids: list[TokenId] | None = None
+    disallowed_token_ids: list[TokenId] | None = None
+    final_temperature: Temperature | None = None
+    temperature_schedule_tokens: Count | None = None
+    detokenize: bool | None = None  # false: token ids out and no text (schemas/generate.py)
+    # Constrained decoding, which this server does not do: refused when given.
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    structural_tag: Any = None
+
+
+class SessionParams(msgspec.Struct, kw_only=True):
+    """SGLang's `session_params`: the prompt continues a session (POST /v1/sessions) from its turn
+    `rid` (default: the latest), dropping the turns after it with `replace`."""
+
+    id: str
+    rid: str | None = None
+    replace: bool | None = None
+    offset: int | None = None
+    drop_previous_output: bool | None = None
+
+
+class GenerateBody(msgspec.Struct, kw_only=True):
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None  # [int] or [[int]]: msgspec cannot tell two array types apart
+    rid: str | list[str] | None = None
+    sampling_params: SGLangSampling | list[SGLangSampling] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None  # -1: the output's logprobs only
+    top_logprobs_num: int | list[int] | None = None
+    token_ids_logprob: list[Any] | None = None  # [int] for every item or [[int]] per item
+    return_text_in_logprobs: bool | None = None
+    stream: bool | None = None
+    cache_salt: str | list[str] | None = None
+    session_params: SessionParams | None = None
+
+
+class AbortBody(msgspec.Struct, kw_only=True):
+    rid: str | list[str] | None = ""
+    abort_all: bool | None = False
+
+
+@dataclass(frozen=True)
+class LogprobAsk:
+    """What one item asked of the logprobs, for the reply's `meta_info`."""
+
+    return_logprob: bool = False
+    start_len: int = -1  # prompt positions from here on; -1: none (the output's only)
+    top_n: int = 0
+    token_ids: list[int] | None = None
+    return_text: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateItem:
+    rid: str
+    request: GenerateRequest
+    logprob: LogprobAsk
+    max_new_tokens: int | None
+
+
+@dataclass(frozen=True)
+class GenerateBatch:
+    items: list[GenerateItem]
+    single: bool  # one prompt and one choice: the reply is one object, not a list
+    stream: bool = False
+    choices: int = 1  # n: each item gives this many replies
+
+
+def parse_generate_request(body: bytes) -> GenerateBatch | Error:
+    req = decode_body(body, GenerateBody)
+    if isinstance(req, Error):
+        return req
+    prompts = _prompts(req)
+    if isinstance(prompts, Error):
+        return prompts
+    single = req.text is None or isinstance(req.text, str)
+    if req.input_ids is not None:
+        single = not isinstance(req.input_ids[0], list)
+    count = len(prompts)
+    per_item = {
+        name: _per_item(getattr(req, name), count, name, default)
+        for name, default in (
+            ("rid", None),
+            ("sampling_params", SGLangSampling()),
+            ("return_logprob", False),
+            ("logprob_start_len", -1),
+            ("top_logprobs_num", 0),
+            ("cache_salt", ""),
+        )
+    }
+    for values in per_item.values():
+        if isinstance(values, Error):
+            return values
+    rids = _rids(req.rid, per_item["rid"], count, single)
+    token_ids = _token_ids_logprob(req.token_ids_logprob, count)
+    session = _session(req.session_params, count)
+    for checked in (rids, token_ids, session):
+        if isinstance(checked, Error):
+            return checked
+    items = []
+    for i, prompt in enumerate(prompts):
+        sampling = per_item["sampling_params"][i]
+        ask = LogprobAsk(
+            bool(per_item["return_logprob"][i]),
+            per_item["logprob_start_len"][i] if per_item["logprob_start_len"][i] is not None else -1,
+            per_item["top_logprobs_num"][i] or 0,
+            token_ids[i],
+            bool(req.return_text_in_logprobs),
+        )
+        item = _item(rids[i], prompt, sampling, ask, per_item["cache_salt"][i] or "", session, bool(req.stream))
+        if isinstance(item, Error):
+            return item
+        items.append(item)
+    choices = {item.request.n for item in items}
+    if len(choices) > 1:
+        return invalid("every item of a batch must ask for the same n", "sampling_params.n")
+    (n,) = choices
+    return GenerateBatch(items, single and n == 1, bool(req.stream), n)
+
+
+def parse_abort_request(body: bytes) -> AbortBody | Error:
+    return decode_body(body, AbortBody) if body.strip() else AbortBody()
+
+
+def _prompts(req: GenerateBody) -> list[str] | list[list[int]] | Error:
+    if (req.text is None) == (req.input_ids is None):
+        return invalid("give exactly one of text and input_ids", "text")
+    if req.text is not None:
+        texts = [req.text] if isinstance(req.text, str) else req.text
+        if not texts or not all(texts):
+            return invalid("the prompt is empty", "text")
+        return texts
+    ids = req.input_ids
+    if not ids:
+        return invalid("input_ids must not be empty", "input_ids")
+    batch = ids if isinstance(ids[0], list) else [ids]
+    try:
+        prompts = msgspec.convert(batch, list[list[TokenId]])
+    except msgspec.ValidationError as exc:
+        detail, _, where = str(exc).partition(" - at `$")
+        return invalid(f"input_ids must be token ids, or a list of such lists: {detail}", f"input_ids{where[:-1]}")
+    if not all(prompts):
+        return invalid("a prompt of the batch is empty", "input_ids")
+    return prompts
+
+
+def _per_item(value, count: int, param: str, default) -> list | Error:
+    """A field given once for every item, or as a list with one value per item."""
+    if value is None:
+        return [default] * count
+    if not isinstance(value, list):
+        return [value] * count
+    if len(value) != count:
+        return invalid(f"{param} has {len(value)} values for a batch of {count}", param)
+    return value
+
+
+def _rids(rid: str | list[str] | None, given: list, count: int, single: bool) -> list[str] | Error:
+    """SGLang's ids: as given; one string for a batch names item i `<rid>_<i>`; none: new ones."""
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in range(count)]
+    elif isinstance(rid, str):
+        rids = [rid] if single else [f"{rid}_{i}" for i in range(count)]
+    else:
+        rids = given
+    if any(not r for r in rids):
+        return invalid("a rid must not be empty", "rid")
+    if len(set(rids)) != len(rids):
+        return invalid("the rids of a batch must differ", "rid")
+    return rids
+
+
+def _token_ids_logprob(value: list | None, count: int) -> list[list[int] | None] | Error:
+    if not value:
+        return [None] * count
+    lists = value if isinstance(value[0], list) else [value] * count
+    if len(lists) != count:
+        return invalid(f"token_ids_logprob has {len(lists)} lists for a batch of {count}", "token_ids_logprob")
+    try:
+        checked = msgspec.convert(lists, list[Annotated[list[TokenId], msgspec.Meta(max_length=MAX_LOGPROB_TOKEN_IDS)]])
+    except msgspec.ValidationError as exc:
+        return invalid(f"token_ids_logprob must be token ids: {exc}", "token_ids_logprob")
+    return [ids or None for ids in checked]
+
+
+def _session(params: SessionParams | None, count: int) -> SessionTurn | None | Error:
+    if params is None:
+        return None
+    if count > 1:
+        return invalid("a batch cannot continue a session", "session_params")
+    if params.offset is not None or params.drop_previous_output:
+        return invalid("session_params.offset and drop_previous_output are not supported", "session_params")
+    return SessionTurn(params.id, params.rid, bool(params.replace))
+
+
+def _item(
+    rid: str,
+    prompt: str | list[int],
+    sampling: SGLangSampling,
+    ask: LogprobAsk,
+    cache_salt: str,
+    session: SessionTurn | None,
+    stream: bool,
+) -> GenerateItem | Error:
+    for name in UNSUPPORTED_CONSTRAINTS:
+        if getattr(sampling, name) is not None:
+            return invalid(f"{name} (constrained decoding) is not supported", f"sampling_params.{name}")
+    if not 0 <= ask.top_n <= MAX_TOP_LOGPROBS:
+        return invalid(f"top_logprobs_num must be 0 to {MAX_TOP_LOGPROBS}", "top_logprobs_num")
+    if ask.start_len < -1 or (isinstance(prompt, list) and ask.return_logprob and ask.start_len >= len(prompt)):
+        return invalid(f"logprob_start_len {ask.start_len} is past the prompt's last token", "logprob_start_len")
+    params = _sampling_params(sampling, ask)
+    if isinstance(params, Error):
+        return params
+    text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+    request = GenerateRequest(
+        text=text,
+        input_ids=ids,
+        params=params,
+        stream=stream,
+        n=sampling.n or 1,
+        session=session,
+        cache_salt=cache_salt,
+    )
+    return GenerateItem(rid, request, ask, params.max_tokens)
+
+
+def _sampling_params(s: SGLangSampling, ask: LogprobAsk) -> SamplingParams | Error:
+    bias = logit_bias_ids(s.logit_bias, "sampling_params.logit_bias")
+    regexes = stop_regexes(s.stop_regex, "sampling_params.stop_regex")
+    allowed = allowed_ids(s.allowed_token_ids, "sampling_params.allowed_token_ids")
+    for checked in (bias, regexes, allowed):
+        if isinstance(checked, Error):
+            return checked
+    max_tokens = DEFAULT_MAX_NEW_TOKENS if s.max_new_tokens is msgspec.UNSET else s.max_new_tokens
+    top_k = s.top_k if s.top_k is not None and 0 < s.top_k <= INT32_MAX else 0
+
+    def given(value, fallback):
+        return fallback if value is None else value
+
+    scores_prompt = ask.return_logprob and ask.start_len >= 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=given(s.temperature, 1.0),
+        top_p=given(s.top_p, 1.0),
+        top_k=top_k,
+        min_p=given(s.min_p, 0.0),
+        seed=given(s.sampling_seed, s.seed),
+        stop=[s.stop] if isinstance(s.stop, str) else given(s.stop, []),
+        stop_token_ids=given(s.stop_token_ids, []),
+        ignore_eos=given(s.ignore_eos, False),
+        skip_special_tokens=given(s.skip_special_tokens, True),
+        detokenize=given(s.detokenize, True),
+        min_tokens=given(s.min_new_tokens, 0),
+        presence_penalty=given(s.presence_penalty, 0.0),
+        frequency_penalty=given(s.frequency_penalty, 0.0),
+        repetition_penalty=given(s.repetition_penalty, 1.0),
+        logit_bias=bias,
+        allowed_token_ids=allowed,
+        disallowed_token_ids=given(s.disallowed_token_ids, []),
+        final_temperature=s.final_temperature,
+        temperature_schedule_tokens=given(s.temperature_schedule_tokens, 0),
+        stop_regex=regexes,
+        include_stop_str_in_output=given(s.no_stop_trim, False),
+        logprobs=ask.return_logprob,
+        top_logprobs=ask.top_n if ask.return_logprob else 0,
+        prompt_logprobs_from=ask.start_len if scores_prompt else None,
+        logprob_token_ids=(ask.token_ids or []) if ask.return_logprob else [],
+    )

@@ -1,0 +1,179 @@
+"""Serving SGLang's native `/generate` and `/abort_request`: each item of a batch is a request of
+its own through the origin, all run at once; the replies come as one JSON body (an object for one
+prompt, a list for a batch) or as server-sent events that repeat everything so far, as SGLang's do.
+
+An abort keeps the output: the aborted requests answer with finish_reason "abort" and every token
+they generated, with its logprobs. A client that leaves mid-request aborts its requests outright.
+"""
+
+import asyncio
+
+import msgspec
+from aiohttp import web
+
+from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
+from actors.frontdoor.http_errors import error_response, overloaded
+from actors.frontdoor.openai_responses import SSE_DONE, error_body, sse_event
+from actors.frontdoor.request_fields import invalid
+from actors.frontdoor.sglang_protocol import GenerateBatch, GenerateItem, parse_abort_request, parse_generate_request
+from actors.frontdoor.sglang_responses import generate_reply
+from actors.frontdoor.tenants import Tenants
+from actors.lib.origin.pipeline import RequestPipeline
+from actors.lib.origin.request_stream import RequestGroup
+from schemas.errors import Error
+from schemas.requests import RequestOutput, Tenant
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SGLANG_NAMES = {  # our fields, as SGLang's clients name them
+    "prompt_logprobs_from": "logprob_start_len",
+    "logprob_token_ids": "token_ids_logprob",
+    "max_tokens": "sampling_params.max_new_tokens",
+    "min_tokens": "sampling_params.min_new_tokens",
+    "logit_bias": "sampling_params.logit_bias",
+    "allowed_token_ids": "sampling_params.allowed_token_ids",
+    "disallowed_token_ids": "sampling_params.disallowed_token_ids",
+    "stop_token_ids": "sampling_params.stop_token_ids",
+}
+
+
+class _ItemOutput:
+    """What one item's choices delivered so far; they share the prompt and its logprobs."""
+
+    def __init__(self, item: GenerateItem, group: RequestGroup) -> None:
+        self.item = item
+        self.group = group
+        self.choices = [ChoiceOutput() for _ in group.choices]
+        self.prompt_logprobs = LogprobRun()
+        self.texts: dict[int, str] = {}
+
+    def add(self, index: int, output: RequestOutput) -> None:
+        self.choices[index].add(output)
+        self.prompt_logprobs.extend(output.prompt_logprobs)
+        self.texts.update(output.token_texts)
+
+    def reply(self, index: int) -> dict:
+        group, item = self.group, self.item
+        return generate_reply(
+            group.choices[index].request_id,
+            self.choices[index],
+            group.prompt_ids,
+            self.prompt_logprobs,
+            self.texts,
+            group.cached_tokens,
+            item.logprob,
+            item.max_new_tokens,
+        )
+
+
+class SGLangServing:
+    def __init__(self, pipeline: RequestPipeline, tenants: Tenants, max_concurrent: int) -> None:
+        self.pipeline = pipeline
+        self.tenants = tenants
+        self.max_concurrent = max_concurrent
+        self.running: dict[str, RequestGroup | None] = {}  # rid -> its group (None while it is submitted)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        batch = parse_generate_request(await request.read())
+        if isinstance(batch, Error):
+            return error_response(batch)
+        if self.pipeline.in_flight >= self.max_concurrent:
+            return overloaded(self.max_concurrent)
+        if taken := next((item.rid for item in batch.items if item.rid in self.running), None):
+            return error_response(invalid(f"rid {taken!r} is running; choose another", "rid"))
+        tenant = self.tenants.request_tenant(request["identity"], "")
+        rids = [item.rid for item in batch.items]
+        self.running.update(dict.fromkeys(rids))
+        groups: list[RequestGroup] = []
+        try:
+            submitted = await self._submit_all(batch, tenant, groups)
+            if isinstance(submitted, Error):
+                return error_response(submitted)
+            items = [_ItemOutput(item, group) for item, group in zip(batch.items, groups)]
+            if batch.stream:
+                return await self._stream(request, batch, items)
+            return await self._whole(batch, items)
+        finally:
+            for rid in rids:
+                self.running.pop(rid, None)
+            await asyncio.gather(*(group.close() for group in groups))
+
+    async def _submit_all(self, batch: GenerateBatch, tenant: Tenant, groups: list[RequestGroup]) -> Error | None:
+        """Submits every item at once; the groups that came are in `groups` (for the caller to
+        close), whatever happens. The first refusal is the answer."""
+
+        async def submit(item: GenerateItem) -> Error | None:
+            group = await self.pipeline.submit(item.request, tenant=tenant, request_id=item.rid)
+            if isinstance(group, Error):
+                # The scheduler checks what needs the prompt's tokens or the model, in our names.
+                return msgspec.structs.replace(group, param=SGLANG_NAMES.get(group.param, group.param))
+            groups.append(group)
+            self.running[item.rid] = group
+            return None
+
+        errors = await asyncio.gather(*(submit(item) for item in batch.items))
+        groups.sort(key=lambda group: [item.rid for item in batch.items].index(group.request_id))
+        return next((error for error in errors if error is not None), None)
+
+    async def _whole(self, batch: GenerateBatch, items: list[_ItemOutput]) -> web.Response:
+        async def collect(item: _ItemOutput) -> Error | None:
+            async for index, output in item.group:
+                if output.error:
+                    return output.error
+                item.add(index, output)
+            return None
+
+        errors = await asyncio.gather(*(collect(item) for item in items))
+        if error := next((error for error in errors if error is not None), None):
+            return error_response(error)
+        replies = [item.reply(i) for item in items for i in range(len(item.choices))]
+        return web.json_response(replies[0] if batch.single else replies)
+
+    async def _stream(self, request: web.Request, batch: GenerateBatch, items: list[_ItemOutput]) -> web.StreamResponse:
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        arrivals: asyncio.Queue[tuple[int, int, RequestOutput]] = asyncio.Queue()
+
+        async def pump(k: int, item: _ItemOutput) -> None:
+            async for index, output in item.group:
+                arrivals.put_nowait((k, index, output))
+
+        pumps = [asyncio.create_task(pump(k, item)) for k, item in enumerate(items)]
+        try:
+            running = sum(len(item.choices) for item in items)
+            while running:
+                k, index, output = await arrivals.get()
+                if output.error:
+                    await response.write(sse_event(error_body(output.error)))
+                    break
+                item = items[k]
+                item.add(index, output)
+                if output.token_ids or output.text or output.finish_reason:
+                    event = item.reply(index)
+                    if not batch.single:
+                        event["index"] = k * batch.choices + index
+                    await response.write(sse_event(event))
+                running -= bool(output.finish_reason)
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """SGLang's: `abort_all`, or the requests whose rid starts with `rid` ("" starts them all).
+        Without API keys every request is the caller's; with them, its tenant's."""
+        body = parse_abort_request(await request.read())
+        if isinstance(body, Error):
+            return error_response(body)
+        rids = [body.rid] if isinstance(body.rid, str) or body.rid is None else body.rid
+        if body.abort_all or any(not rid for rid in rids):
+            key_tenant = request["identity"].tenant
+            await self.pipeline.abort_all(None if key_tenant is None else Tenant(key_tenant))
+            return web.Response(status=200)
+        for running_rid, group in list(self.running.items()):
+            if group is not None and any(running_rid.startswith(rid) for rid in rids):
+                for choice in group.choices:
+                    await self.pipeline.abort_with_output(choice.request_id)
+        return web.Response(status=200)

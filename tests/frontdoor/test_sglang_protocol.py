@@ -1,0 +1,299 @@
+"""SGLang's native bodies become our requests or a named error, and its replies have SGLang's shape:
+`{text, output_ids, meta_info}` with logprob entries `[logprob, token_id, text|null]`."""
+
+import json
+
+import pytest
+
+from actors.frontdoor import sglang_protocol as sglang
+from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
+from actors.frontdoor.sglang_protocol import GenerateBatch, LogprobAsk
+from actors.frontdoor.sglang_responses import finish_reason, generate_reply
+from schemas.errors import Error
+from schemas.generate import SamplingParams, TokenLogprobs
+from schemas.requests import RequestOutput
+
+
+def parse(**fields) -> GenerateBatch | Error:
+    return sglang.parse_generate_request(json.dumps(fields).encode())
+
+
+def assert_invalid(result, param: str, words: str = "") -> None:
+    assert isinstance(result, Error), result
+    assert (result.code, result.http_status, result.param) == ("invalid_request", 400, param), result
+    assert words in result.message, result.message
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+def test_one_prompt_is_one_item_with_sglangs_defaults():
+    batch = parse(text="hi")
+    assert batch.single and not batch.stream and len(batch.items) == 1
+    (item,) = batch.items
+    assert item.request.text == "hi" and item.request.n == 1 and len(item.rid) == 32
+    assert item.request.params == SamplingParams(max_tokens=128)  # SGLang's default max_new_tokens
+    assert item.logprob == LogprobAsk() and item.max_new_tokens == 128
+
+
+def test_sampling_params_map_to_ours():
+    sampling = {
+        "max_new_tokens": 8,
+        "min_new_tokens": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 50,
+        "min_p": 0.05,
+        "stop": "\n",
+        "stop_token_ids": [3],
+        "stop_regex": "[0-9]+",
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "repetition_penalty": 1.1,
+        "logit_bias": {"5": -2},
+        "sampling_seed": 42,
+    }
+    (item,) = parse(input_ids=[1, 2, 3], sampling_params=sampling, rid="r1").items
+    assert (item.rid, item.request.input_ids, item.request.text) == ("r1", [1, 2, 3], None)
+    assert item.request.params == SamplingParams(
+        max_tokens=8,
+        min_tokens=2,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=50,
+        min_p=0.05,
+        stop=["\n"],
+        stop_token_ids=[3],
+        stop_regex=["[0-9]+"],
+        ignore_eos=True,
+        skip_special_tokens=False,
+        include_stop_str_in_output=True,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        repetition_penalty=1.1,
+        logit_bias={5: -2.0},
+        seed=42,
+    )
+
+
+def test_what_rl_clients_send_is_taken():
+    """Explicit nulls, top_k of -1 or 1e8 as "off", keys this server does not use, image_data."""
+    sampling = {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": 0,
+        "stop": None,
+        "stop_token_ids": None,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "no_stop_trim": True,
+        "json_schema": None,
+    }
+    batch = parse(input_ids=[1, 2], sampling_params=sampling, image_data=None, return_logprob=True, rid="x")
+    params = batch.items[0].request.params
+    assert (params.top_k, params.max_tokens, params.stop, params.stop_token_ids) == (0, 0, [], [])
+    assert parse(text="a", sampling_params={"top_k": 100000000}).items[0].request.params.top_k == 100000000
+    assert parse(text="a", sampling_params={"top_k": 1 << 40}).items[0].request.params.top_k == 0
+    assert parse(text="a", sampling_params={"max_new_tokens": None}).items[0].request.params.max_tokens is None
+
+
+def test_logprob_fields_ask_for_output_and_prompt_logprobs():
+    (item,) = parse(
+        input_ids=[1, 2, 3, 4],
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=5,
+        token_ids_logprob=[7, 8],
+        return_text_in_logprobs=True,
+    ).items
+    assert item.logprob == LogprobAsk(True, 0, 5, [7, 8], True)
+    params = item.request.params
+    assert (params.logprobs, params.top_logprobs, params.prompt_logprobs_from, params.logprob_token_ids) == (
+        True,
+        5,
+        0,
+        [7, 8],
+    )
+    (default,) = parse(input_ids=[1, 2], return_logprob=True).items
+    assert default.logprob.start_len == -1 and default.request.params.prompt_logprobs_from is None
+    (off,) = parse(input_ids=[1, 2], top_logprobs_num=5, logprob_start_len=0).items
+    assert not off.request.params.logprobs and off.request.params.top_logprobs == 0
+
+
+def test_a_batch_is_one_item_per_prompt():
+    batch = parse(
+        text=["a", "b", "c"],
+        rid="run",
+        sampling_params=[{"max_new_tokens": 1}, {"max_new_tokens": 2}, {"max_new_tokens": 3}],
+        return_logprob=[True, False, True],
+        token_ids_logprob=[[1], [], [2, 3]],
+        stream=True,
+    )
+    assert not batch.single and batch.stream
+    assert [i.rid for i in batch.items] == ["run_0", "run_1", "run_2"]
+    assert [i.request.params.max_tokens for i in batch.items] == [1, 2, 3]
+    assert [i.logprob.return_logprob for i in batch.items] == [True, False, True]
+    assert [i.logprob.token_ids for i in batch.items] == [[1], None, [2, 3]]
+    ids = parse(input_ids=[[1, 2], [3]], rid=["p", "q"], sampling_params={"max_new_tokens": 4})
+    assert [(i.rid, i.request.input_ids, i.request.params.max_tokens) for i in ids.items] == [
+        ("p", [1, 2], 4),
+        ("q", [3], 4),
+    ]
+
+
+def test_n_choices_make_a_list_reply():
+    batch = parse(text="a", sampling_params={"n": 3})
+    assert not batch.single and batch.choices == 3 and batch.items[0].request.n == 3
+
+
+def test_session_params_continue_a_session():
+    (item,) = parse(text="more", session_params={"id": "s1", "rid": "t0", "replace": True}).items
+    assert (item.request.session.session_id, item.request.session.parent_turn, item.request.session.replace) == (
+        "s1",
+        "t0",
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({}, "text", "exactly one"),
+        ({"text": "a", "input_ids": [1]}, "text", "exactly one"),
+        ({"text": ""}, "text", "empty"),
+        ({"text": []}, "text", "empty"),
+        ({"input_ids": []}, "input_ids", "empty"),
+        ({"input_ids": [[1], []]}, "input_ids", "empty"),
+        ({"input_ids": [1, -2]}, "input_ids[0][1]", "token ids"),
+        ({"input_ids": [1, "a"]}, "input_ids[0][1]", "token ids"),
+        ({"text": 5}, "text", "Expected"),
+        ({"text": "a", "top_logprobs_num": 21}, "top_logprobs_num", "0 to 20"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len", "past"),
+        ({"text": "a", "logprob_start_len": -2}, "logprob_start_len", "past"),
+        ({"text": ["a", "b"], "rid": ["x"]}, "rid", "2"),
+        ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid", "differ"),
+        ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params", "batch of 2"),
+        ({"text": ["a", "b"], "sampling_params": [{"n": 2}, {}]}, "sampling_params.n", "same n"),
+        ({"text": "a", "sampling_params": {"temperature": 3}}, "sampling_params.temperature", "<= 2.0"),
+        ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens", ">= 0"),
+        ({"text": "a", "sampling_params": {"logit_bias": {"a": 1}}}, "sampling_params.logit_bias", "token ids"),
+        ({"text": "a", "sampling_params": {"stop_regex": "("}}, "sampling_params.stop_regex", "regular expression"),
+        ({"text": "a", "sampling_params": {"allowed_token_ids": []}}, "sampling_params.allowed_token_ids", "empty"),
+        ({"text": "a", "sampling_params": {"regex": "a+"}}, "sampling_params.regex", "not supported"),
+        ({"text": "a", "token_ids_logprob": [-1]}, "token_ids_logprob", "token ids"),
+        ({"text": ["a", "b"], "session_params": {"id": "s"}}, "session_params", "batch"),
+        ({"text": "a", "session_params": {"id": "s", "offset": 3}}, "session_params", "not supported"),
+    ],
+)
+def test_bad_bodies_name_the_field(fields, param, words):
+    assert_invalid(parse(**fields), param, words)
+
+
+def test_abort_bodies():
+    assert sglang.parse_abort_request(b'{"abort_all": true}').abort_all
+    body = sglang.parse_abort_request(b'{"rid": "", "abort_all": true}')
+    assert (body.rid, body.abort_all) == ("", True)
+    assert sglang.parse_abort_request(b'{"rid": "r1"}').rid == "r1"
+    assert sglang.parse_abort_request(b"").rid == ""
+    assert_invalid(sglang.parse_abort_request(b'{"abort_all": "yes"}'), "abort_all")
+
+
+# --- replies ------------------------------------------------------------------------------------
+
+
+def delivered(*outputs: RequestOutput) -> ChoiceOutput:
+    choice = ChoiceOutput()
+    for output in outputs:
+        choice.add(output)
+    return choice
+
+
+TEXTS = {5: "a", 6: "b", 9: "z", 1: "<s>", 2: "x", 3: "y"}
+
+
+def test_reply_without_logprobs():
+    choice = delivered(
+        RequestOutput("r", [5], "a", None, 1, cached_tokens=2),
+        RequestOutput("r", [6], "b", "stop", 2, output_index=1, matched_stop=6),
+    )
+    reply = generate_reply("r", choice, [1, 2, 3], LogprobRun(), TEXTS, 2, LogprobAsk(), 8)
+    assert reply == {
+        "text": "ab",
+        "output_ids": [5, 6],
+        "meta_info": {
+            "id": "r",
+            "finish_reason": {"type": "stop", "matched": 6},
+            "prompt_tokens": 3,
+            "weight_version": "default",
+            "completion_tokens": 2,
+            "cached_tokens": 2,
+        },
+    }
+
+
+def test_finish_reasons_in_sglangs_shape():
+    assert finish_reason(delivered(RequestOutput("r", [], "", "length", 4)), 4) == {"type": "length", "length": 4}
+    assert finish_reason(delivered(RequestOutput("r", [], "", "abort", 0)), 4)["type"] == "abort"
+    assert finish_reason(delivered(RequestOutput("r", [5], "a", None, 1)), 4) is None
+    stop = delivered(RequestOutput("r", [], "", "stop", 0, matched_stop="\n\n"))
+    assert finish_reason(stop, 4) == {"type": "stop", "matched": "\n\n"}
+
+
+def logprob_output() -> ChoiceOutput:
+    return delivered(
+        RequestOutput(
+            "r",
+            [5, 6],
+            "ab",
+            "length",
+            2,
+            logprobs=TokenLogprobs(0, [-0.5, -1.5], [[5, 9], [9, 6]], [[-0.5, -2.0], [-0.25, -1.5]], [[-3.0], [-4.0]]),
+            prompt_logprobs=TokenLogprobs(
+                1, [-1.0, -2.0], [[2, 9], [9, 3]], [[-1.0, -3.0], [-0.5, -2.0]], [[-5.0]] * 2
+            ),
+            token_texts=TEXTS,
+        )
+    )
+
+
+def test_logprobs_from_the_prompts_start():
+    choice = logprob_output()
+    ask = LogprobAsk(True, 0, 2, [9], True)
+    meta = generate_reply("r", choice, [1, 2, 3], choice.prompt_logprobs, TEXTS, 0, ask, 2)["meta_info"]
+    assert meta["input_token_logprobs"] == [[None, 1, "<s>"], [-1.0, 2, "x"], [-2.0, 3, "y"]]
+    assert meta["output_token_logprobs"] == [[-0.5, 5, "a"], [-1.5, 6, "b"]]
+    assert meta["input_top_logprobs"] == [None, [[-1.0, 2, "x"], [-3.0, 9, "z"]], [[-0.5, 9, "z"], [-2.0, 3, "y"]]]
+    assert meta["output_top_logprobs"] == [[[-0.5, 5, "a"], [-2.0, 9, "z"]], [[-0.25, 9, "z"], [-1.5, 6, "b"]]]
+    assert meta["input_token_ids_logprobs"] == [None, [[-5.0, 9, "z"]], [[-5.0, 9, "z"]]]
+    assert meta["output_token_ids_logprobs"] == [[[-3.0, 9, "z"]], [[-4.0, 9, "z"]]]
+
+
+def test_logprobs_by_default_cover_the_output_and_no_text():
+    choice = logprob_output()
+    meta = generate_reply("r", choice, [1, 2, 3], LogprobRun(), TEXTS, 0, LogprobAsk(True), 2)["meta_info"]
+    # SGLang's default (-1) reports the prompt's last position, without a logprob.
+    assert meta["input_token_logprobs"] == [[None, 3, None]]
+    assert meta["output_token_logprobs"] == [[-0.5, 5, None], [-1.5, 6, None]]
+    assert "output_top_logprobs" not in meta and "input_token_ids_logprobs" not in meta
+    scoring = generate_reply("r", ChoiceOutput(), [1, 2, 3], LogprobRun(), TEXTS, 0, LogprobAsk(True), 0)
+    assert scoring["meta_info"]["input_token_logprobs"] == [] and scoring["output_ids"] == []
+
+
+def test_logprobs_from_a_later_start():
+    choice = logprob_output()
+    ask = LogprobAsk(True, 2, 1)
+    meta = generate_reply("r", choice, [1, 2, 3], choice.prompt_logprobs, TEXTS, 0, ask, 2)["meta_info"]
+    assert meta["input_token_logprobs"] == [[-2.0, 3, None]]
+    assert meta["input_top_logprobs"] == [[[-0.5, 9, None]]]
+
+
+def test_a_repeated_part_is_not_joined_twice():
+    run = LogprobRun()
+    run.extend(TokenLogprobs(0, [-1.0]))
+    run.extend(TokenLogprobs(0, [-1.0]))
+    run.extend(TokenLogprobs(1, [-2.0]))
+    assert (run.start, run.logprobs, run.end) == (0, [-1.0, -2.0], 2)
