@@ -18,9 +18,9 @@ async def generate_over_http(base_url: str, prompt_ids: list[int], max_tokens: i
     await asyncio.sleep(delay_s)
     body = {
         "input_ids": prompt_ids,
-        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
     }
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
         async with http.post(f"{base_url}/generate", json=body) as response:
             assert response.status == 200, await response.text()
-            return (await response.json())["token_ids"]
+            return (await response.json())["output_ids"]

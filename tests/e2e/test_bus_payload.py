@@ -77,5 +77,5 @@ async def test_a_round_over_the_limit_reaches_the_executor_in_parts(small_bus_se
                 pass
     assert small_bus_server.find("commands_split"), "the waiting prompts were not started in one round"
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:  # NATS's default limit
-        references = [(await http.post("/generate", json=body(p))).json()["token_ids"] for p in waiting]
-    assert [a.json()["token_ids"] for a in answers] == references and all(len(r) == 6 for r in references)
+        references = [(await http.post("/generate", json=body(p))).json()["output_ids"] for p in waiting]
+    assert [a.json()["output_ids"] for a in answers] == references and all(len(r) == 6 for r in references)

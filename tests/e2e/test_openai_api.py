@@ -118,38 +118,43 @@ def test_stop_string_truncates_and_finishes(client):
 def test_stop_token_id_finishes(server):
     generated = httpx.post(
         f"{server.base_url}/generate",
-        json={"text": "Hello", "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True}},
+        json={"text": "Hello", "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}},
         timeout=60,
     ).json()
-    stop_id = generated["token_ids"][4]
-    first = generated["token_ids"].index(stop_id)
+    stop_id = generated["output_ids"][4]
+    first = generated["output_ids"].index(stop_id)
     stopped = httpx.post(
         f"{server.base_url}/generate",
         json={
             "text": "Hello",
-            "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop_id]},
+            "sampling_params": {
+                "max_new_tokens": 12,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stop_token_ids": [stop_id],
+            },
         },
         timeout=60,
     ).json()
-    assert stopped["finish_reason"] == "stop"
-    assert stopped["token_ids"] == generated["token_ids"][: first + 1]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+    assert stopped["output_ids"] == generated["output_ids"][: first + 1]
 
 
 def test_native_generate_takes_input_ids(server, tokenizer):
     ids = tokenizer.encode("Some words")
     by_ids = httpx.post(
         f"{server.base_url}/generate",
-        json={"input_ids": ids, "sampling_params": {"max_tokens": 8, "temperature": 0}},
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
         timeout=60,
     ).json()
     by_text = httpx.post(
         f"{server.base_url}/generate",
-        json={"text": "Some words", "sampling_params": {"max_tokens": 8, "temperature": 0}},
+        json={"text": "Some words", "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
         timeout=60,
     ).json()
-    assert by_ids["token_ids"] == by_text["token_ids"]
-    assert by_ids["prompt_tokens"] == len(ids)
-    assert tokenizer.decode(by_ids["token_ids"], skip_special_tokens=True) == by_ids["text"]
+    assert by_ids["output_ids"] == by_text["output_ids"]
+    assert by_ids["meta_info"]["prompt_tokens"] == len(ids)
+    assert tokenizer.decode(by_ids["output_ids"], skip_special_tokens=True) == by_ids["text"]
 
 
 def test_health(server):

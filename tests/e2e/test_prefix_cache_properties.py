@@ -90,18 +90,22 @@ def plan(seed: int) -> list[Client]:
         drawn = {"temperature": 0} if rng.random() < 0.5 else {"temperature": 1.0, "seed": rng.getrandbits(31)}
         return drawn | {"max_tokens": max_tokens, "ignore_eos": rng.random() < 0.5}
 
+    def sglang_sampling(max_tokens: int) -> dict:
+        drawn = sampling(max_tokens)
+        return drawn | {"max_new_tokens": drawn.pop("max_tokens")}
+
     def generate(name: str, input_ids: list[int], stream: bool, hang_up: bool = False) -> Call:
         if hang_up:  # long enough to be cut off
             return Call(
                 name,
                 "/generate",
-                {"input_ids": input_ids, "stream": True, "sampling_params": sampling(48) | {"ignore_eos": True}},
+                {"input_ids": input_ids, "stream": True, "sampling_params": sglang_sampling(48) | {"ignore_eos": True}},
                 hang_up_after=rng.randint(1, 8),
             )
         return Call(
             name,
             "/generate",
-            {"input_ids": input_ids, "stream": stream, "sampling_params": sampling(rng.randint(1, 8))},
+            {"input_ids": input_ids, "stream": stream, "sampling_params": sglang_sampling(rng.randint(1, 8))},
         )
 
     def fork(name: str, hang_up: bool = False) -> Call:
@@ -160,7 +164,7 @@ async def send(http: httpx.AsyncClient, call: Call, body: dict) -> Result | None
         assert response.status_code == 200, response.text
         reply = response.json()
         if call.route == "/generate":
-            return Result(reply["request_id"], reply["token_ids"], reply["cached_tokens"])
+            return Result(reply["meta_info"]["id"], reply["output_ids"], reply["meta_info"]["cached_tokens"])
         cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
         return Result(reply["id"], [choice["text"] for choice in reply["choices"]], cached)
     request_id, token_ids, events = "", [], 0
@@ -173,8 +177,8 @@ async def send(http: httpx.AsyncClient, call: Call, body: dict) -> Result | None
             if events == call.hang_up_after:
                 return None  # leaving the block closes the connection mid-stream
             if call.hang_up_after is None and line != "data: [DONE]":  # only /generate streams to the end
-                event = json.loads(line.removeprefix("data: "))
-                request_id, token_ids = event["request_id"], token_ids + event["token_ids"]
+                event = json.loads(line.removeprefix("data: "))  # SGLang's: everything so far
+                request_id, token_ids = event["meta_info"]["id"], event["output_ids"]
     return Result(request_id, token_ids, None)
 
 
@@ -186,10 +190,11 @@ async def run_client(http: httpx.AsyncClient, client: Client) -> dict[str, Resul
         session_id = response.json()["id"]
     for call in client.calls:
         body = dict(call.body)
-        if call.turn:
-            body["session_id"] = session_id
+        if call.turn:  # SGLang's session_params: the session, the turn to continue, and whether to replace
+            turn = {"id": session_id, "replace": body.pop("session_replace", False)}
             if call.parent is not None:
-                body["session_parent"] = results[call.parent].request_id
+                turn["rid"] = results[call.parent].request_id
+            body["session_params"] = turn
         result = await send(http, call, body)
         if result is not None:
             results[call.name] = result

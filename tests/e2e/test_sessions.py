@@ -78,11 +78,11 @@ def test_a_turn_gives_what_its_whole_prompt_gives_alone(server, client):
     session = open_session(server)
     sampling = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     first_ids, second_ids = list(range(300, 340)), list(range(700, 711))
-    first = generate(server, input_ids=first_ids, sampling_params=sampling, session_id=session)
-    second = generate(server, input_ids=second_ids, sampling_params=sampling, session_id=session)
-    whole_prompt = first_ids + first["token_ids"] + second_ids
-    assert second["prompt_tokens"] == len(whole_prompt)
-    assert second["cached_tokens"] == (len(first_ids) + 8 - 1) // BLOCK * BLOCK
+    first = generate(server, input_ids=first_ids, sampling_params=sampling, session_params={"id": session})
+    second = generate(server, input_ids=second_ids, sampling_params=sampling, session_params={"id": session})
+    whole_prompt = first_ids + first["output_ids"] + second_ids
+    assert second["meta_info"]["prompt_tokens"] == len(whole_prompt)
+    assert second["meta_info"]["cached_tokens"] == (len(first_ids) + 8 - 1) // BLOCK * BLOCK
     # Another tenant shares nothing with the session, so this computes the whole prompt.
     alone = client.completions.create(
         model="demo",
@@ -119,7 +119,8 @@ def test_a_closed_or_unknown_session_is_not_found(server, client):
         assert error.value.body["code"] == "not_found" and error.value.body["param"] == "session_id"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": gone})
-        response = httpx.post(f"{server.base_url}/generate", json={"text": "Hello", "session_id": gone}, timeout=30)
+        body = {"text": "Hello", "session_params": {"id": gone}}
+        response = httpx.post(f"{server.base_url}/generate", json=body, timeout=30)
         assert response.status_code == 404
         response = close_session(server, gone)
         assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"

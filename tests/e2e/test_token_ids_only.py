@@ -28,10 +28,13 @@ async def test_the_same_tokens_without_text(server):
         async with http.stream("POST", "/generate", json={**body(detokenize=False), "stream": True}) as response:
             lines = [line async for line in response.aiter_lines()]
     assert with_text["text"] and without["text"] == ""
-    assert without["token_ids"] == with_text["token_ids"] and len(without["token_ids"]) == 12
-    assert (without["completion_tokens"], without["finish_reason"]) == (12, "length")
+    assert without["output_ids"] == with_text["output_ids"] and len(without["output_ids"]) == 12
+    meta = without["meta_info"]
+    assert (meta["completion_tokens"], meta["finish_reason"]) == (12, {"type": "length", "length": 12})
     streamed = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
-    assert [t for event in streamed for t in event["token_ids"]] == with_text["token_ids"]
+    # Each event repeats the tokens so far, as SGLang's do.
+    assert streamed[-1]["output_ids"] == with_text["output_ids"]
+    assert all(a["output_ids"] == b["output_ids"][: len(a["output_ids"])] for a, b in zip(streamed, streamed[1:]))
     assert all(event["text"] == "" for event in streamed)
 
 
@@ -39,18 +42,18 @@ async def test_served_while_the_tokenizer_is_stopped(server):
     """Fails where the tokens go through a tokenizer: none answers while it is stopped."""
     tokenizer = server.child_pid("tokenizer")
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
-        reference = (await http.post("/generate", json=body(detokenize=False))).json()["token_ids"]
+        reference = (await http.post("/generate", json=body(detokenize=False))).json()["output_ids"]
         os.kill(tokenizer, signal.SIGSTOP)
         try:
             response = await asyncio.wait_for(http.post("/generate", json=body(detokenize=False)), STOPPED_S)
         finally:
             os.kill(tokenizer, signal.SIGCONT)
     assert response.status_code == 200, response.text
-    assert response.json()["token_ids"] == reference
+    assert response.json()["output_ids"] == reference
 
 
 async def test_stop_strings_need_text(server):
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         response = await http.post("/generate", json=body(detokenize=False, stop=["."]))
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "stop"
+    assert response.json()["error"]["param"] == "stop"  # SGLang's clients read error.message; ours name it

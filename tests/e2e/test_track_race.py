@@ -25,7 +25,7 @@ async def generate(http: httpx.AsyncClient) -> list[int]:
     body = {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
     response = await http.post("/generate", json=body)
     assert response.status_code == 200, response.text
-    return response.json()["token_ids"]
+    return response.json()["output_ids"]
 
 
 async def watch_steps(server) -> tuple[Bus, asyncio.Queue[StepOutput]]:
