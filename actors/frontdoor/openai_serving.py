@@ -5,7 +5,6 @@ A client that goes away mid-request cancels its handler (or fails its next write
 group aborts the request downstream.
 """
 
-import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -50,11 +49,11 @@ class OpenAIServing:
             return error_response(parsed)
         if self.pipeline.in_flight >= self.max_concurrent:
             return overloaded(self.max_concurrent)
-        created = int(time.time())
         tenant = self.tenants.request_tenant(request["identity"], parsed.user)
         group = await self.pipeline.submit(parsed.request, tenant=tenant)
         if isinstance(group, Error):
             return error_response(group)
+        created = int(group.created)  # when the origin received it
         try:
             prompt = _Prompt(group.prompt_ids, parsed.request.text)
             if parsed.request.stream:

@@ -70,7 +70,7 @@ class SGLangServing:
         self.pipeline = pipeline
         self.tenants = tenants
         self.max_concurrent = max_concurrent
-        self.running: dict[str, RequestGroup | None] = {}  # rid -> its group (None while it is submitted)
+        self.running: set[str] = set()  # the rids of the /generate requests in flight here
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         batch = parse_generate_request(await request.read())
@@ -82,7 +82,7 @@ class SGLangServing:
             return error_response(invalid(f"rid {taken!r} is running; choose another", "rid"))
         tenant = self.tenants.request_tenant(request["identity"], "")
         rids = [item.rid for item in batch.items]
-        self.running.update(dict.fromkeys(rids))
+        self.running.update(rids)
         groups: list[RequestGroup] = []
         try:
             submitted = await self._submit_all(batch, tenant, groups)
@@ -93,8 +93,7 @@ class SGLangServing:
                 return await self._stream(request, batch, items)
             return await self._whole(batch, items)
         finally:
-            for rid in rids:
-                self.running.pop(rid, None)
+            self.running.difference_update(rids)
             await asyncio.gather(*(group.close() for group in groups))
 
     async def _submit_all(self, batch: GenerateBatch, tenant: Tenant, groups: list[RequestGroup]) -> Error | None:
@@ -107,7 +106,6 @@ class SGLangServing:
                 # The scheduler checks what needs the prompt's tokens or the model, in our names.
                 return msgspec.structs.replace(group, param=SGLANG_NAMES.get(group.param, group.param))
             groups.append(group)
-            self.running[item.rid] = group
             return None
 
         errors = await asyncio.gather(*(submit(item) for item in batch.items))
@@ -168,12 +166,13 @@ class SGLangServing:
         if isinstance(body, Error):
             return error_response(body)
         rids = [body.rid] if isinstance(body.rid, str) or body.rid is None else body.rid
+        key_tenant = request["identity"].tenant
+        tenant = None if key_tenant is None else Tenant(key_tenant)
         if body.abort_all or any(not rid for rid in rids):
-            key_tenant = request["identity"].tenant
-            await self.pipeline.abort_all(None if key_tenant is None else Tenant(key_tenant))
+            aborted = await self.pipeline.abort_all(tenant)
+            if isinstance(aborted, Error):
+                return error_response(aborted)
             return web.Response(status=200)
-        for running_rid, group in list(self.running.items()):
-            if group is not None and any(running_rid.startswith(rid) for rid in rids):
-                for choice in group.choices:
-                    await self.pipeline.abort_with_output(choice.request_id)
+        matching = [running for running in self.running if any(running.startswith(rid) for rid in rids)]
+        await asyncio.gather(*(self.pipeline.abort_request(rid, tenant) for rid in matching))
         return web.Response(status=200)
