@@ -22,6 +22,7 @@ def sglang(server, **body) -> dict | list:
 
 
 def events(lines: list[str]) -> list[dict]:
+    lines = [line for line in lines if line]
     assert lines[-1] == "data: [DONE]", lines[-3:]
     return [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
 
