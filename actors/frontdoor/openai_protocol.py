@@ -251,8 +251,10 @@ def _openai_parsed(
         tokens_as_ids=bool(req.return_tokens_as_token_ids),
     )
     # The prompt's logprobs are computed from its second token on, for vLLM's `prompt_logprobs` or
-    # for an echoed prompt with logprobs; one top_logprobs serves the prompt and the output.
-    scores_prompt = output.prompt_logprobs is not None or (output.echo and output.logprobs is not None)
+    # for an echoed prompt with logprobs; one top_logprobs serves the prompt and the output. An
+    # echoed prompt of token ids is scored too: the text of its tokens comes with their logprobs.
+    echoes_ids = output.echo and prompt.text is None
+    scores_prompt = output.prompt_logprobs is not None or (output.echo and output.logprobs is not None) or echoes_ids
     params = msgspec.structs.replace(
         params,
         logprobs=output.logprobs is not None,

@@ -381,6 +381,8 @@ def test_completion_logprobs_and_echo_score_the_prompt():
     assert (zero.logprobs, zero.top_logprobs, zero.prompt_logprobs_from) == (True, 0, None)
     echo_only = completion(echo=True)
     assert echo_only.output.echo and echo_only.request.params.prompt_logprobs_from is None
+    # The text of an echoed prompt of token ids comes with their logprobs.
+    assert completion(prompt=[4, 5], echo=True).request.params.prompt_logprobs_from == 0
 
 
 def test_vllm_extras_reach_the_request():
