@@ -13,73 +13,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-from actors.frontdoor.request_fields import (
-    StopRegexes,
-    allowed_ids,
-    decode_body,
-    invalid,
-    logit_bias_ids,
-    stop_regexes,
-)
+from actors.frontdoor.request_fields import decode_body, invalid
+from actors.frontdoor.sglang_sampling import LogprobAsk, SGLangSampling, sampling_params
 from schemas.errors import Error
-from schemas.generate import (
-    INT32_MAX,
-    MAX_CHOICES,
-    MAX_LOGPROB_TOKEN_IDS,
-    MAX_TOP_LOGPROBS,
-    Bias,
-    Count,
-    GenerateRequest,
-    MinP,
-    Penalty,
-    RepetitionPenalty,
-    SamplingParams,
-    Seed,
-    SessionTurn,
-    StopString,
-    StopStrings,
-    Temperature,
-    TokenId,
-    TopP,
-)
-
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
-UNSUPPORTED_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
-
-
-class SGLangSampling(msgspec.Struct, kw_only=True):
-    """SGLang's `sampling_params`; absent and null both mean the default, except max_new_tokens."""
-
-    max_new_tokens: Count | None | msgspec.UnsetType = msgspec.UNSET  # null: up to the context window
-    min_new_tokens: Count | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: int | None = None  # -1, 0, or more than any vocabulary (1 << 30, say): no top-k filter
-    min_p: MinP | None = None
-    stop: StopString | StopStrings | None = None
-    stop_token_ids: list[TokenId] | None = None
-    stop_regex: StopString | StopRegexes | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None  # keep the matched stop string in the text
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    logit_bias: dict[str, Bias] | None = None
-    sampling_seed: Seed | None = None
-    seed: Seed | None = None  # an older name of sampling_seed
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
-    # This server's own, as on its OpenAI routes.
-    allowed_token_ids: list[TokenId] | None = None
-    disallowed_token_ids: list[TokenId] | None = None
-    final_temperature: Temperature | None = None
-    temperature_schedule_tokens: Count | None = None
-    detokenize: bool | None = None  # false: token ids out and no text (schemas/generate.py)
-    # Constrained decoding, which this server does not do: refused when given.
-    json_schema: Any = None
-    regex: Any = None
-    ebnf: Any = None
-    structural_tag: Any = None
+from schemas.generate import MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS, GenerateRequest, SessionTurn, TokenId
 
 
 class SessionParams(msgspec.Struct, kw_only=True):
@@ -111,17 +48,6 @@ class GenerateBody(msgspec.Struct, kw_only=True):
 class AbortBody(msgspec.Struct, kw_only=True):
     rid: str | list[str] | None = ""
     abort_all: bool | None = False
-
-
-@dataclass(frozen=True)
-class LogprobAsk:
-    """What one item asked of the logprobs, for the reply's `meta_info`."""
-
-    return_logprob: bool = False
-    start_len: int = -1  # prompt positions from here on; -1: none (the output's only)
-    top_n: int = 0
-    token_ids: list[int] | None = None
-    return_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,14 +202,11 @@ def _item(
     session: SessionTurn | None,
     stream: bool,
 ) -> GenerateItem | Error:
-    for name in UNSUPPORTED_CONSTRAINTS:
-        if getattr(sampling, name) is not None:
-            return invalid(f"{name} (constrained decoding) is not supported", f"sampling_params.{name}")
     if not 0 <= ask.top_n <= MAX_TOP_LOGPROBS:
         return invalid(f"top_logprobs_num must be 0 to {MAX_TOP_LOGPROBS}", "top_logprobs_num")
     if ask.start_len < -1 or (isinstance(prompt, list) and ask.return_logprob and ask.start_len >= len(prompt)):
         return invalid(f"logprob_start_len {ask.start_len} is past the prompt's last token", "logprob_start_len")
-    params = _sampling_params(sampling, ask)
+    params = sampling_params(sampling, ask)
     if isinstance(params, Error):
         return params
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
@@ -297,47 +220,3 @@ def _item(
         cache_salt=cache_salt,
     )
     return GenerateItem(rid, request, ask, params.max_tokens)
-
-
-def _sampling_params(s: SGLangSampling, ask: LogprobAsk) -> SamplingParams | Error:
-    bias = logit_bias_ids(s.logit_bias, "sampling_params.logit_bias")
-    regexes = stop_regexes(s.stop_regex, "sampling_params.stop_regex")
-    allowed = allowed_ids(s.allowed_token_ids, "sampling_params.allowed_token_ids")
-    for checked in (bias, regexes, allowed):
-        if isinstance(checked, Error):
-            return checked
-    max_tokens = DEFAULT_MAX_NEW_TOKENS if s.max_new_tokens is msgspec.UNSET else s.max_new_tokens
-    top_k = s.top_k if s.top_k is not None and 0 < s.top_k <= INT32_MAX else 0
-
-    def given(value, fallback):
-        return fallback if value is None else value
-
-    scores_prompt = ask.return_logprob and ask.start_len >= 0
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=given(s.temperature, 1.0),
-        top_p=given(s.top_p, 1.0),
-        top_k=top_k,
-        min_p=given(s.min_p, 0.0),
-        seed=given(s.sampling_seed, s.seed),
-        stop=[s.stop] if isinstance(s.stop, str) else given(s.stop, []),
-        stop_token_ids=given(s.stop_token_ids, []),
-        ignore_eos=given(s.ignore_eos, False),
-        skip_special_tokens=given(s.skip_special_tokens, True),
-        detokenize=given(s.detokenize, True),
-        min_tokens=given(s.min_new_tokens, 0),
-        presence_penalty=given(s.presence_penalty, 0.0),
-        frequency_penalty=given(s.frequency_penalty, 0.0),
-        repetition_penalty=given(s.repetition_penalty, 1.0),
-        logit_bias=bias,
-        allowed_token_ids=allowed,
-        disallowed_token_ids=given(s.disallowed_token_ids, []),
-        final_temperature=s.final_temperature,
-        temperature_schedule_tokens=given(s.temperature_schedule_tokens, 0),
-        stop_regex=regexes,
-        include_stop_str_in_output=given(s.no_stop_trim, False),
-        logprobs=ask.return_logprob,
-        top_logprobs=ask.top_n if ask.return_logprob else 0,
-        prompt_logprobs_from=ask.start_len if scores_prompt else None,
-        logprob_token_ids=(ask.token_ids or []) if ask.return_logprob else [],
-    )

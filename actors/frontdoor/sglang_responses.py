@@ -11,7 +11,7 @@ events repeat everything so far, as SGLang's do. No I/O.
 """
 
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
-from actors.frontdoor.sglang_protocol import LogprobAsk
+from actors.frontdoor.sglang_sampling import LogprobAsk
 
 WEIGHT_VERSION = "default"  # weight updates come with the next issue; SGLang names the first "default"
 ABORT_MESSAGE = "aborted by /abort_request"

@@ -7,8 +7,9 @@ import pytest
 
 from actors.frontdoor import sglang_protocol as sglang
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
-from actors.frontdoor.sglang_protocol import GenerateBatch, LogprobAsk
+from actors.frontdoor.sglang_protocol import GenerateBatch
 from actors.frontdoor.sglang_responses import finish_reason, generate_reply
+from actors.frontdoor.sglang_sampling import LogprobAsk
 from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.requests import RequestOutput
