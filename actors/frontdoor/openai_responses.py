@@ -7,6 +7,7 @@ official `openai` SDK's types. Ids are our request ids with OpenAI's prefixes.
 from typing import Literal
 
 import msgspec
+from aiohttp import web
 
 from schemas.errors import Error
 
@@ -22,6 +23,12 @@ _ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_
 
 def sse_event(payload: dict) -> bytes:
     return b"data: " + _json.encode(payload) + b"\n\n"
+
+
+def json_body(payload: dict | list) -> web.Response:
+    """A JSON answer, encoded by msgspec: quick for long logprob lists, and a float JSON cannot
+    hold (a filtered token's -inf) becomes null, as SGLang's encoder writes it."""
+    return web.Response(body=_json.encode(payload), content_type="application/json")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

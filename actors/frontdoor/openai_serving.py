@@ -75,13 +75,13 @@ class OpenAIServing:
         head = (group.request_id, self.model_name, created)
         choices = [self._choice(parsed.kind, i, o, opts, prompt) for i, o in enumerate(outputs)]
         if parsed.kind == "completion":
-            return web.json_response(responses.completion_response(*head, choices, *counts))
+            return responses.json_body(responses.completion_response(*head, choices, *counts))
         extra = {}
         if opts.return_token_ids:
             extra["prompt_token_ids"] = prompt.ids
         if opts.prompt_logprobs is not None:
             extra["prompt_logprobs"] = prompt_logprobs(prompt.ids, prompt.logprobs, prompt.texts, opts.prompt_logprobs)
-        return web.json_response(responses.chat_completion_response(*head, choices, *counts, **extra))
+        return responses.json_body(responses.chat_completion_response(*head, choices, *counts, **extra))
 
     def _choice(self, kind: str, index: int, output: ChoiceOutput, opts: OutputOptions, prompt: _Prompt) -> dict:
         extra = {"token_ids": output.token_ids} if opts.return_token_ids else {}

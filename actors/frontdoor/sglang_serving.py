@@ -13,7 +13,7 @@ from aiohttp import web
 
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.http_errors import error_response, overloaded
-from actors.frontdoor.openai_responses import SSE_DONE, error_body, sse_event
+from actors.frontdoor.openai_responses import SSE_DONE, error_body, json_body, sse_event
 from actors.frontdoor.request_fields import invalid
 from actors.frontdoor.sglang_protocol import GenerateBatch, GenerateItem, parse_abort_request, parse_generate_request
 from actors.frontdoor.sglang_responses import generate_reply
@@ -124,7 +124,7 @@ class SGLangServing:
         if error := next((error for error in errors if error is not None), None):
             return error_response(error)
         replies = [item.reply(i) for item in items for i in range(len(item.choices))]
-        return web.json_response(replies[0] if batch.single else replies)
+        return json_body(replies[0] if batch.single else replies)
 
     async def _stream(self, request: web.Request, batch: GenerateBatch, items: list[_ItemOutput]) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
