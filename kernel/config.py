@@ -72,6 +72,7 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
     max_body_bytes: AtLeastOne = 4 * 1024 * 1024
     max_concurrent_requests: AtLeastOne = 2048
+    incremental_streaming_output: bool = False
 
 
 class RequestsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -158,6 +159,8 @@ HELP = {
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",
+    "incremental_streaming_output": "SGLang's: each event of a streamed /generate carries only what is new (by "
+    "default each repeats everything so far, as SGLang's do, which costs the square of the output's length)",
     "busy_poll_ms": "after each bus message they send or receive, the actors on a request's path (frontdoor, "
     "gateway, tokenizer, scheduler, executor on CUDA) poll the bus this long instead of sleeping: "
     "each bus hop skips a wake-up, for a core each while requests flow (default: 50 where the "

@@ -46,6 +46,7 @@ class FrontdoorActor(Actor):
             facts,
             cfg.http.max_body_bytes,
             cfg.http.max_concurrent_requests,
+            cfg.http.incremental_streaming_output,
         ).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -57,6 +57,7 @@ class HttpApi:
         facts: ServerFacts,
         max_body_bytes: int,
         max_concurrent_requests: int,
+        incremental_streaming: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.bus = bus
@@ -67,7 +68,7 @@ class HttpApi:
         self.openapi_document = openapi_document()
         self.started = int(time.time())
         self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
-        self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests)
+        self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests, incremental_streaming)
         self.info = SGLangInfo(pipeline, bus, subjects, facts)
 
     def build_app(self) -> web.Application:

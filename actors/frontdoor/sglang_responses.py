@@ -7,7 +7,8 @@ top and asked-id logprobs are a list of such entries per position, null where no
 `input_token_logprobs` covers the prompt from `logprob_start_len`: its first entry's logprob is null
 at position 0 (no token precedes it); with the default -1 it is SGLang's one entry, the prompt's
 last token, with a null logprob (none for a scoring request with max_new_tokens 0). Streamed
-events repeat everything so far, as SGLang's do. No I/O.
+events repeat everything so far, as SGLang's do, or carry only what came after `since` (SGLang's
+incremental streaming: the prompt's logprobs then come in the first event alone). No I/O.
 """
 
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
@@ -40,8 +41,11 @@ def generate_reply(
     cached_tokens: int,
     ask: LogprobAsk,
     max_new_tokens: int | None,
+    since: tuple[int, int] = (0, 0),
 ) -> dict:
-    """One choice's reply (or stream event) from what it delivered so far."""
+    """One choice's reply (or stream event) from what it delivered so far, after `since` (tokens,
+    characters) alone."""
+    first_token, first_char = since
     meta = {
         "id": choice_id,
         "finish_reason": finish_reason(output, max_new_tokens),
@@ -51,8 +55,9 @@ def generate_reply(
         "cached_tokens": cached_tokens,
     }
     if ask.return_logprob:
-        meta |= _logprobs(output, prompt_ids, prompt_logprobs, texts, ask, max_new_tokens)
-    return {"text": output.text, "output_ids": list(output.token_ids), "meta_info": meta}
+        meta |= _logprobs(output, prompt_ids, prompt_logprobs, texts, ask, max_new_tokens, first_token)
+    text = output.text[first_char:] if first_char else output.text
+    return {"text": text, "output_ids": output.token_ids[first_token:], "meta_info": meta}
 
 
 def _logprobs(
@@ -62,6 +67,7 @@ def _logprobs(
     texts: dict[int, str],
     ask: LogprobAsk,
     max_new_tokens: int | None,
+    first_token: int,
 ) -> dict:
     def entry(logprob: float | None, token_id: int) -> list:
         return [logprob, token_id, texts.get(token_id) if ask.return_text else None]
@@ -71,8 +77,10 @@ def _logprobs(
     else:  # SGLang scores the prompt's last position for the first output token, and reports it empty
         positions = range(len(prompt_ids) - 1, len(prompt_ids)) if max_new_tokens != 0 else range(0)
         prompt_run = LogprobRun()
+    if first_token:  # an incremental event after the first: the prompt's came with that one
+        positions = range(0)
     prompt_at = [_index(prompt_run, p) for p in positions]
-    out_at = [_index(output.logprobs, p) for p in range(len(output.token_ids))]
+    out_at = [_index(output.logprobs, p) for p in range(first_token, len(output.token_ids))]
     out_at = [j for j in out_at if j is not None]
     run = output.logprobs
     info = {

@@ -1,6 +1,7 @@
 """Serving SGLang's native `/generate` and `/abort_request`: each item of a batch is a request of
 its own through the origin, all run at once; the replies come as one JSON body (an object for one
-prompt, a list for a batch) or as server-sent events that repeat everything so far, as SGLang's do.
+prompt, a list for a batch) or as server-sent events that repeat everything so far, as SGLang's do
+(with `--incremental-streaming-output`, as SGLang's then do, only what is new).
 
 An abort keeps the output: the aborted requests answer with finish_reason "abort" and every token
 they generated, with its logprobs. A client that leaves mid-request aborts its requests outright.
@@ -45,13 +46,15 @@ class _ItemOutput:
         self.choices = [ChoiceOutput() for _ in group.choices]
         self.prompt_logprobs = LogprobRun()
         self.texts: dict[int, str] = {}
+        self.sent = [(0, 0)] * len(self.choices)  # per choice, the tokens and characters streamed so far
 
     def add(self, index: int, output: RequestOutput) -> None:
         self.choices[index].add(output)
         self.prompt_logprobs.extend(output.prompt_logprobs)
         self.texts.update(output.token_texts)
 
-    def reply(self, index: int) -> dict:
+    def reply(self, index: int, since: tuple[int, int] = (0, 0)) -> dict:
+        """The choice's reply, of what came after `since` (tokens, characters) alone."""
         group, item = self.group, self.item
         return generate_reply(
             group.choices[index].request_id,
@@ -62,14 +65,25 @@ class _ItemOutput:
             group.cached_tokens,
             item.logprob,
             item.max_new_tokens,
+            since,
         )
+
+    def next_event(self, index: int, incremental: bool) -> dict:
+        """The choice's next stream event: all so far, or when `incremental` what is new."""
+        event = self.reply(index, self.sent[index] if incremental else (0, 0))
+        choice = self.choices[index]
+        self.sent[index] = (len(choice.token_ids), len(choice.text))
+        return event
 
 
 class SGLangServing:
-    def __init__(self, pipeline: RequestPipeline, tenants: Tenants, max_concurrent: int) -> None:
+    def __init__(
+        self, pipeline: RequestPipeline, tenants: Tenants, max_concurrent: int, incremental: bool = False
+    ) -> None:
         self.pipeline = pipeline
         self.tenants = tenants
         self.max_concurrent = max_concurrent
+        self.incremental = incremental  # stream events carry only what is new
         self.running: set[str] = set()  # the rids of the /generate requests in flight here
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -146,7 +160,7 @@ class SGLangServing:
                 item = items[k]
                 item.add(index, output)
                 if output.token_ids or output.text or output.finish_reason:
-                    event = item.reply(index)
+                    event = item.next_event(index, self.incremental)
                     if not batch.single:
                         event["index"] = k * batch.choices + index
                     await response.write(sse_event(event))

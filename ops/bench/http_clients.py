@@ -38,7 +38,6 @@ def request_body(request: BenchRequest, sampling: Sampling, detokenize: bool) ->
 
 async def stream_one(session: aiohttp.ClientSession, base_url: str, body: bytes, output_tokens: int) -> RequestTiming:
     chunks: list[tuple[float, int]] = []
-    received = 0  # SGLang's events repeat every token so far
     started = time.perf_counter()
     async with session.post(f"{base_url}/generate", data=body, headers=JSON_CONTENT) as response:
         taken_s = time.perf_counter() - started  # a stream's headers leave once the request is submitted
@@ -53,9 +52,8 @@ async def stream_one(session: aiohttp.ClientSession, base_url: str, body: bytes,
             event = json.loads(payload)
             if "error" in event:
                 raise BenchRequestFailed(f"error in the stream: {event['error']}")
-            if len(event["output_ids"]) > received:
-                chunks.append((time.perf_counter(), len(event["output_ids"]) - received))
-                received = len(event["output_ids"])
+            if event["output_ids"]:  # the server streams incrementally (ops/bench/system.py)
+                chunks.append((time.perf_counter(), len(event["output_ids"])))
     timing = RequestTiming.from_chunks(started, chunks)
     if timing.output_tokens != output_tokens:
         raise BenchRequestFailed(f"asked for {output_tokens} tokens, got {timing.output_tokens}")

@@ -52,6 +52,7 @@ class SystemBench:
             str(MAX_PREFILL_TOKENS),
             "--attention-backend",
             args.attention_backend,
+            "--incremental-streaming-output",  # as SGLang's benchmarks: no event repeats the tokens before it
         ]
         bed.free()
         free = ""

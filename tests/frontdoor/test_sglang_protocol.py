@@ -298,3 +298,15 @@ def test_a_repeated_part_is_not_joined_twice():
     run.extend(TokenLogprobs(0, [-1.0]))
     run.extend(TokenLogprobs(1, [-2.0]))
     assert (run.start, run.logprobs, run.end) == (0, [-1.0, -2.0], 2)
+
+
+def test_an_incremental_event_carries_only_what_came_after_the_last():
+    choice = logprob_output()
+    ask = LogprobAsk(True, 0, 1)
+    later = generate_reply("r", choice, [1, 2, 3], choice.prompt_logprobs, TEXTS, 0, ask, 2, since=(1, 1))
+    assert (later["text"], later["output_ids"]) == ("b", [6])
+    meta = later["meta_info"]
+    assert meta["output_token_logprobs"] == [[-1.5, 6, None]] and meta["output_top_logprobs"] == [[[-0.25, 9, None]]]
+    assert meta["input_token_logprobs"] == [] and meta["completion_tokens"] == 2  # the prompt's came first
+    first = generate_reply("r", choice, [1, 2, 3], choice.prompt_logprobs, TEXTS, 0, ask, 2, since=(0, 0))
+    assert first["output_ids"] == [5, 6] and len(first["meta_info"]["input_token_logprobs"]) == 3

@@ -174,7 +174,7 @@ def test_help_groups_the_same_flags_by_component():
             "--prefix-caching",
             "--session-budget-tokens",
         ],
-        "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests"],
+        "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests", "--incremental-streaming-output"],
         "requests": ["--request-timeout-s", "--max-migrations"],
         "tenancy": ["--api-keys", "--admin-key", "--public-prefix-tenants", "--public-prefix-window-s"],
         "supervision": ["--data-dir", "--tokenizers", "--max-restarts", "--restart-period-s"],
