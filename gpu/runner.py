@@ -27,6 +27,7 @@ from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig, resolve_dtype
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.kv_cache import KVCache
+from gpu.logit_rules import LogitRules, StepRules
 from gpu.logprobs import LogprobArrays, LogprobRequests
 from gpu.model import CausalLM, LastLayer
 from gpu.previous_draw import PreviousDraw
@@ -56,6 +57,7 @@ class _Step(NamedTuple):
     prompt_graph: bool  # runs the prompt graphs' pieces around eager attention
     logprobs: LogprobRequests | None  # the logprobs asked; None: none
     logprob_arrays: LogprobArrays[torch.Tensor] | None  # their arrays on the device
+    rules: StepRules | None  # the rows' penalties, bias and masks; None: no row has any
 
 
 class _Forwarded(NamedTuple):
@@ -159,6 +161,7 @@ class ModelRunner:
         if device.type == "cuda":
             compile_sampler(config.vocab_size, device)
         self._previous = PreviousDraw()  # where `previous_row` inputs come from
+        self._rules = LogitRules(config.vocab_size, device)  # `SequenceInput.rules`, and penalty counts
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
         self.graphs: DecodeGraphs | None = None
@@ -257,6 +260,7 @@ class ModelRunner:
             prompt_graph=prompt_tokens is not None,
             logprobs=logprobs,
             logprob_arrays=logprob_arrays,
+            rules=self._rules.prepare(chosen),
         )
 
     def _padded(self, host: HostBatch, decode_graph: int | None, prompt_tokens: int | None) -> HostBatch:
@@ -280,15 +284,18 @@ class ModelRunner:
         return _Forwarded(logits=self.model.logits(last, step.batch.logits_index), last=last)
 
     def _draw(self, step: _Step, forwarded: _Forwarded) -> PendingStep:
-        """Draws one token per row of the logits (argmax when every row is greedy), keeps them on the
-        device for the next launch, computes the logprobs asked and starts their copy to the host."""
+        """Draws one token per row of the logits after the rows' rules (argmax when every row is
+        greedy), keeps them on the device for the next launch, computes the logprobs asked and
+        starts their copy to the host."""
         logits = forwarded.logits  # [R, vocab] float32
+        adjusted = self._rules.apply(step.rules, logits)  # [R, vocab]; `logits` itself when no row has rules
         if step.sampling is None:
-            drawn = logits.argmax(dim=-1)  # [R] int64
+            drawn = adjusted.argmax(dim=-1)  # [R] int64
         else:
-            drawn = self._sample(logits, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
+            drawn = self._sample(adjusted, SamplingTensors.from_arrays(step.sampling, step.settings))  # [R] int64
+        self._rules.count(step.rules, drawn)  # before the next launch reads the counts, in stream order
         self._previous.remember(drawn, step.rows, step.num_seqs)
-        logprobs = None if step.logprobs is None else (step.logprobs, self._logprobs(step, forwarded, logits, drawn))
+        logprobs = None if step.logprobs is None else (step.logprobs, self._logprobs(step, forwarded, adjusted, drawn))
         return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream, logprobs)
 
     def _logprobs(
