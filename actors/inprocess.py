@@ -50,7 +50,7 @@ class InProcessEngine:
             max_prefill_tokens,
             prefix_caching=prefix_caching,
         )
-        self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids)
+        self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids, runner.vocab_size)
         self.outputs: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
         self.cached_tokens: dict[str, int] = {}  # prompt tokens served from the prefix cache at the first start

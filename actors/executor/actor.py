@@ -50,7 +50,9 @@ class ExecutorActor(Actor):
         )
         pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
-        self.batch = RunningBatch(self.runner.block_size, self.max_model_len, self.runner.eos_token_ids)
+        self.batch = RunningBatch(
+            self.runner.block_size, self.max_model_len, self.runner.eos_token_ids, self.runner.vocab_size
+        )
         self.scheduler_id: str | None = None
         self.new_epoch = False
         self.pending: list[Commands] = []

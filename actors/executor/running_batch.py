@@ -20,8 +20,10 @@ the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from the
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from actors.executor.sequence_rules import PenaltySlots, temperature_at, token_rules
 from actors.executor.step_logprobs import scored_targets, wire_logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
+from gpu.logit_rules import TokenRules
 from gpu.step_io import SequenceInput, StepLogprobs
 from schemas.generate import SamplingParams
 from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
@@ -44,6 +46,7 @@ class RunningSequence:
     # The prompt position from which its prompt tokens are scored; None: not scored. Only a run with
     # no outputs yet scores: a later one's prefill holds outputs, and its client has the prompt's.
     scores_from: int | None = None
+    rules: TokenRules | None = None  # penalties, bias, masks, min_tokens: built at its start
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,12 @@ class PlannedInput:
 
 
 class RunningBatch:
-    def __init__(self, block_size: int, max_model_len: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, block_size: int, max_model_len: int, eos_token_ids: list[int], vocab_size: int) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.penalty_slots = PenaltySlots()  # rows of the runner's penalty counts
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
         self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
@@ -78,6 +83,7 @@ class RunningBatch:
                 stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
                 # The leading blocks already hold the KV of a cached prefix: prefill starts after it.
                 # A run of the same id still in flight is replaced: book discards its results.
+                self._forget(self.sequences.get(request_id))
                 self.sequences[request_id] = RunningSequence(
                     request_id,
                     params,
@@ -90,6 +96,7 @@ class RunningBatch:
                     scores_from=max(params.prompt_logprobs_from, 1)
                     if params.prompt_logprobs_from is not None and num_outputs == 0
                     else None,
+                    rules=token_rules(params, command, stop_ids, self.vocab_size, self.penalty_slots),
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -101,13 +108,21 @@ class RunningBatch:
                 self.copies.append((source, target))
             case DropSequence(request_id, abort):
                 seq = self.sequences.pop(request_id, None)
+                self._forget(seq)
                 self.dropped.append(request_id)
                 if abort and seq is not None:
                     self.aborted.append(SequenceUpdate(request_id, [], seq.booked_outputs, finish_reason="abort"))
 
     def drop_all(self) -> None:
         self.dropped += list(self.sequences)
+        for seq in self.sequences.values():
+            self._forget(seq)
         self.sequences.clear()
+
+    def _forget(self, seq: RunningSequence | None) -> None:
+        """What a sequence leaving the batch holds goes back: its penalty slot."""
+        if seq is not None and seq.rules is not None and seq.rules.penalty_slot >= 0:
+            self.penalty_slots.give_back(seq.rules.penalty_slot)
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []
@@ -200,7 +215,7 @@ class RunningBatch:
             start_position=start,
             block_table=seq.block_table,
             sample=sample,
-            temperature=p.temperature,
+            temperature=temperature_at(p, seq.num_outputs),
             top_p=p.top_p,
             top_k=p.top_k,
             min_p=p.min_p,
@@ -213,6 +228,7 @@ class RunningBatch:
             processed_logprobs=p.processed_logprobs,
             scored_from=scored_from,
             scored_targets=scored_targets,
+            rules=seq.rules,
         )
 
     def _advance(self, seq: RunningSequence, row: int, prefill_tokens: int, sample: bool) -> PlannedInput:
@@ -264,5 +280,5 @@ class RunningBatch:
             )
             seq.cached_tokens = None
             if finish:
-                del self.sequences[seq.request_id]
+                self._forget(self.sequences.pop(seq.request_id))
         return updates

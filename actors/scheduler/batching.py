@@ -208,8 +208,19 @@ class ContinuousBatcher:
             return False
         self.requests.start(seq)
         seq.start_run(computed)
+        # A penalty counts the prompt (the repetition penalty) and the outputs before a preemption.
+        p = seq.params
+        penalized = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
         self._commands.append(
-            StartSequence(seq.request_id, seq.params, list(seq.blocks), len(seq.output_ids), computed)
+            StartSequence(
+                seq.request_id,
+                seq.params,
+                list(seq.blocks),
+                len(seq.output_ids),
+                computed,
+                penalty_prompt_ids=list(seq.prompt_ids) if p.repetition_penalty != 1.0 else [],
+                penalty_output_ids=list(seq.output_ids) if penalized else [],
+            )
         )
         return True
 

@@ -62,6 +62,8 @@ class RequestTable:
                 f"prompt_logprobs_from is {start}, past the prompt's last position ({len(prompt_ids) - 1})",
                 param="prompt_logprobs_from",
             )
+        if error := self._token_rules_error(params):
+            return error
         # A prompt alone (max_tokens 0) still gets room for one token more, as every start does.
         total = len(prompt_ids) + max(params.max_tokens, 1)
         if total > self.max_model_len:
@@ -70,6 +72,30 @@ class RequestTable:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{total} tokens ({len(prompt_ids)} in the prompt, {params.max_tokens} in the completion).",
                 param="max_tokens" if len(prompt_ids) < self.max_model_len else "prompt",
+            )
+        return None
+
+    def _token_rules_error(self, params: SamplingParams) -> Error | None:
+        """Token ids of the per-token controls outside the vocabulary, or a mask that leaves nothing to draw."""
+        fields = {
+            "logit_bias": params.logit_bias,
+            "allowed_token_ids": params.allowed_token_ids or (),
+            "disallowed_token_ids": params.disallowed_token_ids,
+        }
+        for name, ids in fields.items():
+            bad = next((t for t in ids if t >= self.vocab_size), None)
+            if bad is not None:
+                return Error(
+                    "invalid_request",
+                    f"{name}: token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                    param=name,
+                )
+        allowed, disallowed = params.allowed_token_ids, set(params.disallowed_token_ids)
+        if allowed is not None and not allowed:
+            return Error("invalid_request", "allowed_token_ids must not be empty", param="allowed_token_ids")
+        if (set(allowed) <= disallowed) if allowed is not None else len(disallowed) >= self.vocab_size:
+            return Error(
+                "invalid_request", "disallowed_token_ids leaves no token to draw", param="disallowed_token_ids"
             )
         return None
 

@@ -282,7 +282,7 @@ def test_on_cuda_tokens_read_on_the_device_are_the_tokens_drawn(tmp_path, backen
 def test_decodes_come_before_prompt_chunks_in_a_step():
     """The attention backend runs a mixed step's leading one-token rows with its decode kernel, so
     the running batch lists every decode before the chunks, even one admitted after them."""
-    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[])
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[], vocab_size=1000)
     batch.apply(StartSequence("long", greedy(4), list(range(0, 8))))
     for start in (0, 8, 16):
         batch.apply(PrefillChunk("long", list(range(10 + start, 18 + start)), start, last=start == 16))
@@ -299,7 +299,7 @@ def test_decodes_come_before_prompt_chunks_in_a_step():
 
 
 def test_a_chunk_past_the_budget_is_cut_and_its_rest_goes_first_next_step():
-    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[])
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[], vocab_size=1000)
     batch.apply(StartSequence("long", greedy(4), list(range(0, 4))))
     batch.apply(PrefillChunk("long", list(range(10, 20)), 0, last=True))
     batch.apply(StartSequence("short", greedy(4), [4]))

@@ -15,7 +15,7 @@ EOS = 2
 def started(params: SamplingParams, prompt: list[int] = PROMPT, request_id: str = "r") -> RunningBatch:
     """A batch running one sequence whose prompt the scheduler sent as two chunks, 5 tokens then 3
     (the first naming the token after it when the prompt is scored, as the scheduler does)."""
-    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS])
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS], vocab_size=1000)
     batch.apply(StartSequence(request_id, params, [0, 1, 2, 3], 0, 0))
     scored = params.prompt_logprobs_from is not None
     batch.apply(PrefillChunk(request_id, prompt[:5], 0, False, prompt[5] if scored else None))
@@ -68,7 +68,7 @@ def test_a_prompt_scored_from_the_start_scores_position_one_on():
 
 
 def test_the_drawn_tokens_logprobs_go_to_the_requests_that_asked_alone():
-    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS])
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS], vocab_size=1000)
     asks = SamplingParams(max_tokens=3, logprobs=True, top_logprobs=1, processed_logprobs=True)
     for request_id, params in (("asks", asks), ("quiet", SamplingParams(max_tokens=3))):
         batch.apply(StartSequence(request_id, params, [0, 1], 0, 0))
@@ -114,7 +114,7 @@ def test_an_aborted_sequence_ends_after_the_last_token_it_published():
 
 
 def test_a_resubmitted_run_scores_nothing_and_counts_its_outputs_for_an_abort():
-    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS])
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[EOS], vocab_size=1000)
     batch.apply(StartSequence("r", SamplingParams(max_tokens=8, prompt_logprobs_from=0), [0, 1, 2], 3, 0))
     batch.apply(PrefillChunk("r", [5, 6, 7, 40, 41, 42], 0, True))
     (one,), _ = batch.plan_step(100)

@@ -89,10 +89,7 @@ def test_allowed_keeps_only_those_and_disallowed_suppresses_as_transformers():
     keep = torch.full((VOCAB,), MINUS_INF)
     keep[[2, 9, 40]] = 0.0
     assert torch.equal(result[0], logits[0] + keep)
-    expected = SuppressTokensLogitsProcessor([0, 9, 13])(
-        torch.tensor([[1]]),
-        logits[1:].clone(),
-    )
+    expected = SuppressTokensLogitsProcessor([0, 9, 13])(torch.tensor([[1]]), logits[1:].clone())
     assert torch.equal(result[1:], expected)
 
 
