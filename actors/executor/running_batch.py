@@ -20,7 +20,7 @@ the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from the
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from actors.executor.sequence_rules import PenaltySlots, temperature_at, token_rules
+from actors.executor.sequence_rules import FreeSlots, temperature_at, token_rules
 from actors.executor.step_logprobs import scored_targets, wire_logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.logit_rules import TokenRules
@@ -68,7 +68,7 @@ class RunningBatch:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
-        self.penalty_slots = PenaltySlots()  # rows of the runner's penalty counts
+        self.rule_slots = FreeSlots()  # of the runner's per-sequence rule state
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
         self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
@@ -96,7 +96,7 @@ class RunningBatch:
                     scores_from=max(params.prompt_logprobs_from, 1)
                     if params.prompt_logprobs_from is not None and num_outputs == 0
                     else None,
-                    rules=token_rules(params, command, stop_ids, self.vocab_size, self.penalty_slots),
+                    rules=token_rules(params, command, stop_ids, self.vocab_size, self.rule_slots),
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -120,9 +120,9 @@ class RunningBatch:
         self.sequences.clear()
 
     def _forget(self, seq: RunningSequence | None) -> None:
-        """What a sequence leaving the batch holds goes back: its penalty slot."""
-        if seq is not None and seq.rules is not None and seq.rules.penalty_slot >= 0:
-            self.penalty_slots.give_back(seq.rules.penalty_slot)
+        """What a sequence leaving the batch holds goes back: its rules' slot."""
+        if seq is not None and seq.rules is not None and seq.rules.slot >= 0:
+            self.rule_slots.give_back(seq.rules.slot)
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []

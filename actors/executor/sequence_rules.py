@@ -1,6 +1,6 @@
 """The executor's side of the per-token controls: a starting sequence's `TokenRules`
-(gpu/logit_rules.py), the penalty slots they count in, and each output's temperature under a
-temperature schedule. The running batch owns one `PenaltySlots` and calls these when it plans."""
+(gpu/logit_rules.py), the slots of the runner's state they use, and each output's temperature
+under a temperature schedule. The running batch owns one `FreeSlots` and calls these."""
 
 import heapq
 
@@ -9,12 +9,12 @@ from schemas.generate import SamplingParams
 from schemas.step import StartSequence
 
 
-class PenaltySlots:
-    """The rows of the runner's penalty counts, one per running sequence with a penalty: the lowest
-    free one is handed out, so the counts stay as small as the most such sequences at once.
-    A slot given back may go to another sequence at once, even while a step that counts into it
-    for the old one is in flight: the runner restarts the slot in the new one's first launch, after
-    that step in stream order (gpu/penalty_counts.py)."""
+class FreeSlots:
+    """The slots of the runner's rule state (gpu/rule_slots.py), one per running sequence whose
+    rules need one: the lowest free one is handed out, so the state stays as small as the most such
+    sequences at once. A slot given back may go to another sequence at once, even while a step
+    that counts into it for the old one is in flight: the runner starts the slot afresh in the new
+    one's first launch, after that step in stream order."""
 
     def __init__(self) -> None:
         self._free: list[int] = []  # a heap
@@ -31,14 +31,13 @@ class PenaltySlots:
 
 
 def token_rules(
-    params: SamplingParams, start: StartSequence, end_ids: frozenset[int], vocab_size: int, slots: PenaltySlots
+    params: SamplingParams, start: StartSequence, end_ids: frozenset[int], vocab_size: int, slots: FreeSlots
 ) -> TokenRules | None:
-    """The rules of the sequence `start` starts, with a penalty slot from `slots` when it has a
-    penalty; None when it asks for none. `end_ids`: the ids that end it (EOS, unless ignore_eos,
-    and the stop token ids), which min_tokens keeps away."""
+    """The rules of the sequence `start` starts, with a slot from `slots` when they need one; None
+    when it asks for none. `end_ids`: the ids that end it (EOS, unless ignore_eos, and the stop
+    token ids), which min_tokens keeps away."""
     p = params
-    penalized = TokenRules.penalized(p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
-    return TokenRules.build(
+    rules = TokenRules.build(
         vocab_size,
         end_ids=end_ids,
         min_tokens=p.min_tokens,  # counted from the first output, those before a preemption included
@@ -48,10 +47,10 @@ def token_rules(
         repetition_penalty=p.repetition_penalty,
         frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty,
-        penalty_slot=slots.take() if penalized else -1,
         penalty_prompt_ids=start.penalty_prompt_ids,
         penalty_output_ids=start.penalty_output_ids,
     )
+    return rules.with_slot(slots.take()) if rules is not None and rules.needs_slot else rules
 
 
 def temperature_at(params: SamplingParams, output_index: int) -> float:

@@ -9,10 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from actors.executor.sequence_rules import PenaltySlots, temperature_at
+from actors.executor.sequence_rules import FreeSlots, temperature_at
 from actors.inprocess import InProcessEngine
+from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
 from schemas.generate import SamplingParams
+from tests.devices import needs_cuda
 from tests.sampling import greedy
 
 
@@ -108,7 +110,7 @@ def test_penalties_hold_through_preemptions_and_reused_slots(llama_dir, hf_penal
     launch = engine.runner.launch
 
     def recording_launch(seqs):
-        slots.update(s.rules.penalty_slot for s in seqs if s.rules is not None)
+        slots.update(s.rules.slot for s in seqs if s.rules is not None)
         return launch(seqs)
 
     engine.runner.launch = recording_launch
@@ -206,8 +208,8 @@ def test_the_temperature_follows_its_schedule(llama_dir):
     assert [seen[i] for i in range(8)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2, 0.2])
 
 
-def test_freed_penalty_slots_are_handed_out_lowest_first():
-    slots = PenaltySlots()
+def test_freed_rule_slots_are_handed_out_lowest_first():
+    slots = FreeSlots()
     assert [slots.take() for _ in range(3)] == [0, 1, 2]
     slots.give_back(2)
     slots.give_back(0)
@@ -231,3 +233,50 @@ def test_bad_token_ids_are_refused_naming_the_field(llama_dir, field, params):
     error = engine.submit("r", [5, 6, 7], greedy(4, **params))
     assert error is not None and error.code == "invalid_request" and error.param == field
     assert engine.submit("ok", [5, 6, 7], greedy(4, logit_bias={1023: 1.0}, allowed_token_ids=[1023])) is None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_rules_hold_through_graphs_overlap_and_the_sampler_kernel(tmp_path):
+    """Decodes replay CUDA graphs, steps overlap, sampled rows go through the sampler kernel: the
+    greedy penalized requests get transformers' tokens (float32 on the same GPU), masks hold, and a
+    seeded request with rules draws the same tokens alone and among 40 others."""
+    model_dir = build_model_dir(tmp_path / "llama", arch="llama", size="hd128", seed=5)
+    runner = ModelRunner(model_dir, device="cuda", dtype="float32", num_kv_blocks=600, block_size=16)
+    assert runner.graphs is not None
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    hf.generation_config.eos_token_id = None
+    rng = random.Random(7)
+    allowed = sorted(rng.sample(range(runner.vocab_size), 40))
+    seeded = SamplingParams(
+        max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True, repetition_penalty=1.3, logit_bias={9: 5.0}
+    )
+    requests = [([rng.randrange(5, 900) for _ in range(rng.randrange(4, 40))], seeded)]
+    for i in range(40):
+        prompt = [rng.randrange(5, 900) for _ in range(rng.randrange(4, 40))]
+        if i % 2:
+            params = SamplingParams(
+                max_tokens=20, temperature=1.0, top_k=20, seed=i, allowed_token_ids=allowed, ignore_eos=True
+            )
+        else:
+            params = greedy(20, **PENALTIES[i // 2 % 4])
+        requests.append((prompt, params))
+    outputs = run(InProcessEngine(runner, max_prefill_tokens=256), requests, [0] * 41)
+    assert outputs[0] == run(InProcessEngine(runner), requests[:1], [0])[0]
+    for (prompt, params), output in zip(requests[1:], outputs[1:]):
+        if params.allowed_token_ids:
+            assert len(output) == 20 and set(output) <= set(allowed)
+            continue
+        processors = LogitsProcessorList(
+            [OpenAIPenalties(len(prompt), params.frequency_penalty, params.presence_penalty)]
+        )
+        with torch.no_grad():
+            reference = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=20,
+                do_sample=False,
+                repetition_penalty=params.repetition_penalty,
+                logits_processor=processors,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
+        assert output == reference
