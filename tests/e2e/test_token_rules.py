@@ -1,9 +1,10 @@
-"""Per-token controls through the real server, over the bus API: masks, bias, min_tokens and
-penalties as a client sees them, seeded draws that do not depend on what else runs, and bad token
-ids refused naming the field."""
+"""Per-token controls through the real server, over the bus API (and once over HTTP): masks, bias,
+min_tokens and penalties as a client sees them, seeded draws that do not depend on what else runs,
+and bad token ids refused naming the field."""
 
 import asyncio
 
+import aiohttp
 import msgspec
 import pytest
 import torch
@@ -117,3 +118,18 @@ async def test_bad_token_ids_are_refused_naming_the_field(nc, model_config, para
     assert isinstance(reply, Error)
     assert (reply.code, reply.param) == ("invalid_request", field)
     assert isinstance(await generate(nc, **greedy(2, logit_bias={vocab - 1: 1.0})), GenerateResult)
+
+
+async def test_over_http_the_controls_hold_and_bad_ids_get_400_naming_the_field(server, model_config):
+    vocab = model_config.vocab_size
+    body = {"model": "demo", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 5, "ignore_eos": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        url = f"{server.base_url}/v1/completions"
+        async with http.post(url, json={**body, "allowed_token_ids": [40, 41, 300], "return_token_ids": True}) as reply:
+            assert reply.status == 200, await reply.text()
+            choice = (await reply.json())["choices"][0]
+        assert len(choice["token_ids"]) == 12 and set(choice["token_ids"]) <= {40, 41, 300}
+        for field, value in (("logit_bias", {str(vocab): 5}), ("disallowed_token_ids", [vocab + 3])):
+            async with http.post(url, json={**body, field: value}) as reply:
+                assert reply.status == 400
+                assert (await reply.json())["error"]["param"] == field
