@@ -19,7 +19,7 @@ async def test_connections_open_before_the_first_request_and_each_is_kept():
         arrivals.append(("generate", id(request.protocol), json.loads(await request.read())["input_ids"]))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(b'data: {"output_ids": [7]}\n\ndata: {"output_ids": [7, 8]}\n\ndata: [DONE]\n\n')
+        await response.write(b'data: {"output_ids": [7]}\n\ndata: {"output_ids": [8]}\n\ndata: [DONE]\n\n')
         return response
 
     async def health(request: web.Request) -> web.Response:
