@@ -149,6 +149,21 @@ async def test_slime_streaming_rollout_reads_cumulative_chunks(server, tokenizer
     assert streamed.rollout_log_probs == pytest.approx(whole.rollout_log_probs, abs=TOLERANCE)
 
 
+async def test_slime_streaming_rollout_aborted_keeps_what_streamed(server, tokenizer, trainer_log_probs):
+    params = slime_sampling_params(2000, ignore_eos=True)
+    sample = SlimeSample(prompt_ids(tokenizer, "Once there was"))
+    async with slime_http() as http:
+        async with asyncio.TaskGroup() as tasks:
+            rollout = tasks.create_task(slime_generate_streaming(http, server.base_url, sample, params))
+            await wait_until_generating(http, server.base_url)
+            await slime_abort_until_idle(http, server.base_url)
+        last = rollout.result()[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort" and sample.status == "aborted"
+    assert 0 < sample.response_length == len(last["output_ids"]) == len(sample.rollout_log_probs) < 2000
+    reference = trainer_log_probs(sample.tokens)[-sample.response_length :]
+    assert sample.rollout_log_probs == pytest.approx(reference, abs=TOLERANCE)
+
+
 async def test_slime_health_info_and_load_polls(server):
     async with slime_http() as http:
         health = await http.get(f"{server.base_url}/health_generate", headers=SLIME_HEALTH_HEADERS)
