@@ -1,6 +1,7 @@
 """RL trainers' own SGLang calls against the real server: slime's, AReaL's, verl's and SkyRL's
-requests and reads (tests/e2e/rl_clients.py) generate with logprobs, abort and resubmit, batch,
-score, and poll health, and the logprobs they collect are what a trainer recomputes."""
+requests and reads (tests/e2e/slime_client.py and rl_clients.py) generate with logprobs, abort and
+resubmit, batch, score, and poll health, and the logprobs they collect are what a trainer
+recomputes."""
 
 import asyncio
 import math
@@ -12,12 +13,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.rl_clients import (
-    SLIME_HEALTH_HEADERS,
     ArealClient,
-    SlimeSample,
     areal_request,
     skyrl_generate,
     skyrl_sampling_params,
+    verl_generate_payload,
+    verl_post,
+    verl_token_output,
+)
+from tests.e2e.slime_client import (
+    SLIME_HEALTH_HEADERS,
+    SlimeSample,
     slime_abort_until_idle,
     slime_generate,
     slime_generate_streaming,
@@ -26,9 +32,6 @@ from tests.e2e.rl_clients import (
     slime_sampling_params,
     slime_server_info,
     slime_teacher_log_probs,
-    verl_generate_payload,
-    verl_post,
-    verl_token_output,
 )
 
 TOLERANCE = 1e-4  # float32 on the CPU: the server against transformers (docs/api.md)
