@@ -291,3 +291,25 @@ async def test_batch_with_logprobs_is_a_list_in_prompt_order(server, tokenizer):
     assert len({reply["meta_info"]["id"] for reply in replies}) == 2
     for reply in replies:
         assert_sglang_logprob_entries(reply["meta_info"], reply["output_ids"])
+
+
+async def test_sglang_sampling_controls_reach_the_draw(server, tokenizer):
+    """SGLang's names for the per-token controls: a stop token made near certain by its bias is held
+    off by min_new_tokens, then ends the request as the stop SGLang reports."""
+    prompt = prompt_ids(tokenizer, "Count with me")
+    stop, other = 7, 8
+    sampling = {
+        "max_new_tokens": 16,
+        "temperature": 1.0,
+        "top_k": -1,
+        "min_new_tokens": 3,
+        "stop_token_ids": [stop],
+        "logit_bias": {str(stop): 100.0, str(other): 50.0},
+        "allowed_token_ids": [stop, other],
+    }
+    body = {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True}
+    async with aiohttp.ClientSession() as session:
+        reply = await verl_post(session, f"{server.base_url}/generate", body)
+    assert reply["output_ids"] == [other, other, other, stop]
+    assert reply["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert_sglang_logprob_entries(reply["meta_info"], reply["output_ids"])  # raw: the controls aside
