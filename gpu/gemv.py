@@ -103,23 +103,19 @@ def _takes_gemv(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _GEMV_DTYPES and x.shape[0] == 1
 
 
-# On the CPU MKL's sgemm computes whole blocks of this many rows with one kernel and the rows of a
-# last partial block with another that sums in another order, so a row's product would depend on how
-# many rows share the call. Padded to whole blocks, a token's product is the same number in a decode
-# and in a prompt: the logprobs a rollout returned equal, exactly, those of the sequence fed back.
-CPU_ROW_BLOCK = 4
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through `gemv` for a single row on the GPU, and over whole blocks of rows on the CPU.
+    """F.linear, through `gemv` for a single row on the GPU, and a row at a time on the CPU.
     x: [T, K], weight: [N, K] -> [T, N]"""
     if _takes_gemv(x):
         return gemv(x, weight, bias)
-    rows = x.shape[0]
-    if x.is_cuda or rows % CPU_ROW_BLOCK == 0:
+    if x.is_cuda or x.shape[0] == 1:
         return F.linear(x, weight, bias)
-    padded = torch.cat([x, x.new_zeros(CPU_ROW_BLOCK - rows % CPU_ROW_BLOCK, x.shape[1])])  # [T', K]
-    return F.linear(padded, weight, bias)[:rows]
+    # A CPU BLAS blocks the rows of a product by the call's shape (MKL sums a last partial block of
+    # rows in another order, and how it blocks differs between CPUs), so a token's product would
+    # depend on how many rows shared the call. One row at a time, a token's numbers are those of a
+    # decode wherever it sits: the logprobs a rollout returned equal, exactly, those of the sequence
+    # fed back as a prompt, on any CPU.
+    return torch.cat([F.linear(row, weight, bias) for row in x.split(1)])
 
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

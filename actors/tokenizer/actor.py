@@ -210,9 +210,9 @@ class TokenizerActor(Actor):
         if logprobs is not None:
             ids.update(token_ids)
         if prompt_logprobs is not None:
-            ids.update(
-                tracked.prompt_ids[prompt_logprobs.start : prompt_logprobs.start + len(prompt_logprobs.logprobs)]
-            )
+            # From position 1 on, the prompt's first token too: it has no logprob, but an echo names it.
+            first = 0 if prompt_logprobs.start == 1 else prompt_logprobs.start
+            ids.update(tracked.prompt_ids[first : prompt_logprobs.start + len(prompt_logprobs.logprobs)])
         return {token_id: self._token_text(token_id) for token_id in ids}
 
     def _token_text(self, token_id: int) -> str:

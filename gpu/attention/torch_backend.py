@@ -56,7 +56,9 @@ class TorchAttention(AttentionBackend):
                 # The new token sits at position context_len - (end - token) and sees the keys up to it.
                 seen = plan.context_len - (plan.end - 1 - token)
                 # Query head h reads kv head h // (heads / kv_heads), as HF's repeat_kv.
-                query = q[token].view(kv_heads, heads // kv_heads, head_dim)  # [kv_heads, group, head_dim]
-                scores = query @ keys[:, :seen].transpose(1, 2) * self.scale  # [kv_heads, group, seen]
-                out[token] = (scores.softmax(dim=-1) @ values[:, :seen]).view(heads, head_dim)
+                # In float32, as an attention kernel accumulates: a bf16 product would round each score.
+                query = q[token].view(kv_heads, heads // kv_heads, head_dim).float()  # [kv_heads, group, head_dim]
+                scores = query @ keys[:, :seen].float().transpose(1, 2) * self.scale  # [kv_heads, group, seen]
+                attended = scores.softmax(dim=-1) @ values[:, :seen].float()  # [kv_heads, group, head_dim]
+                out[token] = attended.view(heads, head_dim).to(out.dtype)
         return out

@@ -4,13 +4,12 @@ at each client; docs/journal/2026-11-26-rl-clients.md has the notes). Our code, 
 bodies, headers, routes and reads, without their frameworks around them. slime's is in
 slime_client.py."""
 
-import asyncio
 from dataclasses import dataclass
 
 import aiohttp
 
 # AReaL: areal/engine/sglang_remote.py (SGLangBackend), areal/infra/remote_inf_engine.py (agenerate,
-# check_health, pause_generation, continue_generation), areal/infra/utils/http.py (arequest_with_retry).
+# check_health; its pause_generation and continue_generation come with weight updates), areal/infra/utils/http.py (arequest_with_retry).
 
 
 def areal_generation_payload(input_ids: list[int], max_new_tokens: int, ignore_eos: bool, greedy: bool = False) -> dict:
@@ -66,7 +65,7 @@ class ArealResult:
 
 class ArealClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
-        self.session, self.base_url, self.paused = session, base_url, False
+        self.session, self.base_url = session, base_url
 
     async def agenerate(self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> ArealResult:
         """The interruption loop: resubmit prompt + output so far with the budget left until a
@@ -74,8 +73,6 @@ class ArealClient:
         input_ids, budget = list(input_ids), max_new_tokens
         tokens, logprobs, attempts, stop_reason = [], [], [], None
         while stop_reason not in ("stop", "tool_calls", "length") and len(tokens) < max_new_tokens:
-            while self.paused:
-                await asyncio.sleep(0.05)
             payload = areal_generation_payload(input_ids, budget, ignore_eos)
             result = await areal_request(self.session, f"{self.base_url}/generate", payload)
             if not isinstance(result, dict):
@@ -93,14 +90,6 @@ class ArealClient:
     async def check_health(self) -> bool:
         async with self.session.get(f"{self.base_url}/health") as response:
             return response.status == 200
-
-    async def pause_generation(self) -> None:
-        self.paused = True
-        await areal_request(self.session, f"{self.base_url}/pause_generation", {})
-
-    async def continue_generation(self) -> None:
-        await areal_request(self.session, f"{self.base_url}/continue_generation", {})
-        self.paused = False
 
 
 # verl: verl/workers/rollout/sglang_rollout/http_server_engine.py (AsyncHttpServerAdapter.generate,
