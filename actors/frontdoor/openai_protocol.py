@@ -74,6 +74,9 @@ class OpenAIFields(SamplingFields, kw_only=True):
     prompt_logprobs: TopLogprobs | None = None  # vLLM's
     return_token_ids: bool | None = None  # vLLM's
     return_tokens_as_token_ids: bool | None = None  # vLLM's
+    # Logprobs of the raw logits (the default), or of the distribution drawn from: the values of
+    # vLLM's --logprobs-mode, per request here.
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
 
 
 class ContentPart(msgspec.Struct):
@@ -260,6 +263,7 @@ def _openai_parsed(
         logprobs=output.logprobs is not None,
         top_logprobs=max(output.logprobs or 0, output.prompt_logprobs or 0),
         prompt_logprobs_from=0 if scores_prompt else None,
+        processed_logprobs=req.logprobs_mode == "processed_logprobs",
     )
     request = msgspec.structs.replace(
         prompt,

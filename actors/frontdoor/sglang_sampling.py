@@ -4,7 +4,7 @@ top_k of -1, 0 or past any vocabulary is off), explicit nulls taken as the defau
 """
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -59,6 +59,8 @@ class SGLangSampling(msgspec.Struct, kw_only=True):
     final_temperature: Temperature | None = None
     temperature_schedule_tokens: Count | None = None
     detokenize: bool | None = None  # false: token ids out and no text (schemas/generate.py)
+    # vLLM's names: logprobs of the raw logits (the default), or of the distribution drawn from.
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
     # Constrained decoding, which this server does not do: refused when given.
     json_schema: Any = None
     regex: Any = None
@@ -122,4 +124,5 @@ def sampling_params(s: SGLangSampling, ask: LogprobAsk) -> SamplingParams | Erro
         top_logprobs=ask.top_n if ask.return_logprob else 0,
         prompt_logprobs_from=ask.start_len if scores_prompt else None,
         logprob_token_ids=(ask.token_ids or []) if ask.return_logprob else [],
+        processed_logprobs=s.logprobs_mode == "processed_logprobs",
     )

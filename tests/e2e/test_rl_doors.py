@@ -251,3 +251,26 @@ def test_bad_input_names_the_field_and_the_server_keeps_serving(server, path, bo
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
     assert sglang(server, text="still there?", sampling_params={"max_new_tokens": 2})["output_ids"]
+
+
+def test_processed_logprobs_on_request_at_both_doors(client, server):
+    """With top_k 1 only the drawn token survives the filters: its processed logprob is 0 and every
+    other token's -inf (written -9999.0 on OpenAI's routes, as vLLM writes it); raw ones are not."""
+    asked = dict(model="demo", prompt="Once upon a time", max_tokens=4, temperature=0.7, seed=3, logprobs=2)
+    raw = client.completions.create(**asked, extra_body={"top_k": 1, "ignore_eos": True})
+    processed = client.completions.create(
+        **asked, extra_body={"top_k": 1, "ignore_eos": True, "logprobs_mode": "processed_logprobs"}
+    )
+    assert processed.choices[0].text == raw.choices[0].text  # the same draws
+    assert processed.choices[0].logprobs.token_logprobs == [0.0] * 4
+    assert all(lp < 0 for lp in raw.choices[0].logprobs.token_logprobs)
+    for tops in processed.choices[0].logprobs.top_logprobs:
+        assert sorted(tops.values()) == [-9999.0, 0.0]
+    sampling = {"max_new_tokens": 4, "temperature": 0.7, "top_k": 1, "seed": 3, "ignore_eos": True}
+    reply = sglang(
+        server,
+        input_ids=PROMPT_IDS,
+        return_logprob=True,
+        sampling_params=sampling | {"logprobs_mode": "processed_logprobs"},
+    )
+    assert [entry[0] for entry in reply["meta_info"]["output_token_logprobs"]] == [0.0] * 4
