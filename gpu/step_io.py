@@ -2,7 +2,7 @@
 drawn tokens are on their way to the host."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -44,8 +44,8 @@ class SequenceInput:
     scored_targets: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class PositionLogprobs:
+# Tuples, not dataclasses: a step at a large batch makes one of each per sequence, on the host's path.
+class PositionLogprobs(NamedTuple):
     """Logprobs at consecutive positions of one sequence, on the host: entry i is position i's."""
 
     logprobs: list[float]  # [N] of the token at each position (the drawn one, or the scored target)
@@ -54,8 +54,7 @@ class PositionLogprobs:
     id_logprobs: list[list[float]]  # [N][len(logprob_token_ids)]
 
 
-@dataclass(frozen=True)
-class StepLogprobs:
+class StepLogprobs(NamedTuple):
     """One sequence's logprobs from a step."""
 
     drawn: PositionLogprobs | None  # one entry, for the drawn token; None when not asked

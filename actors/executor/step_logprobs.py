@@ -24,10 +24,12 @@ def wire_logprobs(positions: PositionLogprobs | None, start: int) -> TokenLogpro
     """The runner's logprobs as they travel, from position `start`: lists nobody asked for stay off the wire."""
     if positions is None or not positions.logprobs:
         return None
+    # Every position of a sequence has as many top and asked entries: the first says for all.
+    tops = bool(positions.top_ids[0])
     return TokenLogprobs(
         start,
         positions.logprobs,
-        positions.top_ids if any(positions.top_ids) else [],
-        positions.top_logprobs if any(positions.top_logprobs) else [],
-        positions.id_logprobs if any(positions.id_logprobs) else [],
+        positions.top_ids if tops else [],
+        positions.top_logprobs if tops else [],
+        positions.id_logprobs if positions.id_logprobs[0] else [],
     )
