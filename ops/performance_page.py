@@ -22,11 +22,14 @@ decode, a bf16 matrix product for prefill), and transformers' figures come from 
 """
 
 
-def section(results: dict, plot: Path | None, page_dir: Path) -> str:
+def section(name: str, results: dict, plot: Path | None, page_dir: Path) -> str:
+    """The section of results file `name` (its stem): the model's name alone heads the main
+    benchmark's; other runs (a feature's cost, logprob accuracy) are headed by their file's name too."""
     run = results["details"]["run"]
     software = ", ".join(f"{name} {version}" for name, version in run["software"].items())
+    title = f"{run['model']} on {run['device']}"
     lines = [
-        f"## {run['model']} on {run['device']}",
+        f"## {title}" if name == run["model"] else f"## {name}: {title}",
         "",
         f"Commit {run['commit']}, {run['date']}; {software}.",
         "",
@@ -53,7 +56,7 @@ def render(results_dir: Path, page: Path) -> str:
     sections = []
     for file in files:
         plot = file.with_suffix(".png")
-        sections.append(section(json.loads(file.read_text()), plot if plot.is_file() else None, page.parent))
+        sections.append(section(file.stem, json.loads(file.read_text()), plot if plot.is_file() else None, page.parent))
     return "\n".join([HEADER, *sections])
 
 
