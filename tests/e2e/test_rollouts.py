@@ -259,3 +259,40 @@ async def test_a_salted_prefix_is_read_only_under_its_salt(nc):
     assert await cached("b") == 0
     assert await cached("") == 0  # an unsalted request reads no salted prefix
     assert await cached("") > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+async def test_every_architecture_returns_transformers_logprobs_and_teacher_forces_exactly(tmp_path, arch):
+    """Through a server of each architecture: the sampled, top and prompt logprobs are transformers'
+    log-softmax within 1e-4, and the finished sequence scored as a prompt gives the rollout's back, exactly."""
+    from gpu.model_builder import build_model_dir
+
+    model_dir = build_model_dir(tmp_path / "model", arch=arch)
+    running = start_server(
+        tmp_path / "server", "--num-kv-blocks", "128", "--max-prefill-tokens", "16", model=str(model_dir)
+    )
+    try:
+        nc = await running.connect_nats()
+        prompt_ids = prompt(4)
+        params = SamplingParams(
+            max_tokens=10,
+            temperature=1.0,
+            seed=4,
+            ignore_eos=True,
+            logprobs=True,
+            top_logprobs=3,
+            prompt_logprobs_from=1,
+        )
+        rollout = await generate(nc, GenerateRequest(input_ids=prompt_ids, params=params))
+        scoring = SamplingParams(max_tokens=0, prompt_logprobs_from=len(prompt_ids))
+        forced = await generate(nc, GenerateRequest(input_ids=prompt_ids + rollout.token_ids, params=scoring))
+        await nc.drain()
+    finally:
+        running.stop()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = torch.log_softmax(model(torch.tensor([prompt_ids + rollout.token_ids])).logits[0].float(), -1)
+    n = len(prompt_ids)
+    check_positions(rollout.prompt_logprobs, reference[: n - 1], prompt_ids[1:], 3, [])
+    check_positions(rollout.logprobs, reference[n - 1 : -1], rollout.token_ids, 3, [])
+    assert forced.prompt_logprobs.logprobs == rollout.logprobs.logprobs
