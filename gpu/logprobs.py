@@ -16,6 +16,7 @@ from typing import Generic, NamedTuple
 import numpy as np
 import torch
 
+from gpu.logprob_kernel import token_logprobs_on_gpu
 from gpu.sampler import GREEDY_BELOW_TEMPERATURE, filter_min_p, filter_top_k_top_p
 from gpu.staging import Array
 from gpu.step_io import PositionLogprobs, SequenceInput, StepLogprobs
@@ -27,10 +28,6 @@ MAX_TOP_LOGPROBS = 20
 CHUNK_LOGITS = 1 << 25
 # Top ids travel in the float32 result, exact below 2^24 (vocabularies are a few hundred thousand).
 _EXACT_IDS = 1 << 24
-# Ties at the top's last value are ranked by lower id among this many more tokens than the top: a
-# full pass over every row for the rare row with more ties would cost as much again as the top-k.
-TIE_MARGIN = 16
-MAX_TOP_BLOCK = 4096  # a long row's top-k is found in blocks of at most this many tokens
 
 
 class LogprobArrays(NamedTuple, Generic[Array]):
@@ -180,10 +177,9 @@ class LogprobRequests:
         if self.drawn is not None:
             logits, tokens = self._drawn_logits(arrays, raw, adjusted, drawn)  # [L, vocab], [L]
             ids = arrays.drawn_ids.view(self.drawn.rows, self.drawn.asked)  # [L, A]
-            processed = len(arrays.processed_rows) > 0  # its filters tie most of a row at -inf
             for start in range(0, self.drawn.rows, chunk):
                 rows = slice(start, start + chunk)
-                blocks.append(token_logprobs(logits[rows], tokens[rows], self.drawn.top, ids[rows], processed))
+                blocks.append(token_logprobs(logits[rows], tokens[rows], self.drawn.top, ids[rows]))
         if self.scored is not None:
             ids = arrays.scored_ids.view(self.scored.rows, self.scored.asked)  # [N, B]
             for start in range(0, self.scored.rows, chunk):
@@ -218,32 +214,26 @@ class LogprobRequests:
         ]
 
 
-def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, top: int, ids: torch.Tensor, every_tie: bool = False
-) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int, ids: torch.Tensor) -> torch.Tensor:
     """Per row: the log_softmax of `tokens`' logit, of the `top` most likely (most likely first, ties
-    by lower id, as `ranked_top` with `every_tie` ranks them) and of the asked `ids`, then those top
-    ids as float32. logits: [n, V] float32; tokens: [n] int64; ids: [n, A] int64 -> [n, 1 + top + A + top]"""
+    by lower id) and of the asked `ids`, then those top ids as float32. logits: [n, V] float32; tokens: [n] int64; ids: [n, A] int64 -> [n, 1 + top + A + top]
+    On CUDA two kernels compute the same (gpu/logprob_kernel.py)."""
+    if logits.is_cuda:
+        return token_logprobs_on_gpu(logits, tokens, top, ids)
     logprobs = logits.log_softmax(dim=-1)  # [n, V]
-    top_ids = ranked_top(logprobs, top, every_tie)  # [n, top]
+    top_ids = ranked_top(logprobs, top)  # [n, top]
     chosen = torch.cat([tokens[:, None], top_ids, ids], dim=1)  # [n, 1 + top + A]
     return torch.cat([logprobs.gather(1, chosen), top_ids.float()], dim=1)
 
 
-def ranked_top(values: torch.Tensor, top: int, every_tie: bool = False) -> torch.Tensor:
+def ranked_top(values: torch.Tensor, top: int) -> torch.Tensor:
     """The ids of the `top` largest values of each row, largest first, equal values by lower id (which
-    torch.topk leaves open): among TIE_MARGIN more tokens than the top, as a model's raw logits
-    rarely tie, or with `every_tie` over the whole row, as processed logprobs need (the filters leave
-    most of a row at -inf). values: [n, V] float32 -> [n, top] int64"""
+    torch.topk leaves open). values: [n, V] float32 -> [n, top] int64"""
     n, vocab = values.shape
     if top == 0:
         return torch.zeros(n, 0, dtype=torch.int64, device=values.device)
-    if not every_tie:
-        candidates, candidate_ids = _candidates(values, min(vocab, top + TIE_MARGIN))  # [n, width]
-        keys = _value_then_lower_id(candidates, candidate_ids, vocab).sort(dim=-1, descending=True).values
-        return vocab - 1 - (keys[:, :top] & 0xFFFFFFFF)
-    best, best_ids = _candidates(values, top)  # [n, top]; among equal values, any ids
-    kth = best.min(dim=-1, keepdim=True).values  # [n, 1]
+    best, best_ids = values.topk(top, dim=-1)  # [n, top], largest first; among equal values, any ids
+    kth = best[:, -1:]  # [n, 1]
     # Every token above the kth value is among `best`: only their order needs fixing, a sort of `top`.
     above = (best > kth).sum(dim=-1, keepdim=True)  # [n, 1]
     keys = _value_then_lower_id(best, best_ids, vocab).sort(dim=-1, descending=True).values  # [n, top]
@@ -254,30 +244,6 @@ def ranked_top(values: torch.Tensor, top: int, every_tie: bool = False) -> torch
     equal = (values == kth).cumsum(dim=-1, dtype=torch.int32)  # [n, V]
     tie_ids = torch.searchsorted(equal, (slots + 1).to(torch.int32).expand(n, top).contiguous())  # [n, top]
     return torch.where(slots < above, above_ids, tie_ids.gather(1, (slots - above).clamp(min=0)))
-
-
-def _candidates(values: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`width` largest values of each row and their ids, in any order. A row of a large vocabulary
-    is cut into blocks first, the best of each block found, then the best of those: torch.topk walks
-    a long row with few threads, and many short rows with many (a fifth of the time, 256 rows of 128K).
-    values: [n, V] -> ([n, width], [n, width] int64)"""
-    n, vocab = values.shape
-    block = _block_size(vocab)
-    if block is None or block < width:
-        return values.topk(width, dim=-1)
-    blocks = vocab // block
-    best, best_in_block = values.view(n * blocks, block).topk(width, dim=-1)  # [n * blocks, width]
-    offsets = torch.arange(0, vocab, block, device=values.device).repeat(n)[:, None]  # [n * blocks, 1]
-    ids = (best_in_block + offsets).view(n, blocks * width)
-    chosen, where = best.view(n, blocks * width).topk(width, dim=-1)  # [n, width]
-    return chosen, ids.gather(1, where)
-
-
-def _block_size(vocab: int) -> int | None:
-    """The largest divisor of `vocab` of at most MAX_TOP_BLOCK, if the row is long enough to cut."""
-    if vocab < 4 * MAX_TOP_BLOCK:
-        return None
-    return next(size for size in range(MAX_TOP_BLOCK, 0, -1) if vocab % size == 0)
 
 
 def _value_then_lower_id(values: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
