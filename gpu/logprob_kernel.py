@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 2048
-_MIN_KEY = -(2**63)
+_MIN_KEY = tl.constexpr(-(2**63))  # below every key
 
 
 @triton.jit
