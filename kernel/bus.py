@@ -138,16 +138,22 @@ class Bus:
     def new_inbox(self) -> str:
         return self._nc.new_inbox()
 
-    def _encode_within_limit(self, subject: str, message: msgspec.Struct) -> bytes:
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest message the server takes."""
+        return self._nc.max_payload
+
+    def _encode_within_limit(self, subject: str, message: msgspec.Struct, limit_bytes: int | None = None) -> bytes:
         data = encode(message)
-        if len(data) > self._nc.max_payload:
-            raise PayloadTooLarge(message, subject, len(data), self._nc.max_payload)
+        limit = self._nc.max_payload if limit_bytes is None else min(limit_bytes, self._nc.max_payload)
+        if len(data) > limit:
+            raise PayloadTooLarge(message, subject, len(data), limit)
         return data
 
-    async def publish(self, subject: str, message: msgspec.Struct) -> None:
-        """Raises `PayloadTooLarge` for a message the server would refuse."""
+    async def publish(self, subject: str, message: msgspec.Struct, limit_bytes: int | None = None) -> None:
+        """Raises `PayloadTooLarge` for a message the server would refuse, or one over `limit_bytes`."""
         self._note_traffic(message)
-        await self._nc.publish(subject, self._encode_within_limit(subject, message))
+        await self._nc.publish(subject, self._encode_within_limit(subject, message, limit_bytes))
 
     async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
         """Sends `message` and returns the decoded reply, or an `Error`."""

@@ -12,10 +12,12 @@ import time
 import uuid
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
+from actors.executor.step_logprobs import halves_of
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
-from schemas.step import Commands, DescribeExecutor, ExecutorInfo, StepOutput
+from kernel.bus import PayloadTooLarge
+from schemas.step import Commands, DescribeExecutor, ExecutorInfo, SequenceUpdate, StepOutput
 
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.
@@ -151,12 +153,30 @@ class ExecutorActor(Actor):
             dropped = self.batch.take_dropped()
             if updates or dropped:
                 self.step_count += 1
-                await self.bus.publish(
-                    self.subjects.step_outputs, StepOutput(executor_id, self.step_count, updates, dropped)
-                )
+                await self._publish_step(executor_id, updates, dropped)
                 # nats-py's flusher task writes it: let it run now, before the next launch keeps the
                 # host busy (this loop on a GPU, the GIL on the CPU), or the tokens wait until it ends.
                 await asyncio.sleep(0)
+
+    async def _publish_step(self, executor_id: str, updates: list[SequenceUpdate], dropped: list[str]) -> None:
+        """Publishes the step's output in as many messages as the bus needs, in order: the updates
+        halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
+        the logprobs name), one update's prompt logprobs halved too; the drops go with the last part
+        (every token they drew is in it or before it)."""
+        output = StepOutput(executor_id, self.step_count, updates, dropped)
+        try:
+            await self.bus.publish(self.subjects.step_outputs, output, limit_bytes=self.bus.max_payload_bytes // 2)
+            return
+        except PayloadTooLarge:
+            if len(updates) > 1:
+                middle = len(updates) // 2
+                parts = (updates[:middle], []), (updates[middle:], dropped)
+            elif updates and (halves := halves_of(updates[0])):
+                parts = ([halves[0]], []), ([halves[1]], dropped)
+            else:
+                raise
+        for part_updates, part_dropped in parts:
+            await self._publish_step(executor_id, part_updates, part_dropped)
 
     async def _launch_then_collect(
         self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None

@@ -1,8 +1,11 @@
 """The logprobs side of the executor's running batch: which prompt positions a chunk's input
 scores, and the runner's logprobs as they travel in the step outputs."""
 
+import msgspec
+
 from gpu.step_io import PositionLogprobs
 from schemas.generate import TokenLogprobs
+from schemas.step import SequenceUpdate
 
 
 def scored_targets(
@@ -33,3 +36,26 @@ def wire_logprobs(positions: PositionLogprobs | None, start: int) -> TokenLogpro
         positions.top_logprobs if tops else [],
         positions.id_logprobs if positions.id_logprobs[0] else [],
     )
+
+
+def halves_of(update: SequenceUpdate) -> tuple[SequenceUpdate, SequenceUpdate] | None:
+    """`update` as two that say the same in turn, its prompt logprobs cut in half (a whole chunk's,
+    with many top or asked ids, can outgrow a bus message): the first carries their first half
+    alone, the second the rest and everything else. None when there is nothing to halve."""
+    scored = update.prompt_logprobs
+    if scored is None or len(scored.logprobs) < 2:
+        return None
+    h = len(scored.logprobs) // 2
+    first = SequenceUpdate(
+        update.request_id,
+        [],
+        update.output_index,
+        cached_tokens=update.cached_tokens,
+        prompt_logprobs=TokenLogprobs(
+            scored.start, scored.logprobs[:h], scored.top_ids[:h], scored.top_logprobs[:h], scored.id_logprobs[:h]
+        ),
+    )
+    rest = TokenLogprobs(
+        scored.start + h, scored.logprobs[h:], scored.top_ids[h:], scored.top_logprobs[h:], scored.id_logprobs[h:]
+    )
+    return first, msgspec.structs.replace(update, cached_tokens=None, prompt_logprobs=rest)
