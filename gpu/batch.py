@@ -1,9 +1,10 @@
-"""One model step's input: the new tokens of every sequence, flattened, plus the paged-KV metadata.
+"""One model step's input laid out on the host: the new tokens of every sequence, flattened, plus the
+paged-KV metadata; and its growth onto the scratch block to the shape a CUDA graph or bucket runs at.
 
 Prefill, a prompt chunk on top of cached KV and decode are one case: sequence s feeds `query_len`
-new tokens at positions `context_len - query_len ..< context_len`. The metadata is built on the host
-with numpy (no per-token Python), laid out in one pinned buffer and copied to the device at once;
-the KV pages of each sequence are kept ragged (indptr + indices), the form FlashInfer plans from.
+new tokens at positions `context_len - query_len ..< context_len`. The metadata is built with numpy
+(no per-token Python); the KV pages of each sequence are kept ragged (indptr + indices), the form
+FlashInfer plans from. gpu/forward_batch.py copies it to the device.
 """
 
 from dataclasses import dataclass, replace
@@ -11,10 +12,9 @@ from itertools import chain
 from typing import Generic, NamedTuple
 
 import numpy as np
-import torch
 
 from gpu.batch_limits import BatchLimits, check_ids, check_shapes, first_true
-from gpu.staging import Array, Bundle, Staging, on_cpu
+from gpu.staging import Array
 
 # The input token of a decode whose token the previous step drew on the device and the host has
 # not seen yet; `HostBatch.build` leaves a placeholder there for the device to fill in.
@@ -28,17 +28,6 @@ class TokenColumns(NamedTuple, Generic[Array]):
     input_ids: Array
     positions: Array
     slot_mapping: Array  # flat KV slot: block id * block_size + offset in the block
-
-
-class BatchArrays(NamedTuple, Generic[Array]):
-    """The arrays of a `HostBatch` that the device reads: the bundle `ForwardBatch.from_host` uploads."""
-
-    token_data: Array  # [3T] int32
-    query_start: Array  # [S+1] int32
-    kv_indptr: Array  # [S+1] int32
-    kv_indices: Array  # [P] int32
-    kv_last_page_len: Array  # [S] int32
-    logits_index: Array  # [R] int32
 
 
 @dataclass(frozen=True)
@@ -218,90 +207,3 @@ def offsets(lengths: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
     return starts
-
-
-@dataclass(frozen=True)
-class ForwardBatch:
-    """A `HostBatch` on the device, plus the host arrays kernel planners read (pinned when staged)."""
-
-    token_data: torch.Tensor  # [3T] int32: the three below, back to back
-    input_ids: torch.Tensor  # [T] int32
-    positions: torch.Tensor  # [T] int32
-    slot_mapping: torch.Tensor  # [T] int32
-    query_start: torch.Tensor  # [S+1] int32
-    kv_indptr: torch.Tensor  # [S+1] int32
-    kv_indices: torch.Tensor  # [P] int32
-    kv_last_page_len: torch.Tensor  # [S] int32
-    logits_index: torch.Tensor | None  # [R] int32; None: every token's logits (a CUDA-graph decode)
-    host: HostBatch
-    host_query_start: torch.Tensor  # [S+1] int32 on the CPU
-    host_kv_indptr: torch.Tensor  # [S+1] int32 on the CPU
-    host_kv_last_page_len: torch.Tensor  # [S] int32 on the CPU
-
-    @property
-    def block_size(self) -> int:
-        return self.host.block_size
-
-    @property
-    def num_seqs(self) -> int:
-        return self.host.num_seqs
-
-    @classmethod
-    def from_host(
-        cls, host: HostBatch, staging: Staging | None = None, extras: tuple[Bundle | None, ...] = ()
-    ) -> tuple["ForwardBatch", list[Bundle | None]]:
-        """Copies `host`, and the `extras` bundles (NamedTuples of numpy arrays, or None) that ride
-        along, to the staging buffer's device in one transfer; returns the batch and the extras on
-        the device, in order. Without staging, wraps the arrays as CPU tensors."""
-        arrays = BatchArrays(
-            token_data=host.token_data,
-            query_start=host.query_start,
-            kv_indptr=host.kv_indptr,
-            kv_indices=host.kv_indices,
-            kv_last_page_len=host.kv_last_page_len,
-            logits_index=host.logits_index,
-        )
-        if staging is None:
-            device, *extras = map(on_cpu, (arrays, *extras))
-            on_host = _itself  # the planners read the kernels' CPU tensors
-        else:
-            device, *extras = staging.upload(arrays, *extras)
-            on_host = staging.pinned
-        tokens = token_thirds(device.token_data)
-        batch = cls(
-            token_data=device.token_data,
-            input_ids=tokens.input_ids,
-            positions=tokens.positions,
-            slot_mapping=tokens.slot_mapping,
-            query_start=device.query_start,
-            kv_indptr=device.kv_indptr,
-            kv_indices=device.kv_indices,
-            kv_last_page_len=device.kv_last_page_len,
-            logits_index=device.logits_index,
-            host=host,
-            host_query_start=on_host(device.query_start),
-            host_kv_indptr=on_host(device.kv_indptr),
-            host_kv_last_page_len=on_host(device.kv_last_page_len),
-        )
-        return batch, extras
-
-    @classmethod
-    def build(
-        cls,
-        token_ids: list[list[int]],
-        start_positions: list[int],
-        block_tables: list[list[int]],
-        block_size: int,
-        device: torch.device | str,
-    ) -> "ForwardBatch":
-        """A batch returning each sequence's last-token logits, on `device` (for tests and tools;
-        the runner stages its steps through one reused buffer)."""
-        host = HostBatch.build(token_ids, start_positions, block_tables, block_size)
-        device = torch.device(device)
-        staging = Staging(device) if device.type == "cuda" else None
-        batch, _ = cls.from_host(host, staging)
-        return batch
-
-
-def _itself(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor

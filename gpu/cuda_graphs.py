@@ -16,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from gpu.attention.base import PLAIN_GRAPH
-from gpu.batch import ForwardBatch, HostBatch, token_thirds
+from gpu.batch import HostBatch, token_thirds
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM
 from gpu.staging import Staging

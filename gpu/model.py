@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.attention import AttentionBackend, TorchAttention
-from gpu.batch import ForwardBatch
 from gpu.config import ModelConfig
+from gpu.forward_batch import ForwardBatch
 from gpu.gemv import linear, silu_mul_linear
 from gpu.kv_cache import KVCache
 from gpu.layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch, token_thirds
+from gpu.batch import HostBatch, token_thirds
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.model import CausalLM, LastLayer
 from gpu.staging import Staging

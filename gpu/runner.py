@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from gpu.attention import make_backend
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import HostBatch
 from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig, resolve_dtype
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.logit_rules import LogitRules, StepRules
 from gpu.logprobs import LogprobArrays, LogprobRequests

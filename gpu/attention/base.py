@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 PLAIN_GRAPH = "plain"  # the kind of decode graph every backend captures

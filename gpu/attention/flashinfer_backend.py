@@ -25,7 +25,7 @@ from gpu.attention.shared_prefix import (
     find_shared_prefixes,
     merge_attention_states,
 )
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.staging import Array, Staging
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu.attention.base import AttentionBackend
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 

@@ -14,7 +14,7 @@ import triton
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
 from gpu.attention.triton_kernels import ExtendTiles, decode_attention, extend_attention, extend_tiles
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 MAX_DECODE_SPLITS = 16

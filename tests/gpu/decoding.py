@@ -7,7 +7,8 @@ import random
 import numpy as np
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import HostBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.staging import Staging
 from gpu.step_io import SequenceInput
 

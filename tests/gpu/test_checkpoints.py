@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from gpu.batch import ForwardBatch
 from gpu.config import ModelConfig, RopeConfig
+from gpu.forward_batch import ForwardBatch
 from gpu.runner import ModelRunner
 
 LLAMA3_ROPE = dict(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.runner import ModelRunner
 from gpu.sampler import SamplingTensors, sample, uniform_noise
 from gpu.sampler_kernel import sample_on_gpu

@@ -8,7 +8,8 @@ The models have head_dim 128, the size FlashInfer's prebuilt kernels serve.
 import pytest
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import HostBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.model_builder import build_model_dir
 from gpu.runner import ModelRunner
 from gpu.staging import Staging

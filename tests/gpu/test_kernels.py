@@ -97,7 +97,7 @@ def test_silu_and_mul():
 def test_fused_forward_matches_the_torch_path(arch, build_tiny_model, monkeypatch):
     """The whole model with the kernels against the same model on the torch path, prefill then decode."""
     import gpu.model
-    from gpu.batch import ForwardBatch
+    from gpu.forward_batch import ForwardBatch
     from gpu.runner import ModelRunner
     from tests.gpu.decoding import random_prompt, shuffled_tables
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpu.batch import ForwardBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.runner import ModelRunner
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt, shuffled_tables
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import HostBatch
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.prompt_graphs import LayerPieces
 from gpu.runner import ModelRunner

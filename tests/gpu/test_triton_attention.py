@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gpu.attention import TorchAttention, make_backend
-from gpu.batch import ForwardBatch, HostBatch
+from gpu.batch import HostBatch
 from gpu.config import ModelConfig
+from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.runner import ModelRunner
 from gpu.staging import Staging
