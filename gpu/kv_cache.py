@@ -60,6 +60,25 @@ class KVCache:
         rows.index_copy_(0, k_rows, k)
         rows.index_copy_(0, k_rows + self.block_size, v)
 
+    @classmethod
+    def for_model(
+        cls,
+        config,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+    ) -> "KVCache":
+        """A pool for `config`'s KV of `num_kv_blocks` blocks, or of as many as fit in `kv_cache_bytes`
+        (`blocks_that_fit`). Raises ValueError when that is none."""
+        if num_kv_blocks is None:
+            num_kv_blocks = cls.blocks_that_fit(config, block_size, dtype, device, kv_cache_bytes)
+        if num_kv_blocks < 1:
+            raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")
+        layers, heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        return cls(layers, num_kv_blocks, block_size, heads, head_dim, dtype, device)
+
     @staticmethod
     def blocks_that_fit(
         config, block_size: int, dtype: torch.dtype, device: torch.device, kv_cache_bytes: int | None

@@ -7,8 +7,8 @@ Block ids are owned by the scheduler; the runner only checks that they are in ra
 On CUDA `launch` enqueues a step and returns at once. It prepares (numpy metadata, one
 host-to-device copy, the input ids that the previous step drew gathered on the device, the
 attention plan), runs the forward pass (a graph replay for decode batches up to the largest
-captured size; for steps with prompt tokens, replays of the layers' pieces around eager attention)
-and draws (the sampler, the logprobs asked (gpu/logprobs.py), and a non-blocking copy of both into
+captured size; for steps with prompt tokens, replays of the layers' pieces around eager attention;
+gpu/step_shape.py picks the shape) and draws (the sampler, the logprobs asked (gpu/logprobs.py), and a non-blocking copy of both into
 pinned memory). `PendingStep.tokens` waits for that copy, the step's one sync; the host builds and
 launches the next step meanwhile, so the GPU does not wait for it.
 """
@@ -37,12 +37,8 @@ from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensor
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
+from gpu.step_shape import EAGER_TOKEN_BUCKET, StepShape, capture_graphs, padded, shape_of
 from gpu.weights import load_model, random_model
-
-# cuBLAS picks a kernel for each new product shape, which costs a call over ten times the host time
-# of a call on a shape it has seen. A step run eagerly (prompt chunks, with or without decodes) is
-# grown to a multiple of this many tokens so its shapes repeat.
-EAGER_TOKEN_BUCKET = 64
 
 
 class _Step(NamedTuple):
@@ -53,9 +49,8 @@ class _Step(NamedTuple):
     rows: np.ndarray  # [R] the sequences that draw a token, in order
     sampling: SamplingArrays[torch.Tensor] | None  # the rows' settings; None: every row draws greedily
     settings: SamplingArrays[np.ndarray] | None  # their host copy
-    decode_graph: int | None  # the batch size of the decode CUDA graph it replays
-    graph_kind: str | None  # the kind of that graph the attention backend planned for
-    prompt_graph: bool  # runs the prompt graphs' pieces around eager attention
+    shape: StepShape  # the CUDA graph it replays, if any (gpu/step_shape.py)
+    graph_kind: str | None  # the kind of decode graph the attention backend planned for
     logprobs: LogprobRequests | None  # the logprobs asked; None: none
     logprob_arrays: LogprobArrays[torch.Tensor] | None  # their arrays on the device
     rules: StepRules | None  # the rows' penalties, bias and masks; None: no row has any
@@ -137,20 +132,8 @@ class ModelRunner:
             attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size
         )
         self.attention_backend_name = type(self.model.attention_backend).__name__
-        if num_kv_blocks is None:
-            num_kv_blocks = KVCache.blocks_that_fit(config, block_size, dtype, device, kv_cache_bytes)
-        self.num_kv_blocks = num_kv_blocks
-        if self.num_kv_blocks < 1:
-            raise ValueError("the KV cache has room for no block; give num_kv_blocks or more kv_cache_bytes")
-        self.kv = KVCache(
-            config.num_hidden_layers,
-            self.num_kv_blocks,
-            block_size,
-            config.num_key_value_heads,
-            config.head_dim,
-            dtype,
-            device,
-        )
+        self.kv = KVCache.for_model(config, block_size, dtype, device, num_kv_blocks, kv_cache_bytes)
+        self.num_kv_blocks = self.kv.num_blocks
         self.limits = BatchLimits(self.max_model_len, self.num_kv_blocks, self.vocab_size)
         self.staging = Staging(device) if device.type == "cuda" else None
         # Looked up once: torch.cuda.current_stream() costs tens of microseconds of host time.
@@ -170,11 +153,9 @@ class ModelRunner:
         if cuda_graphs:
             if self.staging is None:
                 raise ValueError("CUDA graphs need a CUDA device")
-            self.graphs = DecodeGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_batch_sizes))
-            self.graphs.capture()
-            if cuda_graph_token_counts:
-                self.prompt_graphs = PromptGraphs(self.model, self.kv, self.staging, tuple(cuda_graph_token_counts))
-                self.prompt_graphs.capture()
+            self.graphs, self.prompt_graphs = capture_graphs(
+                self.model, self.kv, self.staging, cuda_graph_batch_sizes, cuda_graph_token_counts
+            )
 
     def release_kv_cache(self) -> None:
         """Frees the KV pool and the CUDA graphs that read it, keeping the weights (a benchmark hands
@@ -232,20 +213,15 @@ class ModelRunner:
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
         logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size)
-        scores = logprobs is not None and logprobs.scored is not None  # the decode graphs keep no last layer
-        decode_graph = None
-        if self.graphs and host.is_decode and not scores:
-            decode_graph = self.graphs.padded_size(host.num_seqs)
-        prompt_tokens = None
-        if self.prompt_graphs and not host.is_decode:
-            prompt_tokens = self.prompt_graphs.padded_tokens(host.num_tokens)
-        host = self._padded(host, decode_graph, prompt_tokens)
+        scores = logprobs is not None and logprobs.scored is not None
+        shape = shape_of(host, self.graphs, self.prompt_graphs, scores)
+        host = padded(host, shape, self.eager_token_bucket, self.kv.scratch_block)
         extras = (host_feed, settings, logprobs and logprobs.arrays)
         batch, (feed, sampling, logprob_arrays) = ForwardBatch.from_host(host, self.staging, extras)
         if feed is not None:
             self._previous.feed(batch.input_ids, feed)
         graph_kind = None
-        if decode_graph is not None:
+        if shape.decode_graph is not None:
             graph_kind = self.graphs.prepare(batch)  # copies the input ids: after the feed
         else:
             self.model.attention_backend.prepare(batch)
@@ -256,32 +232,21 @@ class ModelRunner:
             rows=rows,
             sampling=sampling,
             settings=settings,
-            decode_graph=decode_graph,
+            shape=shape,
             graph_kind=graph_kind,
-            prompt_graph=prompt_tokens is not None,
             logprobs=logprobs,
             logprob_arrays=logprob_arrays,
             rules=self._rules.prepare(chosen),
         )
 
-    def _padded(self, host: HostBatch, decode_graph: int | None, prompt_tokens: int | None) -> HostBatch:
-        """`host` grown to the shape it runs at: the decode graph's batch size, the prompt graphs'
-        token count, or for another step with prompt tokens a multiple of `eager_token_bucket`
-        tokens. Other decode batches stay as they are: they take few sizes, one per batch size."""
-        if decode_graph is not None:
-            return host.padded(decode_graph, self.kv.scratch_block)
-        if host.is_decode:
-            return host
-        bucket = self.eager_token_bucket
-        return host.with_filler(prompt_tokens or -(-host.num_tokens // bucket) * bucket, self.kv.scratch_block)
-
     def _forward(self, step: _Step) -> _Forwarded:
         """The logits of the rows that draw, and every token's last layer (but after a decode graph)."""
-        if step.decode_graph is not None:
-            logits = self.graphs.replay(step.decode_graph, step.graph_kind)  # [decode_graph, vocab]
+        if step.shape.decode_graph is not None:
+            logits = self.graphs.replay(step.shape.decode_graph, step.graph_kind)  # [decode_graph, vocab]
             rows = logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
             return _Forwarded(logits=rows, last=None)
-        last = self.prompt_graphs.run(step.batch) if step.prompt_graph else self.model.run_layers(step.batch, self.kv)
+        prompt_graph = step.shape.prompt_tokens is not None
+        last = self.prompt_graphs.run(step.batch) if prompt_graph else self.model.run_layers(step.batch, self.kv)
         return _Forwarded(logits=self.model.logits(last, step.batch.logits_index), last=last)
 
     def _draw(self, step: _Step, forwarded: _Forwarded) -> PendingStep:
