@@ -13,6 +13,7 @@ pinned memory). `PendingStep.tokens` waits for that copy, the step's one sync; t
 launches the next step meanwhile, so the GPU does not wait for it.
 """
 
+from collections.abc import Callable
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
@@ -37,7 +38,7 @@ from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensor
 from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
-from gpu.step_shape import EAGER_TOKEN_BUCKET, StepShape, capture_graphs, padded, shape_of
+from gpu.step_shape import EAGER, EAGER_TOKEN_BUCKET, StepShape, capture_graphs, padded, shape_of
 from gpu.weights import load_model, random_model
 
 
@@ -191,10 +192,21 @@ class ModelRunner:
         step = self._prepare(seqs)
         return self._draw(step, self._forward(step))
 
-    def _prepare(self, seqs: list[SequenceInput]) -> _Step:
+    @torch.inference_mode()
+    def eager_forward(self, seqs: list[SequenceInput]) -> Callable[[], torch.Tensor]:
+        """For profiling the forward pass alone: prepares a step of `seqs` as `launch` does, but for
+        no CUDA graph and with no draw (their sampling rules and logprob asks are left aside), and
+        returns a function that runs its forward pass eagerly, each call writing the same KV slots,
+        and returns the logits of the rows with `sample=True` [R, vocab] float32. The function is
+        valid until the next launch or eager_forward (they reuse the step's device buffer)."""
+        step = self._prepare(seqs, drawn=False)
+        return torch.inference_mode()(lambda: self._forward(step).logits)
+
+    def _prepare(self, seqs: list[SequenceInput], drawn: bool = True) -> _Step:
         """The step on the device, ready to run: its metadata, sampling settings and logprob asks
         laid out on the host and copied over at once, the tokens of the previous launch fed in,
-        attention planned. Raises ValueError before it enqueues anything."""
+        attention planned. Not `drawn` (`eager_forward`): no graph, no rules, no logprobs. Raises
+        ValueError before it enqueues anything."""
         n = len(seqs)
         rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, n))  # [R]
         previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]
@@ -212,9 +224,9 @@ class ModelRunner:
         chosen = [seqs[i] for i in rows]
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
-        logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size)
+        logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size) if drawn else None
         scores = logprobs is not None and logprobs.scored is not None
-        shape = shape_of(host, self.graphs, self.prompt_graphs, scores)
+        shape = shape_of(host, self.graphs, self.prompt_graphs, scores) if drawn else EAGER
         host = padded(host, shape, self.eager_token_bucket, self.kv.scratch_block)
         extras = (host_feed, settings, logprobs and logprobs.arrays)
         batch, (feed, sampling, logprob_arrays) = ForwardBatch.from_host(host, self.staging, extras)
@@ -236,7 +248,7 @@ class ModelRunner:
             graph_kind=graph_kind,
             logprobs=logprobs,
             logprob_arrays=logprob_arrays,
-            rules=self._rules.prepare(chosen),
+            rules=self._rules.prepare(chosen) if drawn else None,
         )
 
     def _forward(self, step: _Step) -> _Forwarded:

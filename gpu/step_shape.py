@@ -27,6 +27,9 @@ class StepShape(NamedTuple):
     prompt_tokens: int | None  # the token count of the prompt graphs it replays; None: none
 
 
+EAGER = StepShape(decode_graph=None, prompt_tokens=None)  # no graph: a decode as it is, prompts bucketed
+
+
 def capture_graphs(
     model: CausalLM, kv: KVCache, staging: Staging, batch_sizes: tuple[int, ...], token_counts: tuple[int, ...]
 ) -> tuple[DecodeGraphs, PromptGraphs | None]:

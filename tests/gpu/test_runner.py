@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gpu.batch import HostBatch
+from gpu.batch import FROM_PREVIOUS_STEP, HostBatch
 from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 from gpu.prompt_graphs import LayerPieces
@@ -81,6 +81,27 @@ def test_filler_tokens_change_no_drawn_token_and_no_real_block(build_tiny_model)
     # Equal up to float32 rounding (a product of another shape sums in another order)...
     assert torch.allclose(filled_blocks, blocks, rtol=0, atol=1e-4)
     assert filled_blocks[5:].abs().sum() == 0  # ...and the blocks no sequence has stay unwritten
+
+
+def test_eager_forward_runs_a_step_without_drawing(build_tiny_model):
+    """What the benchmark's kernel profile runs: a step's forward pass alone, again and again; the
+    logits a greedy launch draws from, and no draw left for the next launch to read."""
+    runner = ModelRunner(build_tiny_model("llama"), num_kv_blocks=8, block_size=4)
+    seqs = [
+        SequenceInput([20, 21, 22, 23, 24], 0, [0, 1], sample=True),
+        SequenceInput([30, 31], 0, [2], sample=False),
+        SequenceInput([40, 41, 42], 0, [3], sample=True, temperature=0.9, seed=1),
+    ]
+    forward = runner.eager_forward(seqs)
+    logits = forward()
+    assert logits.shape == (2, runner.vocab_size) and logits.dtype == torch.float32
+    assert torch.equal(forward(), logits)
+    tables = [s.block_table for s in seqs]
+    whole = runner.model(ForwardBatch.build([s.token_ids for s in seqs], [0, 0, 0], tables, 4, "cpu"), runner.kv)
+    assert torch.equal(whole[[0, 2]], logits)
+    with pytest.raises(ValueError, match="none was launched"):
+        runner.launch([SequenceInput([FROM_PREVIOUS_STEP], 5, [0, 1], sample=True, previous_row=0)])
+    assert runner.step(seqs[:2]) == [logits[0].argmax().item(), None]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
