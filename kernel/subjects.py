@@ -70,6 +70,18 @@ class Subjects:
     def admin_publish(self) -> str:  # public: PublishPrefix -> PrefixPublished
         return self._("admin", "publish")
 
+    @property
+    def admin_pause(self) -> str:  # public: PauseGeneration -> PauseState
+        return self._("admin", "pause")
+
+    @property
+    def admin_continue(self) -> str:  # public: ContinueGeneration -> PauseState
+        return self._("admin", "continue")
+
+    @property
+    def admin_pause_state(self) -> str:  # public: GetPause -> PauseState
+        return self._("admin", "pause_state")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -1,5 +1,7 @@
 """Admin conversations on `<ns>.admin.<verb>`, also served over HTTP under `/admin/`."""
 
+from typing import Literal
+
 import msgspec
 
 
@@ -54,3 +56,31 @@ class FlushCache(msgspec.Struct, frozen=True, tag="flush_cache"):
 
 class CacheFlushed(msgspec.Struct, frozen=True, tag="cache_flushed"):
     freed_blocks: int
+
+
+PauseMode = Literal["abort", "retract", "in_place", "wait"]
+
+
+class PauseGeneration(msgspec.Struct, frozen=True, tag="pause_generation"):
+    """Stops generation until `ContinueGeneration`; requests that arrive meanwhile wait, admitted
+    after it. `mode`: "abort" ends every request in flight with finish_reason "abort" and the
+    output it has; "retract" sends the running ones back to the queue (their KV freed, recomputed
+    after); "in_place" stops stepping them, their KV kept; "wait" (vLLM's) lets them finish. A pause
+    while paused applies its own mode to what is in flight then, as SGLang's does."""
+
+    mode: PauseMode = "abort"
+
+
+class ContinueGeneration(msgspec.Struct, frozen=True, tag="continue_generation"):
+    """Ends the pause: held requests step again, waiting ones are admitted. Refused when not paused."""
+
+
+class GetPause(msgspec.Struct, frozen=True, tag="get_pause"):
+    pass
+
+
+class PauseState(msgspec.Struct, frozen=True, tag="pause_state"):
+    paused: bool
+    mode: PauseMode | None  # of the last pause; None when not paused
+    aborted: int = 0  # requests this pause ended (mode "abort")
+    held: int = 0  # requests in flight that do not advance while paused (running ones finish in "wait")

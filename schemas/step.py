@@ -55,7 +55,16 @@ class DropSequence(msgspec.Struct, frozen=True, tag="drop"):
     abort: bool = False
 
 
-Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | DropSequence
+class HoldStepping(msgspec.Struct, frozen=True, tag="hold"):
+    """An in-place pause: with `hold` the executor launches no step (the one in flight is booked)
+    and its sequences keep their KV and their place; without, stepping resumes where it stopped.
+    Default-safe: an executor steps unless held, and a new scheduler's first commands release the
+    hold, so a scheduler that dies while paused leaves no executor stuck."""
+
+    hold: bool
+
+
+Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | DropSequence | HoldStepping
 
 
 class Commands(msgspec.Struct, frozen=True):

@@ -26,7 +26,16 @@ from gpu.batch import FROM_PREVIOUS_STEP
 from gpu.logit_rules import TokenRules
 from gpu.step_io import SequenceInput, StepLogprobs
 from schemas.generate import SamplingParams
-from schemas.step import Command, CopyBlock, DropSequence, GrantBlocks, PrefillChunk, SequenceUpdate, StartSequence
+from schemas.step import (
+    Command,
+    CopyBlock,
+    DropSequence,
+    GrantBlocks,
+    HoldStepping,
+    PrefillChunk,
+    SequenceUpdate,
+    StartSequence,
+)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class RunningBatch:
         self.dropped: list[str] = []  # dropped since the last step output
         self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
         self.copies: list[tuple[int, int]] = []  # KV blocks to copy before the next step: (source, target)
+        self.held = False  # an in-place pause: plan no step; every sequence keeps its KV and its place
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -112,8 +122,12 @@ class RunningBatch:
                 self.dropped.append(request_id)
                 if abort and seq is not None:
                     self.aborted.append(SequenceUpdate(request_id, [], seq.booked_outputs, finish_reason="abort"))
+            case HoldStepping(hold):
+                self.held = hold
 
     def drop_all(self) -> None:
+        """Forgets every sequence, and any hold: whoever held it is gone."""
+        self.held = False
         self.dropped += list(self.sequences)
         for seq in self.sequences.values():
             self._forget(seq)
@@ -143,9 +157,12 @@ class RunningBatch:
         (a chunk is cut where the budget ends, and its rest goes first in the next step). Decodes come
         first so the attention backend can run them apart, with its decode kernel. The sequences
         advance as if the step ran: launch the inputs before the next plan, and book the plan after
-        it (a decode reads the previous launch's tokens on the device)."""
+        it (a decode reads the previous launch's tokens on the device). Held, it plans nothing: the
+        step in flight is booked as usual, and its tokens are fed from the host when stepping resumes."""
         inputs: list[SequenceInput] = []
         plan: list[PlannedInput] = []
+        if self.held:
+            return inputs, plan
         live = [seq for seq in self.sequences.values() if not seq.exhausted]
         for seq in live:
             has_input = seq.last_token is not None or seq.pending is not None

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
@@ -21,9 +22,13 @@ from kernel.tenants import request_tenant
 from schemas.admin import (
     CacheFlushed,
     CacheReport,
+    ContinueGeneration,
     FlushCache,
     GetCache,
+    GetPause,
     GetStats,
+    PauseGeneration,
+    PauseState,
     PrefixPublished,
     PublishPrefix,
     SchedulerStats,
@@ -71,6 +76,7 @@ class SchedulerActor(Actor):
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
         self.sessions: SessionTable | None = None
+        self.pause = GenerationPause()
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
@@ -82,6 +88,9 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
         await self.bus.subscribe(self.subjects.admin_cache, GetCache, self._on_cache_report)
         await self.bus.subscribe(self.subjects.admin_publish, PublishPrefix, self._on_publish)
+        await self.bus.subscribe(self.subjects.admin_pause, PauseGeneration, self._on_pause)
+        await self.bus.subscribe(self.subjects.admin_continue, ContinueGeneration, self._on_pause)
+        await self.bus.subscribe(self.subjects.admin_pause_state, GetPause, self._on_pause)
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
@@ -264,7 +273,26 @@ class SchedulerActor(Actor):
     async def _on_stats(self, _message: GetStats, _reply_to: str | None) -> SchedulerStats | Error:
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        return self.batcher.stats()
+        return self.pause.stats(self.batcher.stats())
+
+    async def _on_pause(
+        self, message: PauseGeneration | ContinueGeneration | GetPause, _reply_to: str | None
+    ) -> PauseState | Error:
+        """The pause's conversation (actors/scheduler/pause.py); each answers the state after it."""
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        match message:
+            case PauseGeneration(mode):
+                aborted = self.pause.pause(self.batcher, mode)
+                self.log.info("generation_paused", mode=mode, aborted=len(aborted))
+                await self._aborted(aborted, keep_output=True)
+                await self._schedule()
+            case ContinueGeneration():
+                if error := self.pause.resume(self.batcher):
+                    return error
+                self.log.info("generation_continued")
+                await self._schedule()
+        return self.pause.state(self.batcher)
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:
@@ -276,7 +304,12 @@ class SchedulerActor(Actor):
     async def _schedule(self) -> None:
         commands = self.batcher.schedule()
         # Nothing runs, yet a request waits: blocks are short, and session pins may hold the ones it needs.
-        while self.batcher.requests.waiting and not self.batcher.requests.running and self.sessions.unpin_oldest():
+        while (
+            self.batcher.admitting
+            and self.batcher.requests.waiting
+            and not self.batcher.requests.running
+            and self.sessions.unpin_oldest()
+        ):
             commands += self.batcher.schedule()
         if commands:
             await self._send(commands)

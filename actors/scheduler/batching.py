@@ -24,7 +24,7 @@ from schemas.admin import SchedulerStats
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
-from schemas.step import Command, DropSequence, GrantBlocks, StartSequence, StepOutput
+from schemas.step import Command, DropSequence, GrantBlocks, HoldStepping, StartSequence, StepOutput
 
 
 class ContinuousBatcher:
@@ -53,6 +53,7 @@ class ContinuousBatcher:
         # The executor steps on its own and may run a few steps ahead of what we have seen.
         self.lookahead_tokens = lookahead_tokens if lookahead_tokens is not None else 2 * block_size
         self.preemptions = 0  # since start
+        self.admitting = True  # False while generation is paused (pause.py): arrivals wait in the queue
         self._commands: list[Command] = []  # this round's, in the order the executor applies them
 
     @property
@@ -97,6 +98,18 @@ class ContinuousBatcher:
         one), or with None of every tenant; returns them."""
         chosen = [seq for seq in self.requests.by_id.values() if may_abort(tenant, seq.tenant)]
         return [self.abort(seq.request_id, keep_output=True) for seq in chosen]
+
+    def retract_running(self) -> None:
+        """Sends every running sequence back to the queue, as a preemption does (a pause's
+        "retract"): its KV is freed, its outputs kept, and it is recomputed when readmitted."""
+        for seq in list(self.requests.running):
+            self._drop(seq)
+            self.requests.drain(seq)
+
+    def hold(self, hold: bool) -> None:
+        """Holds the executor's stepping (an in-place pause), or releases it, after this round's
+        earlier commands."""
+        self._commands.append(HoldStepping(hold))
 
     def on_step(self, output: StepOutput) -> list[Sequence]:
         """Books one step's results; returns the sequences that finished in it.
@@ -163,7 +176,9 @@ class ContinuousBatcher:
                 budget -= self._send_chunk(seq, budget)
         waiting = self.requests.waiting
         skipped = 0  # the first ones, left in their place for a prefill they will read
-        while budget > 0 and skipped < len(waiting) and len(self.requests.running) < self.max_num_seqs:
+        while (
+            self.admitting and budget > 0 and skipped < len(waiting) and len(self.requests.running) < self.max_num_seqs
+        ):
             seq = waiting[skipped]
             if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv):
                 skipped += 1
