@@ -1,8 +1,9 @@
 """The HTTP front door: the routes, the admin and session conversations, and `/health`.
 
 OpenAI's chat and completions are served by `openai_serving`, SGLang's native `/generate` and
-`/abort_request` by `sglang_serving`, and the health, info and load routes SGLang's clients poll by
-`sglang_info`; the admin and session routes here are plain requests to the scheduler.
+`/abort_request` by `sglang_serving`, the health, info and load routes SGLang's clients poll by
+`sglang_info`, and pausing generation by `pause_routes`; the admin and session routes here are
+plain requests to the scheduler.
 """
 
 import time
@@ -17,6 +18,7 @@ from actors.frontdoor.http_errors import error_response, errors_as_json
 from actors.frontdoor.openai_responses import models_response
 from actors.frontdoor.openai_serving import OpenAIServing
 from actors.frontdoor.openapi import openapi_document
+from actors.frontdoor.pause_routes import PauseRoutes
 from actors.frontdoor.sglang_info import ServerFacts, SGLangInfo
 from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
@@ -70,6 +72,7 @@ class HttpApi:
         self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
         self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests, incremental_streaming)
         self.info = SGLangInfo(pipeline, bus, subjects, facts)
+        self.pause = PauseRoutes(bus, subjects)
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json, self.identify], client_max_size=self.max_body_bytes)
@@ -96,6 +99,7 @@ class HttpApi:
         app.router.add_post("/admin/flush_cache", self.flush_cache)
         app.router.add_get("/admin/cache", self.cache_report)
         app.router.add_post("/admin/publish", self.publish_prefix)
+        self.pause.add_to(app.router)
         app.router.add_get("/openapi.json", self.openapi)
         return app
 

@@ -11,6 +11,8 @@ from schemas.errors import Error
 from schemas.requests import Tenant
 
 PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/health_generate", "/openapi.json"})
+# Admin routes outside /admin/, under the names SGLang's and vLLM's clients call.
+ADMIN_PATHS = frozenset({"/pause_generation", "/continue_generation", "/pause", "/resume", "/is_paused"})
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Tenants:
         admin = bool(self.admin_key and key and hmac.compare_digest(key, self.admin_key))
         if path in PUBLIC_PATHS:
             return Identity(None, admin)
-        if path.startswith("/admin/"):
+        if path.startswith("/admin/") or path in ADMIN_PATHS:
             if self.admin_key is None and self.keys is None:
                 return Identity(None, True)  # no keys at all: the network is trusted
             return Identity(None, True) if admin else Error("unauthorized", "admin routes need the admin key")

@@ -21,4 +21,7 @@ def test_with_keys_the_key_decides_and_user_only_narrows():
         assert isinstance(tenants.identify("/v1/completions", header), Error)
     assert isinstance(tenants.identify("/admin/stats", "Bearer k1"), Error)
     assert tenants.identify("/admin/stats", "Bearer adm").admin
+    for path in ("/pause_generation", "/continue_generation", "/pause", "/resume", "/is_paused"):
+        assert isinstance(tenants.identify(path, "Bearer k1"), Error)
+        assert tenants.identify(path, "Bearer adm").admin
     assert tenants.identify("/health", None) == Identity(None, False)
