@@ -242,3 +242,14 @@ async def test_one_key_under_many_users_is_one_tenant_toward_publication(crowd_s
     assert cached(crowd_server, "key-delta", prompt=guess) == 0  # the second tenant: still private
     assert await bus_cached(crowd_server, "epsilon", prompt=guess) > 0  # the third tenant reads it at once
     assert cached(crowd_server, "key-gamma", user="u9", prompt=guess) > 0  # public: for every user of every key
+
+
+def test_pausing_needs_the_admin_key(keyed_server):
+    url = keyed_server.base_url
+    tenant, admin = {"Authorization": "Bearer key-alpha"}, {"Authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.post(f"{url}/pause_generation", json={}, headers=tenant).status_code == 401
+    assert httpx.get(f"{url}/is_paused", headers=tenant).status_code == 401
+    assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, headers=admin).status_code == 200
+    assert httpx.post(f"{url}/continue_generation", json={}, headers=tenant).status_code == 401
+    assert httpx.get(f"{url}/is_paused", headers=admin).json() == {"is_paused": True}
+    assert httpx.post(f"{url}/continue_generation", json={}, headers=admin).status_code == 200

@@ -1,0 +1,105 @@
+"""Pausing generation through a real server: streaming requests in flight, paused in each mode
+(SGLang's /pause_generation, vLLM's /pause), continued; every request completes with the tokens of
+an unpaused run (greedy), aborted ones with finish_reason "abort" and the tokens they drew;
+requests sent during the pause are held, not refused, and complete after it."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+PROMPTS = [[12, 40, 7, 99, 31, 64, 5, 250], [3, 17, 88, 120, 9], [200, 201, 14, 77, 6, 45]]
+LATE = [55, 66, 77, 88]
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def body(input_ids: list[int], max_new_tokens: int, stream: bool = False) -> dict:
+    return {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, **GREEDY}, "stream": stream}
+
+
+async def streamed(http: httpx.AsyncClient, request: dict, first_token: asyncio.Event) -> dict:
+    """The last event of a streamed /generate; sets `first_token` once it has drawn one."""
+    last = None
+    async with http.stream("POST", "/generate", json=request) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                last = json.loads(line.removeprefix("data: "))
+                if last["output_ids"]:
+                    first_token.set()
+    return last
+
+
+async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tuple[list[dict], dict, list[dict]]:
+    """Streams PROMPTS, pauses once each drew a token, sends LATE, checks it is held, continues;
+    returns the streams' last events, LATE's reply and the unpaused replies (PROMPTS then LATE)."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+        unpaused = [(await http.post("/generate", json=body(p, max_new_tokens))).json() for p in PROMPTS + [LATE]]
+        started = [asyncio.Event() for _ in PROMPTS]
+        streams = [
+            asyncio.create_task(streamed(http, body(p, max_new_tokens, True), e)) for p, e in zip(PROMPTS, started)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        path, params = pause
+        reply = await http.post(path, **params)
+        assert reply.status_code == 200, reply.text
+        try:
+            late = asyncio.create_task(http.post("/generate", json=body(LATE, max_new_tokens)))
+            await asyncio.sleep(1.0)
+            assert not late.done()  # held, not refused
+            assert (await http.get("/is_paused")).json() == {"is_paused": True}
+            load = (await http.get("/v1/loads")).json()["loads"][0]
+            if params.get("json", {}).get("mode") in ("retract", "in_place"):
+                assert load["num_running_reqs"] == 0  # paused requests do not count as running
+        finally:
+            assert (await http.post("/continue_generation", json={"torch_empty_cache": True})).status_code == 200
+        assert (await http.get("/is_paused")).json() == {"is_paused": False}
+        ends = await asyncio.gather(*streams)
+        return ends, (await late).json(), unpaused
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+async def test_retract_and_in_place_lose_no_token(server, mode):
+    ends, late, unpaused = await paused_run(server, ("/pause_generation", {"json": {"mode": mode}}), 120)
+    for end, whole in zip(ends + [late], unpaused):
+        assert end["output_ids"] == whole["output_ids"]
+        assert end["meta_info"]["finish_reason"]["type"] == "length"
+
+
+async def test_abort_ends_requests_with_their_partial_tokens(server):
+    ends, late, unpaused = await paused_run(server, ("/pause_generation", {"content": b""}), 400)
+    for end, whole in zip(ends, unpaused):
+        assert end["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 0 < len(end["output_ids"]) < 400
+        assert end["output_ids"] == whole["output_ids"][: len(end["output_ids"])]
+    assert late["output_ids"] == unpaused[-1]["output_ids"]
+
+
+async def test_vllm_wait_finishes_what_runs_and_holds_the_rest(server):
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+        started = [asyncio.Event() for _ in PROMPTS]
+        streams = [asyncio.create_task(streamed(http, body(p, 30, True), e)) for p, e in zip(PROMPTS, started)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        paused = await http.post("/pause", params={"mode": "wait"})
+        assert paused.status_code == 200 and paused.json()["status"] == "paused"
+        assert paused.json()["held"] == 0  # it answered once nothing ran
+        try:
+            late = asyncio.create_task(http.post("/generate", json=body(LATE, 8)))
+            await asyncio.sleep(0.5)
+            assert not late.done()
+        finally:
+            assert (await http.post("/resume")).json()["status"] == "resumed"
+        assert [e["meta_info"]["finish_reason"]["type"] for e in await asyncio.gather(*streams)] == ["length"] * 3
+        assert len((await late).json()["output_ids"]) == 8
+
+
+def test_continue_without_a_pause_and_bad_modes_are_400(server):
+    url = server.base_url
+    response = httpx.post(f"{url}/continue_generation", json={})
+    assert response.status_code == 400 and "not paused" in response.json()["error"]["message"]
+    assert httpx.post(f"{url}/resume").status_code == 400
+    response = httpx.post(f"{url}/pause_generation", json={"mode": "sideways"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "mode"
+    assert httpx.post(f"{url}/pause", params={"mode": "retract"}).status_code == 400
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
