@@ -84,3 +84,8 @@ class PauseState(msgspec.Struct, frozen=True, tag="pause_state"):
     mode: PauseMode | None  # of the last pause; None when not paused
     aborted: int = 0  # requests this pause ended (mode "abort")
     held: int = 0  # requests in flight that do not advance while paused (running ones finish in "wait")
+
+
+# What the scheduler answers on `<ns>.admin.*`, each subject its own request.
+AdminRequest = GetStats | GetCache | FlushCache | PublishPrefix | PauseGeneration | ContinueGeneration | GetPause
+AdminReply = SchedulerStats | CacheReport | CacheFlushed | PrefixPublished | PauseState

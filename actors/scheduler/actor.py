@@ -20,18 +20,16 @@ from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
 from kernel.tenants import request_tenant
 from schemas.admin import (
+    AdminReply,
+    AdminRequest,
     CacheFlushed,
-    CacheReport,
     ContinueGeneration,
     FlushCache,
     GetCache,
     GetPause,
     GetStats,
     PauseGeneration,
-    PauseState,
-    PrefixPublished,
     PublishPrefix,
-    SchedulerStats,
 )
 from schemas.errors import Error
 from schemas.health import Heartbeat
@@ -84,13 +82,17 @@ class SchedulerActor(Actor):
             await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(self.subjects.sessions, PublicSessionRequest, self._on_session)
-        await self.bus.subscribe(self.subjects.admin_stats, GetStats, self._on_stats)
-        await self.bus.subscribe(self.subjects.admin_flush_cache, FlushCache, self._on_flush_cache)
-        await self.bus.subscribe(self.subjects.admin_cache, GetCache, self._on_cache_report)
-        await self.bus.subscribe(self.subjects.admin_publish, PublishPrefix, self._on_publish)
-        await self.bus.subscribe(self.subjects.admin_pause, PauseGeneration, self._on_pause)
-        await self.bus.subscribe(self.subjects.admin_continue, ContinueGeneration, self._on_pause)
-        await self.bus.subscribe(self.subjects.admin_pause_state, GetPause, self._on_pause)
+        subjects = self.subjects
+        for subject, kind in (
+            (subjects.admin_stats, GetStats),
+            (subjects.admin_flush_cache, FlushCache),
+            (subjects.admin_cache, GetCache),
+            (subjects.admin_publish, PublishPrefix),
+            (subjects.admin_pause, PauseGeneration),
+            (subjects.admin_continue, ContinueGeneration),
+            (subjects.admin_pause_state, GetPause),
+        ):
+            await self.bus.subscribe(subject, kind, self._on_admin)
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
@@ -250,38 +252,25 @@ class SchedulerActor(Actor):
                 for session_id in self.sessions.expire(lambda turn_id: turn_id in self.batcher.sequences):
                     self.log.info("session_expired", session_id=session_id)
 
-    async def _on_flush_cache(self, _message: FlushCache, _reply_to: str | None) -> CacheFlushed | Error:
-        if self.batcher is None:
-            return Error("unavailable", "no executor is running yet", retriable=True)
-        self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
-        freed = self.batcher.kv.flush()
-        self.log.info("cache_flushed", freed_blocks=freed)
-        return CacheFlushed(freed)
-
-    async def _on_cache_report(self, _message: GetCache, _reply_to: str | None) -> CacheReport | Error:
-        if self.batcher is None:
-            return Error("unavailable", "no executor is running yet", retriable=True)
-        return self.batcher.kv.report(self.batcher.requests.running)
-
-    async def _on_publish(self, message: PublishPrefix, _reply_to: str | None) -> PrefixPublished | Error:
-        if self.batcher is None:
-            return Error("unavailable", "no executor is running yet", retriable=True)
-        published = self.batcher.kv.publish(message.input_ids)
-        self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
-        return published
-
-    async def _on_stats(self, _message: GetStats, _reply_to: str | None) -> SchedulerStats | Error:
-        if self.batcher is None:
-            return Error("unavailable", "no executor is running yet", retriable=True)
-        return self.pause.stats(self.batcher.stats())
-
-    async def _on_pause(
-        self, message: PauseGeneration | ContinueGeneration | GetPause, _reply_to: str | None
-    ) -> PauseState | Error:
-        """The pause's conversation (actors/scheduler/pause.py); each answers the state after it."""
+    async def _on_admin(self, message: AdminRequest, _reply_to: str | None) -> AdminReply | Error:
+        """The admin conversations on `<ns>.admin.*` (schemas/admin.py): stats, the prefix cache, and
+        the pause of generation (actors/scheduler/pause.py), which answers the state after it."""
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
         match message:
+            case GetStats():
+                return self.pause.stats(self.batcher.stats())
+            case GetCache():
+                return self.batcher.kv.report(self.batcher.requests.running)
+            case FlushCache():
+                self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
+                freed = self.batcher.kv.flush()
+                self.log.info("cache_flushed", freed_blocks=freed)
+                return CacheFlushed(freed)
+            case PublishPrefix(input_ids):
+                published = self.batcher.kv.publish(input_ids)
+                self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
+                return published
             case PauseGeneration(mode):
                 aborted = self.pause.pause(self.batcher, mode)
                 self.log.info("generation_paused", mode=mode, aborted=len(aborted))
