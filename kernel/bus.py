@@ -155,6 +155,35 @@ class Bus:
         self._note_traffic(message)
         await self._nc.publish(subject, self._encode_within_limit(subject, message, limit_bytes))
 
+    async def publish_in_parts(
+        self,
+        subject: str,
+        items: list,
+        message: Callable[[list, bool], msgspec.Struct],
+        limit_bytes: int | None = None,
+        halves: Callable[[Any], tuple[Any, Any] | None] | None = None,
+    ) -> int:
+        """Publishes `message(items, last)` in one message if it fits, else the items halved, in
+        order, until each part does; `last` is True for the part that ends the list. An item alone
+        too large is cut by `halves` (two items saying the same in turn; None: it cannot be), or
+        raises `PayloadTooLarge`. Returns the messages it took."""
+        return await self._publish_part(subject, items, True, message, limit_bytes, halves)
+
+    async def _publish_part(self, subject, items, last, message, limit_bytes, halves) -> int:
+        try:
+            await self.publish(subject, message(items, last), limit_bytes)
+            return 1
+        except PayloadTooLarge:
+            if len(items) > 1:
+                middle = len(items) // 2
+                parts = items[:middle], items[middle:]
+            elif items and halves is not None and (cut := halves(items[0])) is not None:
+                parts = [cut[0]], [cut[1]]
+            else:
+                raise
+        first = await self._publish_part(subject, parts[0], False, message, limit_bytes, halves)
+        return first + await self._publish_part(subject, parts[1], last, message, limit_bytes, halves)
+
     async def request(self, subject: str, message: msgspec.Struct, reply_type: Any, timeout_s: float) -> Any:
         """Sends `message` and returns the decoded reply, or an `Error`."""
         try:

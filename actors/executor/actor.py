@@ -16,7 +16,6 @@ from actors.executor.step_logprobs import halves_of
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
-from kernel.bus import PayloadTooLarge
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, SequenceUpdate, StepOutput
 
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
@@ -163,20 +162,13 @@ class ExecutorActor(Actor):
         halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
         the logprobs name), one update's prompt logprobs halved too; the drops go with the last part
         (every token they drew is in it or before it)."""
-        output = StepOutput(executor_id, self.step_count, updates, dropped)
-        try:
-            await self.bus.publish(self.subjects.step_outputs, output, limit_bytes=self.bus.max_payload_bytes // 2)
-            return
-        except PayloadTooLarge:
-            if len(updates) > 1:
-                middle = len(updates) // 2
-                parts = (updates[:middle], []), (updates[middle:], dropped)
-            elif updates and (halves := halves_of(updates[0])):
-                parts = ([halves[0]], []), ([halves[1]], dropped)
-            else:
-                raise
-        for part_updates, part_dropped in parts:
-            await self._publish_step(executor_id, part_updates, part_dropped)
+        await self.bus.publish_in_parts(
+            self.subjects.step_outputs,
+            updates,
+            lambda part, last: StepOutput(executor_id, self.step_count, part, dropped if last else []),
+            limit_bytes=self.bus.max_payload_bytes // 2,
+            halves=halves_of,
+        )
 
     async def _launch_then_collect(
         self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None

@@ -16,7 +16,6 @@ from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
-from kernel.bus import PayloadTooLarge
 from kernel.liveness import Liveness
 from kernel.tenants import request_tenant
 from schemas.admin import (
@@ -309,18 +308,9 @@ class SchedulerActor(Actor):
         several messages, and the lock keeps another round from slipping in between them; the
         executor applies the commands in order, whatever steps it plans between the messages."""
         async with self._sending:
-            messages = await self._publish_in_parts(commands)
+            # One command always fits: none is larger than the Submit it came of.
+            messages = await self.bus.publish_in_parts(
+                self.subjects.executor_commands, commands, lambda part, _last: Commands(self.scheduler_id, part)
+            )
         if messages > 1:
             self.log.info("commands_split", commands=len(commands), messages=messages)
-
-    async def _publish_in_parts(self, commands: list[Command]) -> int:
-        """Publishes `commands` in order, halving the list until each part fits the bus; returns
-        the messages it took. One command always fits: none is larger than the Submit it came of."""
-        try:
-            await self.bus.publish(self.subjects.executor_commands, Commands(self.scheduler_id, commands))
-            return 1
-        except PayloadTooLarge:
-            if len(commands) == 1:
-                raise
-            middle = len(commands) // 2
-            return await self._publish_in_parts(commands[:middle]) + await self._publish_in_parts(commands[middle:])

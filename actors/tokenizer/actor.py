@@ -19,7 +19,6 @@ from actors.lib.logprobs import slice_logprobs, token_ids_of
 from actors.tokenizer.detokenizer import StreamingDetokenizer
 from actors.tokenizer.untracked_starts import UntrackedStarts
 from kernel.actor import Actor
-from kernel.bus import PayloadTooLarge
 from schemas.errors import Error
 from schemas.generate import TokenLogprobs
 from schemas.requests import Abort, OutputBatch, RequestOutput
@@ -157,20 +156,9 @@ class TokenizerActor(Actor):
             batches[tracked.origin].append(request_output)
             if request_output.finish_reason:
                 del self.tracked[update.request_id]
+        # An output alone fits: the executor publishes half-messages, leaving room for the texts added here.
         for origin, outputs in batches.items():
-            await self._publish_outputs(origin, outputs)
-
-    async def _publish_outputs(self, origin: str, outputs: list[RequestOutput]) -> None:
-        """One message, or as many as the bus needs, the outputs halved in order. An output alone
-        fits: the executor publishes half-messages, leaving room for the texts added here."""
-        try:
-            await self.bus.publish(origin, OutputBatch(outputs))
-        except PayloadTooLarge:
-            if len(outputs) == 1:
-                raise
-            middle = len(outputs) // 2
-            await self._publish_outputs(origin, outputs[:middle])
-            await self._publish_outputs(origin, outputs[middle:])
+            await self.bus.publish_in_parts(origin, outputs, lambda part, _last: OutputBatch(part))
 
     def _output(self, tracked: TrackedRequest, update: SequenceUpdate) -> RequestOutput | None:
         """What the client gets of `update`: the text of its tokens that continue where the client
