@@ -82,6 +82,18 @@ class Subjects:
     def admin_pause_state(self) -> str:  # public: GetPause -> PauseState
         return self._("admin", "pause_state")
 
+    @property
+    def admin_weights(self) -> str:  # public: schemas/weights.py's WeightsRequest -> WeightsReply (weight_sync)
+        return self._("admin", "weights")
+
+    @property
+    def executor_weights(self) -> str:  # ExecutorWeightsRequest -> ExecutorWeightsReply (from weight_sync)
+        return self._("executor", "weights")
+
+    @property
+    def scheduler_weights(self) -> str:  # WeightsCommitted -> CacheGeneration (from weight_sync)
+        return self._("scheduler", "weights")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -151,6 +151,7 @@ class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
     text: str
     index: int = 0  # the choice
     logprobs: TokenLogprobs | None = None  # of token_ids, when asked for
+    weight_version: str = "default"  # of the weights that computed token_ids
 
 
 class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
@@ -167,6 +168,10 @@ class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     prompt_ids: list[int] = []  # the prompt's tokens, when logprobs of the prompt were asked for
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
     created: float = 0.0  # when the request was received, in seconds since the epoch
+    weight_version: str = "default"  # of the weights that computed the last token
+    # [[first output index, version], ...]: output tokens from each index on, up to the next span's,
+    # were computed by that version's weights (more than one span when weights changed mid-request).
+    version_spans: list[tuple[int, str]] = []
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error

@@ -74,6 +74,7 @@ class RequestOutput(msgspec.Struct, frozen=True):
     prompt_logprobs: TokenLogprobs | None = None  # of prompt tokens computed since the last output
     token_texts: dict[int, str] = {}  # the text of every token id in the logprobs above (from a tokenizer)
     matched_stop: int | str | None = None  # with finish_reason "stop": the stop token id or string
+    weight_version: str = "default"  # of the weights that computed token_ids (all of one step's)
 
 
 class OutputBatch(msgspec.Struct, frozen=True, tag="outputs"):

@@ -95,6 +95,7 @@ class StepOutput(msgspec.Struct, frozen=True):
     updates: list[SequenceUpdate]
     # Sequences dropped since the last output: every token they drew is in this or an earlier output.
     dropped: list[str] = []
+    weight_version: str = "default"  # of the weights that computed this step's tokens
 
 
 class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):
@@ -114,3 +115,4 @@ class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
     vocab_size: int
     device: str
     dtype: str
+    weight_version: str = "default"  # of the weights it serves now

@@ -1,0 +1,303 @@
+"""Live weights: a trainer's conversations with the weight_sync actor on `<ns>.weights.*`, and the
+weight_sync actor's with the executor on `<ns>.executor.weights`.
+
+The trainer-facing messages carry SGLang's field names and defaults (its `/update_weights_*`,
+`/init_weights_update_group`, `/release_memory_occupation`... bodies), so an RL client's request
+maps onto them one to one. Every update is one transaction, run by the weight_sync actor: pause
+(as asked), load into the executor's live buffers, validate, commit (the new version), flush or
+keep the KV computed under the old weights, resume. A failed one rolls back: the old weights keep
+serving under the old version, and the reply is an `Error` naming what was wrong.
+
+A weight version is a string, as in SGLang: the first weights are "default" (or `--weight-version`);
+an update that names none gets the count of updates committed since start ("1", "2"...).
+"""
+
+from typing import Literal
+
+import msgspec
+
+# How requests in flight live through an update that finds generation running (one already paused by
+# `PauseGeneration` stays as it is, and the update leaves it paused): SGLang's default waits for
+# them to finish; `abort_all_requests` ends them ("abort"); "in_place" holds them and lets them go
+# on under the new weights (their tokens' versions then change mid-sequence: `version_spans`).
+UpdatePause = Literal["wait", "abort", "retract", "in_place"]
+
+MemoryTag = Literal["weights", "kv_cache", "cuda_graph"]
+
+
+class UpdateFromDisk(msgspec.Struct, frozen=True, tag="update_from_disk"):
+    """Reads a safetensors directory (a checkpoint of the served architecture) into the live weights."""
+
+    model_path: str
+    load_format: str | None = None  # SGLang's; "auto", "safetensors" or None are what is served
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True  # False keeps the KV cached under the old weights servable
+    pause_mode: UpdatePause | None = None  # None: "abort" with abort_all_requests, else "wait"
+
+
+class InitWeightGroup(msgspec.Struct, frozen=True, tag="init_weight_group"):
+    """Joins the trainer's torch.distributed group (the trainer is rank 0 and broadcasts), at rank
+    `rank_offset`; answers once every rank has joined, or with an Error after the deadline."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class DestroyWeightGroup(msgspec.Struct, frozen=True, tag="destroy_weight_group"):
+    group_name: str = "weight_update_group"
+
+
+class UpdateFromDistributed(msgspec.Struct, frozen=True, tag="update_from_distributed"):
+    """The trainer broadcasts from rank 0 the tensors named here, in this order, over the group.
+    `load_format` "flattened_bucket": one broadcast of the tensors packed end to end, in order
+    (each dtype its own bucket), rather than one broadcast per tensor."""
+
+    names: list[str]
+    dtypes: list[str]  # "bfloat16", "float32"... (a "torch." prefix is accepted)
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    load_format: str | None = None
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+    pause_mode: UpdatePause | None = None
+    checksums: list[str] = []  # optional, one per name: gpu/weight_check.py's checksum of the tensor
+
+
+class UpdateFromTensor(msgspec.Struct, frozen=True, tag="update_from_tensor"):
+    """Tensors a colocated trainer shares by CUDA IPC: SGLang's `serialized_named_tensors`, each a
+    pickle of `[(name, tensor), ...]` or of a flattened bucket, opened by an unpickler that admits
+    only torch's tensor-rebuild functions (gpu/ipc_tensors.py)."""
+
+    serialized_named_tensors: list[bytes]
+    load_format: str | None = None
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+    pause_mode: UpdatePause | None = None
+
+
+class TensorManifest(msgspec.Struct, frozen=True):
+    name: str
+    dtype: str
+    shape: list[int]
+    checksum: str  # gpu/weight_check.py's: every chunk is checked against it once the tensor is whole
+
+
+class BeginBusUpload(msgspec.Struct, frozen=True, tag="begin_bus_upload"):
+    """Starts (or, with the same `upload_id`, resumes) an upload of tensors over the bus by a
+    trainer with no NCCL path; the reply says which chunks are still missing."""
+
+    upload_id: str
+    tensors: list[TensorManifest]
+    chunk_bytes: int
+
+
+class UploadChunk(msgspec.Struct, frozen=True, tag="upload_chunk"):
+    upload_id: str
+    tensor: int  # index into the manifest
+    chunk: int  # index of the chunk within the tensor's bytes
+    data: bytes
+
+
+class FinishBusUpload(msgspec.Struct, frozen=True, tag="finish_bus_upload"):
+    """Applies a complete upload as one update."""
+
+    upload_id: str
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+    pause_mode: UpdatePause | None = None
+
+
+class UploadState(msgspec.Struct, frozen=True, tag="upload_state"):
+    upload_id: str
+    missing: dict[int, list[int]]  # tensor index -> chunk indices not received (or failed their check)
+
+
+class UpdateWeightVersion(msgspec.Struct, frozen=True, tag="update_weight_version"):
+    """Renames the serving weights' version, weights unchanged."""
+
+    new_version: str
+    abort_all_requests: bool = True
+
+
+class GetWeightVersion(msgspec.Struct, frozen=True, tag="get_weight_version"):
+    pass
+
+
+class GetWeightsByName(msgspec.Struct, frozen=True, tag="get_weights_by_name"):
+    name: str  # a checkpoint name, "model.layers.0.self_attn.q_proj.weight"
+    truncate_size: int = 100
+
+
+class WeightValues(msgspec.Struct, frozen=True, tag="weight_values"):
+    name: str
+    shape: list[int]
+    dtype: str
+    values: list[float]  # the first `truncate_size` of each row's values (SGLang's shape of an answer)
+    checksum: str  # of the whole tensor as served, comparable to the trainer's
+
+
+class ReleaseMemory(msgspec.Struct, frozen=True, tag="release_memory"):
+    """Sleep: running requests are retracted, and the tagged device memory goes back to the driver
+    (None: every tag). Weights are kept in pinned host memory unless an update will follow."""
+
+    tags: list[MemoryTag] | None = None
+
+
+class ResumeMemory(msgspec.Struct, frozen=True, tag="resume_memory"):
+    tags: list[MemoryTag] | None = None
+
+
+class GetMemory(msgspec.Struct, frozen=True, tag="get_memory"):
+    pass
+
+
+class MemoryState(msgspec.Struct, frozen=True, tag="memory_state"):
+    released: list[MemoryTag]  # the tags whose memory is back with the driver now
+    device_bytes: int = 0  # device memory the executor holds now
+
+
+class WeightsUpdated(msgspec.Struct, frozen=True, tag="weights_updated"):
+    """SGLang's answer (`success`, `message`, `num_paused_requests`), with what was loaded."""
+
+    success: bool
+    message: str
+    weight_version: str
+    num_paused_requests: int = 0  # requests in flight that the update paused
+    tensors: int = 0
+    bytes: int = 0
+    pause_s: float = 0.0  # from the pause of generation to its resumption (0 when it was paused before)
+    load_s: float = 0.0  # of which loading and validating in the executor
+
+
+class GroupState(msgspec.Struct, frozen=True, tag="group_state"):
+    success: bool
+    message: str
+
+
+class WeightVersion(msgspec.Struct, frozen=True, tag="weight_version"):
+    weight_version: str
+
+
+# What the weight_sync actor answers on `<ns>.weights.*`.
+WeightsRequest = (
+    UpdateFromDisk
+    | InitWeightGroup
+    | DestroyWeightGroup
+    | UpdateFromDistributed
+    | UpdateFromTensor
+    | BeginBusUpload
+    | UploadChunk
+    | FinishBusUpload
+    | UpdateWeightVersion
+    | GetWeightVersion
+    | GetWeightsByName
+    | ReleaseMemory
+    | ResumeMemory
+    | GetMemory
+)
+WeightsReply = WeightsUpdated | GroupState | UploadState | WeightVersion | WeightValues | MemoryState
+
+
+# weight_sync -> executor, on `<ns>.executor.weights` (request and reply). The executor runs each
+# between two steps, with no step in flight.
+
+
+class DiskSource(msgspec.Struct, frozen=True, tag="disk"):
+    model_path: str
+
+
+class GroupSource(msgspec.Struct, frozen=True, tag="group"):
+    group_name: str
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    flattened: bool  # one broadcast per dtype bucket rather than one per tensor
+    checksums: list[str] = []
+
+
+class IpcSource(msgspec.Struct, frozen=True, tag="ipc"):
+    serialized_named_tensors: list[bytes]
+    flattened: bool
+
+
+WeightSource = DiskSource | GroupSource | IpcSource
+
+
+class ApplyWeights(msgspec.Struct, frozen=True, tag="apply_weights"):
+    """Loads `source` into the live weights, validating each tensor before it is written; on any
+    failure restores the old weights (gpu/host_weights.py) and answers an Error. `full`: every
+    weight of the model must be in it (a checkpoint); else a subset may be."""
+
+    update_id: str
+    source: WeightSource
+    version: str
+    full: bool
+
+
+class WeightsApplied(msgspec.Struct, frozen=True, tag="weights_applied"):
+    version: str
+    tensors: int
+    bytes: int
+    seconds: float
+
+
+class JoinWeightGroup(msgspec.Struct, frozen=True, tag="join_weight_group"):
+    group: InitWeightGroup
+
+
+class LeaveWeightGroup(msgspec.Struct, frozen=True, tag="leave_weight_group"):
+    group_name: str
+
+
+class GroupJoined(msgspec.Struct, frozen=True, tag="group_joined"):
+    group_name: str
+
+
+class ReadWeight(msgspec.Struct, frozen=True, tag="read_weight"):
+    name: str
+    truncate_size: int
+
+
+class SetVersion(msgspec.Struct, frozen=True, tag="set_version"):
+    """Renames the version of the weights the executor serves (UpdateWeightVersion)."""
+
+    version: str
+
+
+ExecutorWeightsRequest = (
+    ApplyWeights
+    | JoinWeightGroup
+    | LeaveWeightGroup
+    | ReadWeight
+    | SetVersion
+    | ReleaseMemory
+    | ResumeMemory
+    | GetMemory
+)
+ExecutorWeightsReply = WeightsApplied | GroupJoined | WeightValues | WeightVersion | MemoryState
+
+
+# weight_sync -> scheduler, on `<ns>.admin.weights_committed`: after the executor committed new
+# weights, before generation resumes.
+
+
+class WeightsCommitted(msgspec.Struct, frozen=True, tag="weights_committed"):
+    """The scheduler's prefix cache starts a new generation of keys unless `keep_cache`: KV
+    computed under the old weights (cached, or held by requests that go on in place) is never
+    matched again, and the cached part is freed."""
+
+    version: str
+    keep_cache: bool
+
+
+class CacheGeneration(msgspec.Struct, frozen=True, tag="cache_generation"):
+    generation: int  # the prefix cache's key generation now
+    freed_blocks: int
