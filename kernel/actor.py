@@ -62,6 +62,12 @@ class Actor:
         return True
 
     @property
+    def stuck(self) -> str | None:
+        """Why the actor makes no progress though its event loop runs (a hung step), or None.
+        Reported in its heartbeats: it is then not ready, and the supervisor restarts it."""
+        return None
+
+    @property
     def polls_bus(self) -> bool:
         """Whether this actor's loop polls after request traffic, once started."""
         return self.on_request_path
@@ -83,7 +89,9 @@ class Actor:
     async def _heartbeat_loop(self) -> None:
         subject = self.subjects.heartbeat(self.name)
         while True:
-            beat = Heartbeat(self.name, self.instance_id, os.getpid(), self.ready, HEARTBEAT_INTERVAL_S)
+            stuck = self.stuck
+            ready = self.ready and stuck is None
+            beat = Heartbeat(self.name, self.instance_id, os.getpid(), ready, HEARTBEAT_INTERVAL_S, stuck)
             await self.bus.publish(subject, beat)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 

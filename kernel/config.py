@@ -56,6 +56,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
     session_budget_tokens: AtLeastZero | None = None
+    step_deadline_s: PositiveSeconds = 120.0
 
     @property
     def model_name(self) -> str:
@@ -152,6 +153,9 @@ HELP = {
     "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
     "oldest pins become evictable like any cached prefix (default: half the KV cache)",
+    "step_deadline_s": "a step of the executor not done within this is taken for hung: the executor reports itself "
+    "stuck, /health/ready answers 503, and the supervisor restarts it (generous: a large prompt chunk "
+    "on a slow device takes seconds)",
     "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "
     "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
     "counts its own",

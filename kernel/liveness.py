@@ -1,5 +1,6 @@
 """Who is alive, from heartbeats: each actor instance reports every interval, and one that misses
-a few in a row is taken for dead (crashed, or stuck and no longer running its event loop)."""
+a few in a row is taken for dead (crashed, or stuck and no longer running its event loop). One
+whose loop runs but whose work hangs says so in its beats (`Heartbeat.stuck`)."""
 
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ class Instance:
     ready: bool
     interval_s: float  # between its heartbeats
     deadline: float  # monotonic time after which it counts as dead
+    stuck: str | None = None  # why it makes no progress, as its last beat said
 
 
 class Liveness:
@@ -30,7 +32,7 @@ class Liveness:
         deadline = now + self.missed_beats * beat.interval_s
         known = self.instances.get(beat.instance_id)
         self.instances[beat.instance_id] = Instance(
-            beat.actor, beat.instance_id, beat.pid, beat.ready, beat.interval_s, deadline
+            beat.actor, beat.instance_id, beat.pid, beat.ready, beat.interval_s, deadline, beat.stuck
         )
         return known is None
 
@@ -41,6 +43,13 @@ class Liveness:
         for instance in dead:
             del self.instances[instance.instance_id]
         return dead
+
+    def stuck(self) -> list[Instance]:
+        """Forgets and returns the instances whose last beat said they are stuck."""
+        stuck = [i for i in self.instances.values() if i.stuck is not None]
+        for instance in stuck:
+            del self.instances[instance.instance_id]
+        return stuck
 
     def replace(self, actor: str, instance_id: str) -> list[Instance]:
         """Forgets and returns the instances of `actor` other than `instance_id`: of an actor that
@@ -60,6 +69,14 @@ class Liveness:
     def ready(self, actor: str) -> bool:
         return any(i.actor == actor and i.ready for i in self.instances.values())
 
-    def not_ready(self, actors: tuple[str, ...]) -> list[str]:
-        """Of `actors`, those with no live instance that can serve now."""
-        return [actor for actor in actors if not self.ready(actor)]
+    def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
+        """Of `actors`, those with no live instance that can serve now, each with why: what a stuck
+        instance said, else that one is starting, else that none is alive."""
+        reasons = {}
+        for actor in actors:
+            instances = [i for i in self.instances.values() if i.actor == actor]
+            if any(i.ready for i in instances):
+                continue
+            stuck = next((i.stuck for i in instances if i.stuck is not None), None)
+            reasons[actor] = stuck or ("alive, not ready" if instances else "no live instance")
+        return reasons

@@ -20,7 +20,7 @@ from kernel import config as config_module
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
 from kernel.config import KernelConfig
-from kernel.liveness import Liveness
+from kernel.liveness import Instance, Liveness
 from kernel.log import configure
 from kernel.model_source import ModelUnavailable, prepare_model
 from kernel.nats_server import EmbeddedNats
@@ -158,14 +158,20 @@ class Supervisor:
 
     async def _kill_stuck_actors(self) -> None:
         """A child whose process lives but whose heartbeats stopped is stuck (a deadlock, a hung
-        device call, SIGSTOP): kill it, so the watcher restarts it."""
+        device call, SIGSTOP), as is one whose beats say so (a hung step its loop outlives): kill
+        it, so the watcher restarts it."""
         while not self.stopping:
             await asyncio.sleep(LIVENESS_CHECK_S)
-            for dead in self.liveness.expire():
-                child = next((c for c in self.children.values() if c.pid == dead.pid), None)
-                if child and child.process.returncode is None:
-                    log.error("actor_stuck", child=child.name, pid=child.pid)
-                    child.process.kill()
+            for instance in self.liveness.expire():
+                self._kill(instance, "its heartbeats stopped")
+            for instance in self.liveness.stuck():
+                self._kill(instance, instance.stuck)
+
+    def _kill(self, instance: Instance, reason: str) -> None:
+        child = next((c for c in self.children.values() if c.pid == instance.pid), None)
+        if child and child.process.returncode is None:
+            log.error("actor_stuck", child=child.name, pid=child.pid, reason=reason)
+            child.process.kill()
 
     async def _watch_nats(self) -> None:
         """The bus server restarts on the same port; the actors reconnect on their own."""

@@ -13,6 +13,7 @@ import uuid
 
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
+from actors.executor.step_watchdog import StepWatchdog
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
@@ -59,6 +60,7 @@ class ExecutorActor(Actor):
         self.pending: list[Commands] = []
         self.work = asyncio.Event()
         self.step_count = 0
+        self.watchdog = StepWatchdog(cfg.step_deadline_s)
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.publish(self.subjects.executor_info, self.info())
@@ -72,6 +74,10 @@ class ExecutorActor(Actor):
             device=str(self.runner.device),
             dtype=str(self.runner.dtype),
         )
+
+    @property
+    def stuck(self) -> str | None:
+        return self.watchdog.stuck()
 
     @property
     def polls_bus(self) -> bool:
@@ -140,7 +146,8 @@ class ExecutorActor(Actor):
             updates = []
             if inputs or copies or in_flight:
                 previous = in_flight[0] if in_flight else None
-                launched, tokens = await self._launch_then_collect(copies, inputs, previous)
+                with self.watchdog.watch(f"a step of {len(inputs)} sequences"):
+                    launched, tokens = await self._launch_then_collect(copies, inputs, previous)
                 if in_flight:
                     pending, booked = in_flight
                     logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None

@@ -118,10 +118,12 @@ class HttpApi:
         return web.json_response(self.openapi_document)
 
     async def ready(self, _request: web.Request) -> web.Response:
-        """Ready when every actor a request passes through has a live, ready instance now."""
-        missing = self.pipeline.not_ready(PIPELINE_ACTORS)
-        if missing:
-            return web.json_response({"status": "unavailable", "not_ready": missing}, status=503)
+        """Ready when every actor a request passes through has a live, ready instance now; else 503
+        naming each that has none, and why (`reasons`: a stuck actor's own words)."""
+        reasons = self.pipeline.not_ready(PIPELINE_ACTORS)
+        if reasons:
+            body = {"status": "unavailable", "not_ready": list(reasons), "reasons": reasons}
+            return web.json_response(body, status=503)
         return web.json_response({"status": "ready"})
 
     async def stats(self, _request: web.Request) -> web.Response:

@@ -93,6 +93,6 @@ class MigrationPolicy:
             )
         return None
 
-    def not_ready(self, actors: tuple[str, ...]) -> list[str]:
-        """Of `actors`, those with no live instance that can serve now."""
+    def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
+        """Of `actors`, those with no live instance that can serve now, each with why."""
         return self._liveness.not_ready(actors)

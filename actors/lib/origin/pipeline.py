@@ -76,8 +76,8 @@ class RequestPipeline:
         """Requests taken and not yet closed by their clients; each choice of n counts."""
         return len(self._book)
 
-    def not_ready(self, actors: tuple[str, ...]) -> list[str]:
-        """Of `actors`, those with no live instance that can serve now."""
+    def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
+        """Of `actors`, those with no live instance that can serve now, each with why."""
         return self._policy.not_ready(actors)
 
     async def encode(self, request: GenerateRequest) -> Encoded | Error:
