@@ -89,6 +89,16 @@ class SequenceUpdate(msgspec.Struct, frozen=True):
         return self.output_index <= count < self.output_index + len(self.token_ids)
 
 
+class OutOfMemory(msgspec.Struct, frozen=True):
+    """The device had no memory for a step: the executor launched none of it and forgot every
+    sequence it ran, confirming no drop (the tokens they drew before are in this output or earlier).
+    The scheduler retracts its running sequences, which wait and are recomputed, and runs fewer."""
+
+    sequences: int  # in the step that failed
+    tokens: int  # fed in it: prompt chunks and decodes
+    message: str  # torch's
+
+
 class StepOutput(msgspec.Struct, frozen=True):
     executor_id: str
     step: int
@@ -96,6 +106,7 @@ class StepOutput(msgspec.Struct, frozen=True):
     # Sequences dropped since the last output: every token they drew is in this or an earlier output.
     dropped: list[str] = []
     weight_version: str = "default"  # of the weights that computed this step's tokens
+    out_of_memory: OutOfMemory | None = None  # the next step failed so; set on an output's last part
 
 
 class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):

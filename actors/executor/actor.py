@@ -5,19 +5,24 @@ arrive and applied between steps, so the bus never sits between two steps. Steps
 loop applies commands, plans and launches step N+1, then waits for step N's tokens, books and
 publishes them while the GPU runs N+1. Each step publishes one `StepOutput` with every sequence's
 new tokens (and their logprobs, for the requests that ask), and the ends of aborted sequences.
+A step the device has no memory for is survived (step_memory.py), and a step that hangs is seen
+(step_watchdog.py).
 """
 
 import asyncio
 import time
 import uuid
 
+import torch
+
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
+from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
-from schemas.step import Commands, DescribeExecutor, ExecutorInfo, SequenceUpdate, StepOutput
+from schemas.step import Commands, DescribeExecutor, ExecutorInfo, OutOfMemory, SequenceUpdate, StepOutput
 
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.
@@ -61,6 +66,7 @@ class ExecutorActor(Actor):
         self.work = asyncio.Event()
         self.step_count = 0
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
+        self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.publish(self.subjects.executor_info, self.info())
@@ -141,13 +147,12 @@ class ExecutorActor(Actor):
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
-            inputs, plan = self.batch.plan_step(self.config.engine.max_prefill_tokens)
+            inputs, plan = self.batch.plan_step(self.memory.prefill_budget)
             copies = self.batch.take_copies()
-            updates = []
+            updates, out_of_memory = [], None
             if inputs or copies or in_flight:
                 previous = in_flight[0] if in_flight else None
-                with self.watchdog.watch(f"a step of {len(inputs)} sequences"):
-                    launched, tokens = await self._launch_then_collect(copies, inputs, previous)
+                launched, tokens, out_of_memory = await self._step(copies, inputs, plan, previous)
                 if in_flight:
                     pending, booked = in_flight
                     logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None
@@ -155,27 +160,63 @@ class ExecutorActor(Actor):
                 # Booking cannot let a sequence move that this plan left out (only blocks can), so with
                 # nothing launched the loop waits for the next commands.
                 in_flight = (launched, plan) if launched else None
+            if out_of_memory:
+                self.batch.forget_all()  # after booking the step before: its tokens are whole
             updates += self.batch.take_aborted()
             dropped = self.batch.take_dropped()
-            if updates or dropped:
+            if updates or dropped or out_of_memory:
                 self.step_count += 1
-                await self._publish_step(executor_id, updates, dropped)
+                await self._publish_step(executor_id, updates, dropped, out_of_memory)
                 # nats-py's flusher task writes it: let it run now, before the next launch keeps the
                 # host busy (this loop on a GPU, the GIL on the CPU), or the tokens wait until it ends.
                 await asyncio.sleep(0)
 
-    async def _publish_step(self, executor_id: str, updates: list[SequenceUpdate], dropped: list[str]) -> None:
+    async def _publish_step(
+        self, executor_id: str, updates: list[SequenceUpdate], dropped: list[str], out_of_memory: OutOfMemory | None
+    ) -> None:
         """Publishes the step's output in as many messages as the bus needs, in order: the updates
         halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
-        the logprobs name), one update's prompt logprobs halved too; the drops go with the last part
-        (every token they drew is in it or before it)."""
+        the logprobs name), one update's prompt logprobs halved too; the drops and a failed step's
+        report go with the last part (every token they drew is in it or before it)."""
         await self.bus.publish_in_parts(
             self.subjects.step_outputs,
             updates,
-            lambda part, last: StepOutput(executor_id, self.step_count, part, dropped if last else []),
+            lambda part, last: StepOutput(
+                executor_id,
+                self.step_count,
+                part,
+                dropped if last else [],
+                out_of_memory=out_of_memory if last else None,
+            ),
             limit_bytes=self.bus.max_payload_bytes // 2,
             halves=halves_of,
         )
+
+    async def _step(
+        self,
+        copies: list[tuple[int, int]],
+        inputs: list[SequenceInput],
+        plan: list[PlannedInput],
+        previous: PendingStep | None,
+    ) -> tuple[PendingStep | None, list[int | None] | None, OutOfMemory | None]:
+        """Launches the next step and collects the one in flight, under the watchdog's eye. A
+        launch the device has no memory for launches nothing; the step before is collected all the
+        same, and the report of the failure comes third."""
+        with self.watchdog.watch(f"a step of {len(inputs)} sequences"):
+            try:
+                launched, tokens = await self._launch_then_collect(copies, inputs, previous)
+            except torch.OutOfMemoryError as error:
+                out_of_memory = await self.memory.recover(error, plan)
+                self.log.warning(
+                    "step_out_of_memory",
+                    sequences=out_of_memory.sequences,
+                    tokens=out_of_memory.tokens,
+                    prefill_budget=self.memory.prefill_budget,
+                )
+                return None, await self._collect(previous), out_of_memory
+        if inputs:
+            self.memory.step_fit()
+        return launched, tokens, None
 
     async def _launch_then_collect(
         self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None
@@ -203,11 +244,16 @@ class ExecutorActor(Actor):
                 sequences=len(inputs),
                 tokens=sum(len(s.token_ids) for s in inputs),
             )
-        if previous is None:
-            return launched, None
-        while not previous.done():  # busy-waits, as cudaEventSynchronize usually does
+        return launched, await self._collect(previous)
+
+    @staticmethod
+    async def _collect(step: PendingStep | None) -> list[int | None] | None:
+        """The tokens of a launched step, polled for on the loop."""
+        if step is None:
+            return None
+        while not step.done():  # busy-waits, as cudaEventSynchronize usually does
             await asyncio.sleep(0)
-        return launched, previous.tokens()
+        return step.tokens()
 
     def _launch_then_wait(
         self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None

@@ -129,6 +129,11 @@ class RunningBatch:
         """Forgets every sequence, and any hold: whoever held it is gone."""
         self.held = False
         self.dropped += list(self.sequences)
+        self.forget_all()
+
+    def forget_all(self) -> None:
+        """Forgets every sequence without confirming a drop: after a step the device had no memory
+        for, the scheduler retracts them with drops of its own, which the next outputs confirm."""
         for seq in self.sequences.values():
             self._forget(seq)
         self.sequences.clear()

@@ -287,6 +287,14 @@ class SchedulerActor(Actor):
             return
         for seq in self.batcher.on_step(output):
             self.sessions.turn_released(seq.request_id)
+        if (failed := output.out_of_memory) is not None:
+            self.log.warning(
+                "executor_out_of_memory",
+                sequences=failed.sequences,
+                tokens=failed.tokens,
+                running_limit=self.batcher.running_limit.limit,
+                message=failed.message,
+            )
         await self._schedule()
 
     async def _schedule(self) -> None:

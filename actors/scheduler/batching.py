@@ -6,13 +6,16 @@ step. A waiting request takes the longest cached prefix of its tokens from the r
 admitted only when blocks for the rest of its prompt can be had, so prefill never stalls; decoding
 sequences get blocks a few steps ahead. When blocks run out, cached prefixes that no request uses
 are evicted first; then the youngest running sequence is preempted (its computed full blocks go to
-the cache, to be matched again when it is readmitted), never failed.
+the cache, to be matched again when it is readmitted), never failed. When the executor reports a
+step the device had no memory for, every running sequence is retracted the same way, and fewer
+run until steps fit again.
 
 The batcher decides; four plain objects it owns keep the books: the request table
 (request_table.py), the KV manager (kv_manager.py), the prefill planner (prefill_planner.py) and
 the ledger of drops the executor has not confirmed (drop_ledger.py).
 """
 
+from actors.lib.memory_backoff import MemoryBackoff
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.drop_ledger import DropLedger
 from actors.scheduler.kv_manager import KVManager
@@ -49,7 +52,8 @@ class ContinuousBatcher:
         self.kv = KVManager(num_blocks, block_size, prefix_caching, tenancy or TenancyPolicy())
         self.prefill = PrefillPlanner(max_prefill_tokens)
         self.drops = DropLedger()
-        self.max_num_seqs = max_num_seqs
+        # How many sequences may run: max_num_seqs, halved when the executor runs out of memory.
+        self.running_limit = MemoryBackoff(max_num_seqs)
         # The executor steps on its own and may run a few steps ahead of what we have seen.
         self.lookahead_tokens = lookahead_tokens if lookahead_tokens is not None else 2 * block_size
         self.preemptions = 0  # since start
@@ -112,7 +116,8 @@ class ContinuousBatcher:
         self._commands.append(HoldStepping(hold))
 
     def on_step(self, output: StepOutput) -> list[Sequence]:
-        """Books one step's results; returns the sequences that finished in it.
+        """Books one step's results; returns the sequences that finished in it. After a step the
+        executor had no memory for, the running sequences are retracted and fewer will run.
 
         An update may come from a run of the sequence that was dropped since (a preemption, or an
         abort and a resubmission under the same id). Its tokens still count when they continue
@@ -136,6 +141,11 @@ class ContinuousBatcher:
             self.kv.release(seq)  # if it runs: a waiting or draining one holds nothing
             self.requests.remove(seq)
             finished.append(seq)
+        if output.out_of_memory is None:
+            self.running_limit.step_fit()
+        else:  # the executor forgot every sequence it ran, after the tokens above
+            self.retract_running()
+            self.running_limit.out_of_memory(output.out_of_memory.sequences)
         return finished
 
     def reset_executor(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
@@ -177,7 +187,10 @@ class ContinuousBatcher:
         waiting = self.requests.waiting
         skipped = 0  # the first ones, left in their place for a prefill they will read
         while (
-            self.admitting and budget > 0 and skipped < len(waiting) and len(self.requests.running) < self.max_num_seqs
+            self.admitting
+            and budget > 0
+            and skipped < len(waiting)
+            and len(self.requests.running) < self.running_limit.limit
         ):
             seq = waiting[skipped]
             if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv):

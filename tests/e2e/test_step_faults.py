@@ -1,6 +1,9 @@
-"""A step that hangs, through a real server under load: the executor's step watchdog reports it,
-`/health/ready` answers 503 saying why, the supervisor restarts the executor, and every stream
-completes with the output of an uninterrupted run.
+"""Faults of the executor's steps, through a real server under load (16 streams, half over HTTP,
+half over the bus, greedy and seeded), each stream compared with a run without the fault:
+- steps the device has no memory for: the executor survives, retracts and retries smaller;
+- a step that hangs: the executor's step watchdog reports it, `/health/ready` answers 503 saying
+  why, and the supervisor restarts the executor.
+In both, every stream completes with the output of the run without the fault.
 
 The faults come from step_faults/sitecustomize.py, which wraps the model's forward pass in the
 server's executor; the bus, the actors and the supervisor are the real ones.
@@ -67,6 +70,22 @@ class ReadinessLog:
         self._stop.set()
         self._thread.join()
         return self.answers
+
+
+async def test_steps_out_of_memory_lose_nothing_and_the_executor_lives(server, reference, faults):
+    pid = server.child_pid("executor")
+    limit = faults / "oom_above_tokens"
+    limit.write_text("16")  # from the prompts' first steps on; a decode step of every stream fits
+    try:
+        logs, _ = await run_workload(server, NUM_REQUESTS, MAX_TOKENS)
+    finally:
+        limit.unlink()
+    assert server.find("step_out_of_memory"), "no step ran out of memory: nothing was tested"
+    assert len(server.find("executor_out_of_memory")) == len(server.find("step_out_of_memory"))
+    assert server.child_pid("executor") == pid and not server.find("child_exited")
+    assert not failures(logs)
+    assert compare(reference, logs) == (0, 0)
+    assert all(log.completion_tokens == MAX_TOKENS for log in logs)
 
 
 async def test_a_hung_step_is_seen_and_the_executor_restarted_losing_nothing(server, reference, faults):

@@ -2,9 +2,12 @@
 
 A test puts this folder on the server's PYTHONPATH and names a folder in STEP_FAULTS_DIR. Python
 imports this file in every process the supervisor starts; where `gpu.model` is imported (the
-executor), its forward pass is wrapped, and each step it reads the folder:
-- a file `hang`: the step hangs for good, and the file is removed, so the executor that the
-  supervisor starts in its place runs.
+executor), each decoder layer's first half is wrapped to read the folder on every step:
+- a file `hang`: the step hangs for good in its first layer, and the file is removed, so the
+  executor that the supervisor starts in its place runs;
+- a file `oom_above_tokens` holding a number: a step of more tokens raises torch.OutOfMemoryError
+  in its second layer, after the first wrote its KV, as a forward pass that allocates its
+  activations as it goes runs out of device memory.
 """
 
 import importlib.abc
@@ -17,19 +20,26 @@ from pathlib import Path
 FAULTS_DIR = os.environ.get("STEP_FAULTS_DIR")
 
 
-def _with_faults(run_layers, faults: Path):
-    def run_layers_with_faults(self, batch, kv):
-        hang = faults / "hang"
-        if hang.exists():
+def _with_faults(query, faults: Path):
+    def query_with_faults(self, x, residual, rope, kv):
+        layer = self.self_attn.layer_index
+        hang, oom_above = faults / "hang", faults / "oom_above_tokens"
+        if layer == 0 and hang.exists():
             hang.unlink()
             threading.Event().wait()  # a device call that never returns
-        return run_layers(self, batch, kv)
+        if layer == 1 and oom_above.exists() and x.shape[0] > int(oom_above.read_text()):
+            import torch
 
-    return run_layers_with_faults
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate the activations of {x.shape[0]} tokens"
+            )
+        return query(self, x, residual, rope, kv)
+
+    return query_with_faults
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Finds `gpu.model` as the other finders do, and wraps its forward pass once it has run."""
+    """Finds `gpu.model` as the other finders do, and wraps its layers once it has run."""
 
     def find_spec(self, name, path, target=None):
         if name != "gpu.model":
@@ -40,7 +50,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_wrap(module):
             exec_module(module)
-            module.CausalLM.run_layers = _with_faults(module.CausalLM.run_layers, Path(FAULTS_DIR))
+            module.DecoderLayer.query = _with_faults(module.DecoderLayer.query, Path(FAULTS_DIR))
 
         spec.loader.exec_module = exec_and_wrap
         return spec
