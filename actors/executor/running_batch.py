@@ -83,6 +83,9 @@ class RunningBatch:
         self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
         self.copies: list[tuple[int, int]] = []  # KV blocks to copy before the next step: (source, target)
         self.held = False  # an in-place pause: plan no step; every sequence keeps its KV and its place
+        # Sequences `forget_all` forgot, until the scheduler's drop of each: the outputs booked for them,
+        # so that an abort among those drops still ends its request after every token it drew.
+        self.forgotten: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -94,6 +97,7 @@ class RunningBatch:
                 # The leading blocks already hold the KV of a cached prefix: prefill starts after it.
                 # A run of the same id still in flight is replaced: book discards its results.
                 self._forget(self.sequences.get(request_id))
+                self.forgotten.pop(request_id, None)
                 self.sequences[request_id] = RunningSequence(
                     request_id,
                     params,
@@ -120,8 +124,9 @@ class RunningBatch:
                 seq = self.sequences.pop(request_id, None)
                 self._forget(seq)
                 self.dropped.append(request_id)
-                if abort and seq is not None:
-                    self.aborted.append(SequenceUpdate(request_id, [], seq.booked_outputs, finish_reason="abort"))
+                booked = self.forgotten.pop(request_id, None) if seq is None else seq.booked_outputs
+                if abort and booked is not None:
+                    self.aborted.append(SequenceUpdate(request_id, [], booked, finish_reason="abort"))
             case HoldStepping(hold):
                 self.held = hold
 
@@ -130,12 +135,14 @@ class RunningBatch:
         self.held = False
         self.dropped += list(self.sequences)
         self.forget_all()
+        self.forgotten.clear()
 
     def forget_all(self) -> None:
         """Forgets every sequence without confirming a drop: after a step the device had no memory
         for, the scheduler retracts them with drops of its own, which the next outputs confirm."""
         for seq in self.sequences.values():
             self._forget(seq)
+            self.forgotten[seq.request_id] = seq.booked_outputs
         self.sequences.clear()
 
     def _forget(self, seq: RunningSequence | None) -> None:

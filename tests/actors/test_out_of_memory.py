@@ -2,17 +2,19 @@
 plain batcher in the scheduler's place: the executor survives, the running sequences are retracted
 and recomputed under smaller limits, and every request gets exactly the tokens of a run that never
 ran out of memory (nothing repeated, nothing missing). On the CPU and on the GPU's way of stepping
-(launches on the event loop). A step that cannot be made smaller raises the error after all."""
+(launches on the event loop). A step that cannot be made smaller raises the error after all, and
+an abort between the failure and its report still ends its request."""
 
 import asyncio
 
 import pytest
 import torch
 
-from actors.executor.running_batch import PlannedInput, RunningSequence
+from actors.executor.running_batch import PlannedInput, RunningBatch, RunningSequence
 from actors.executor.step_memory import MIN_PREFILL_TOKENS, StepMemory
 from gpu.model import DecoderLayer
 from schemas.generate import SamplingParams
+from schemas.step import DropSequence, PrefillChunk, SequenceUpdate, StartSequence
 from tests.actors.test_executor_on_its_loop import (  # noqa: F401 (a fixture)
     MAX_PREFILL_TOKENS,
     in_process_outputs,
@@ -92,3 +94,22 @@ def test_the_executor_halves_its_prompt_budget_only_for_steps_with_prompt_tokens
     assert memory.prefill_budget == 64  # decodes failed: the scheduler runs fewer, the budget stays
     asyncio.run(memory.recover(torch.OutOfMemoryError("x"), planned([0, 40])))
     assert memory.prefill_budget == 20
+
+
+def test_a_forgotten_sequence_aborted_before_its_retraction_still_ends_after_its_tokens():
+    """The scheduler may abort a request between the failed step and the report of it: the
+    executor forgot the sequence, yet the abort's end must come, after the tokens it booked."""
+    batch = RunningBatch(block_size=4, max_model_len=64, eos_token_ids=[], vocab_size=1000)
+    for request_id in ("a", "b"):
+        batch.apply(StartSequence(request_id, SamplingParams(max_tokens=8), [0, 1], 0, 0))
+        batch.apply(PrefillChunk(request_id, [5, 6, 7], 0, True))
+    _, plan = batch.plan_step(MAX_PREFILL_TOKENS)
+    assert [u.token_ids for u in batch.book(plan, [40, 41])] == [[40], [41]]
+    batch.forget_all()
+    assert len(batch) == 0 and batch.take_dropped() == []  # no drop confirmed: the scheduler sends its own
+    batch.apply(DropSequence("a", abort=True))
+    batch.apply(DropSequence("b"))
+    assert batch.take_aborted() == [SequenceUpdate("a", [], 1, finish_reason="abort")]
+    assert batch.take_dropped() == ["a", "b"]
+    batch.apply(DropSequence("a", abort=True))  # once only: a later drop of the id finds nothing
+    assert batch.take_aborted() == []
