@@ -110,6 +110,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.admin_pause,
                 s.admin_continue,
                 s.admin_pause_state,
+                s.admin_weights,  # the weight routes and the version in the info routes (weight_sync answers)
                 s.heartbeat("frontdoor"),
             ],
             subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text

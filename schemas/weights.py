@@ -184,6 +184,9 @@ class GroupState(msgspec.Struct, frozen=True, tag="group_state"):
 
 class WeightVersion(msgspec.Struct, frozen=True, tag="weight_version"):
     weight_version: str
+    # The checkpoint directory last loaded by UpdateFromDisk (SGLang's /get_model_info reports it);
+    # None until one was: the served model's. Only weight_sync answers it; the executor leaves it None.
+    model_path: str | None = None
 
 
 # What the weight_sync actor answers on `<ns>.weights.*`.

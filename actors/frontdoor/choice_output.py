@@ -52,6 +52,10 @@ class ChoiceOutput:
     logprobs: LogprobRun = field(default_factory=LogprobRun)  # of token_ids, from output 0
     prompt_logprobs: LogprobRun = field(default_factory=LogprobRun)
     token_texts: dict[int, str] = field(default_factory=dict)  # the text of each token id in the logprobs
+    # [(first token index, version)]: token_ids from each index on, up to the next span's, were
+    # computed by that version's weights; more than one span when the weights changed mid-request.
+    version_spans: list[tuple[int, str]] = field(default_factory=list)
+    last_version: str = "default"  # of the latest output, which may carry no token
 
     @property
     def text(self) -> str:
@@ -59,7 +63,15 @@ class ChoiceOutput:
             self.text_parts = ["".join(self.text_parts)]
         return self.text_parts[0] if self.text_parts else ""
 
+    @property
+    def weight_version(self) -> str:
+        """Of the weights that computed the last token (of the request's latest output before any)."""
+        return self.version_spans[-1][1] if self.version_spans else self.last_version
+
     def add(self, output: RequestOutput) -> None:
+        if output.token_ids and (not self.version_spans or self.version_spans[-1][1] != output.weight_version):
+            self.version_spans.append((len(self.token_ids), output.weight_version))
+        self.last_version = output.weight_version
         self.token_ids += output.token_ids
         self.text_parts.append(output.text)
         self.logprobs.extend(output.logprobs)

@@ -1,7 +1,8 @@
 """The health, info and load routes that clients written for SGLang poll: `/health_generate` (one
 token through every actor), `/server_info` and `/get_server_info`, `/model_info` and
 `/get_model_info`, `/v1/loads` and the older `/get_load`, in SGLang's shapes (its http_server.py)
-with the fields this server has. The load comes from the scheduler's stats.
+with the fields this server has. The load comes from the scheduler's stats; the weight version and
+the checkpoint last loaded from disk from the weight_sync actor, which owns them.
 """
 
 import asyncio
@@ -13,16 +14,17 @@ from aiohttp import web
 
 from actors.frontdoor.http_errors import error_response
 from actors.frontdoor.request_fields import invalid
-from actors.frontdoor.sglang_responses import WEIGHT_VERSION
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import GetStats, SchedulerStats
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
+from schemas.weights import GetWeightVersion, WeightVersion
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's
 STATS_TIMEOUT_S = 5.0
+FIRST_VERSION = "default"  # SGLang's name for the weights a server starts with
 VERSION = "0.1.0"
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})  # SGLang's names
 
@@ -65,13 +67,16 @@ class SGLangInfo:
 
     async def model_info(self, _request: web.Request) -> web.Response:
         facts = self.facts
+        weights = await self.weights()
+        if isinstance(weights, Error):
+            return error_response(weights)
         return web.json_response(
             {
-                "model_path": facts.model_path,
+                "model_path": weights.model_path or facts.model_path,
                 "tokenizer_path": facts.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": WEIGHT_VERSION,
+                "weight_version": weights.weight_version,
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
                 "served_model_name": facts.model_name,
@@ -84,9 +89,12 @@ class SGLangInfo:
             return error_response(stats)
         facts = self.facts
         load = self._load(stats)
+        weights = await self.weights()
+        if isinstance(weights, Error):
+            return error_response(weights)
         return web.json_response(
             {
-                "model_path": facts.model_path,
+                "model_path": weights.model_path or facts.model_path,
                 "tokenizer_path": facts.model_path,
                 "served_model_name": facts.model_name,
                 "tp_size": 1,
@@ -96,7 +104,7 @@ class SGLangInfo:
                 "max_running_requests": facts.max_running_requests,
                 "chunked_prefill_size": facts.max_prefill_tokens,
                 "max_total_num_tokens": load["max_total_num_tokens"],
-                "weight_version": WEIGHT_VERSION,
+                "weight_version": weights.weight_version,
                 "internal_states": [load],
                 "version": VERSION,
             }
@@ -146,6 +154,14 @@ class SGLangInfo:
                 }
             ]
         )
+
+    async def weights(self) -> WeightVersion | Error:
+        """What weights serve now. With no weight_sync actor listening (a deployment without one)
+        nothing can have changed them: they are those the server started with."""
+        reply = await self.bus.request(self.subjects.admin_weights, GetWeightVersion(), WeightVersion, STATS_TIMEOUT_S)
+        if isinstance(reply, Error) and reply.code == "unavailable":
+            return WeightVersion(FIRST_VERSION)
+        return reply
 
     async def _stats(self) -> SchedulerStats | Error:
         return await self.bus.request(self.subjects.admin_stats, GetStats(), SchedulerStats, STATS_TIMEOUT_S)

@@ -8,13 +8,17 @@ top and asked-id logprobs are a list of such entries per position, null where no
 at position 0 (no token precedes it); with the default -1 it is SGLang's one entry, the prompt's
 last token, with a null logprob (none for a scoring request with max_new_tokens 0). Streamed
 events repeat everything so far, as SGLang's do, or carry only what came after `since` (SGLang's
-incremental streaming: the prompt's logprobs then come in the first event alone). No I/O.
+incremental streaming: the prompt's logprobs then come in the first event alone).
+
+`weight_version` names the weights that computed the last token; `weight_versions` (SGLang's
+`{version, start, end}` spans, as its weight_versions.py reports them) and `version_spans`
+(`[[first token index, version], ...]`, as on the bus) say which weights computed each output
+token, so a request that went on through a weight update shows where the weights changed. No I/O.
 """
 
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.sglang_sampling import LogprobAsk
 
-WEIGHT_VERSION = "default"  # weight updates come with the next issue; SGLang names the first "default"
 ABORT_MESSAGE = "aborted by /abort_request"
 
 
@@ -50,14 +54,27 @@ def generate_reply(
         "id": choice_id,
         "finish_reason": finish_reason(output, max_new_tokens),
         "prompt_tokens": len(prompt_ids),
-        "weight_version": WEIGHT_VERSION,
+        "weight_version": output.weight_version,
         "completion_tokens": output.completion_tokens or len(output.token_ids),
         "cached_tokens": cached_tokens,
-    }
+    } | version_fields(output)
     if ask.return_logprob:
         meta |= _logprobs(output, prompt_ids, prompt_logprobs, texts, ask, max_new_tokens, first_token)
     text = output.text[first_char:] if first_char else output.text
     return {"text": text, "output_ids": output.token_ids[first_token:], "meta_info": meta}
+
+
+def version_fields(output: ChoiceOutput) -> dict:
+    """The weights behind each output token, as spans over the whole output so far (also in an
+    incremental stream's events: the spans are few, and a client needs them whole)."""
+    spans = output.version_spans or [(0, output.weight_version)]
+    ends = [start for start, _ in spans[1:]] + [len(output.token_ids)]
+    return {
+        "weight_versions": [
+            {"version": version, "start": start, "end": end} for (start, version), end in zip(spans, ends)
+        ],
+        "version_spans": [[start, version] for start, version in spans],
+    }
 
 
 def _logprobs(

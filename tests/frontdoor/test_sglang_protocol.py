@@ -232,8 +232,38 @@ def test_reply_without_logprobs():
             "weight_version": "default",
             "completion_tokens": 2,
             "cached_tokens": 2,
+            "weight_versions": [{"version": "default", "start": 0, "end": 2}],
+            "version_spans": [[0, "default"]],
         },
     }
+
+
+def test_versions_say_which_weights_computed_each_token():
+    """Tokens drawn before an update under "default", after it under "7": the spans split exactly
+    there, SGLang's `{version, start, end}` and the bus's `[first index, version]` alike."""
+    choice = delivered(
+        RequestOutput("r", [5, 6], "ab", None, 2),
+        RequestOutput("r", [9], "z", None, 3, output_index=2, weight_version="default"),
+        RequestOutput("r", [2, 3], "xy", None, 5, output_index=3, weight_version="7"),
+        RequestOutput("r", [], "", "length", 5, output_index=5, weight_version="7"),
+    )
+    meta = generate_reply("r", choice, [1], LogprobRun(), TEXTS, 0, LogprobAsk(), 5)["meta_info"]
+    assert meta["weight_version"] == "7"
+    assert meta["weight_versions"] == [
+        {"version": "default", "start": 0, "end": 3},
+        {"version": "7", "start": 3, "end": 5},
+    ]
+    assert meta["version_spans"] == [[0, "default"], [3, "7"]]
+    # An incremental event carries the new tokens, and the spans of the whole output.
+    event = generate_reply("r", choice, [1], LogprobRun(), TEXTS, 0, LogprobAsk(), 5, since=(4, 4))
+    assert event["output_ids"] == [3] and event["meta_info"]["version_spans"] == [[0, "default"], [3, "7"]]
+
+
+def test_a_reply_without_tokens_names_the_version_that_served_it():
+    choice = delivered(RequestOutput("r", [], "", "length", 0, weight_version="3"))
+    meta = generate_reply("r", choice, [1, 2], LogprobRun(), TEXTS, 0, LogprobAsk(), 0)["meta_info"]
+    assert meta["weight_version"] == "3"
+    assert meta["weight_versions"] == [{"version": "3", "start": 0, "end": 0}]
 
 
 def test_finish_reasons_in_sglangs_shape():
