@@ -2,8 +2,9 @@
 
 OpenAI's chat and completions are served by `openai_serving`, SGLang's native `/generate` and
 `/abort_request` by `sglang_serving`, the health, info and load routes SGLang's clients poll by
-`sglang_info`, and pausing generation by `pause_routes`; the admin and session routes here are
-plain requests to the scheduler.
+`sglang_info`, pausing generation by `pause_routes`, live weights by `weight_routes` and sleep, wake
+and cache flushes by `memory_routes`; the admin and session routes here are plain requests to the
+scheduler.
 """
 
 import time
@@ -15,6 +16,7 @@ from aiohttp import web
 from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.http_errors import error_response, errors_as_json
+from actors.frontdoor.memory_routes import MemoryRoutes
 from actors.frontdoor.openai_responses import models_response
 from actors.frontdoor.openai_serving import OpenAIServing
 from actors.frontdoor.openapi import openapi_document
@@ -22,6 +24,7 @@ from actors.frontdoor.pause_routes import PauseRoutes
 from actors.frontdoor.sglang_info import ServerFacts, SGLangInfo
 from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
+from actors.frontdoor.weight_routes import WeightRoutes
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects
@@ -73,6 +76,8 @@ class HttpApi:
         self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests, incremental_streaming)
         self.info = SGLangInfo(pipeline, bus, subjects, facts)
         self.pause = PauseRoutes(bus, subjects)
+        self.weights = WeightRoutes(bus, subjects)
+        self.memory = MemoryRoutes(bus, subjects)
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json, self.identify], client_max_size=self.max_body_bytes)
@@ -99,7 +104,8 @@ class HttpApi:
         app.router.add_post("/admin/flush_cache", self.flush_cache)
         app.router.add_get("/admin/cache", self.cache_report)
         app.router.add_post("/admin/publish", self.publish_prefix)
-        self.pause.add_to(app.router)
+        for routes in (self.pause, self.weights, self.memory):
+            routes.add_to(app.router)
         app.router.add_get("/openapi.json", self.openapi)
         return app
 

@@ -11,8 +11,32 @@ from schemas.errors import Error
 from schemas.requests import Tenant
 
 PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/health_generate", "/openapi.json"})
-# Admin routes outside /admin/, under the names SGLang's and vLLM's clients call.
-ADMIN_PATHS = frozenset({"/pause_generation", "/continue_generation", "/pause", "/resume", "/is_paused"})
+# Admin routes outside /admin/, under the names SGLang's and vLLM's clients call: pausing, live
+# weights, sleep and wake, cache flushes. `/get_weight_version` is not among them: every reply
+# carries the version anyway.
+ADMIN_PATHS = frozenset(
+    {
+        "/pause_generation",
+        "/continue_generation",
+        "/pause",
+        "/resume",
+        "/is_paused",
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weight_version",
+        "/get_weights_by_name",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/sleep",
+        "/wake_up",
+        "/is_sleeping",
+        "/flush_cache",
+        "/reset_prefix_cache",
+    }
+)
 
 
 @dataclass(frozen=True)

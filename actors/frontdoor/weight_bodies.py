@@ -1,0 +1,224 @@
+"""SGLang's live-weight request bodies, decoded into the weight_sync actor's messages
+(schemas/weights.py) or an `Error` naming the field at fault. No I/O.
+
+Each body has the fields and defaults of SGLang's io_struct.py (`UpdateWeightFromDiskReqInput`,
+`UpdateWeightsFromDistributedReqInput`, `UpdateWeightsFromTensorReqInput`,
+`InitWeightsUpdateGroupReqInput`, `DestroyWeightsUpdateGroupReqInput`,
+`UpdateWeightVersionReqInput`, `GetWeightsByNameReqInput`, `Release`/`ResumeMemoryOccupationReqInput`),
+so an RL client's request decodes unchanged. SGLang's switches that change nothing here
+(`torch_empty_cache`, `recapture_cuda_graph`, `token_step`, `disable_draft_model`) are accepted; those
+asking for a behaviour this server lacks (`is_async`, `keep_pause`, `manifest`) and any unknown field
+get a 400 rather than being dropped silently. Beyond SGLang's: `pause_mode` on every update (what
+happens to requests in flight, schemas/weights.py's `UpdatePause`) and `checksums` on a distributed
+one (one per tensor, checked before it is written).
+"""
+
+from typing import Annotated, Any
+
+import msgspec
+
+from actors.frontdoor.request_fields import decode_body, invalid
+from schemas.errors import Error
+from schemas.weights import (
+    DestroyWeightGroup,
+    GetWeightsByName,
+    InitWeightGroup,
+    MemoryTag,
+    ReleaseMemory,
+    ResumeMemory,
+    UpdateFromDisk,
+    UpdateFromDistributed,
+    UpdateFromTensor,
+    UpdatePause,
+    UpdateWeightVersion,
+)
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Dim = Annotated[int, msgspec.Meta(ge=0)]
+GROUP_NAME = "weight_update_group"  # SGLang's default
+GROUP_BACKENDS = ("nccl", "gloo")
+# SGLang's update-from-disk switches for behaviours this server lacks, and what to do instead.
+REFUSALS = {
+    "is_async": "every update is applied before the server answers",
+    "keep_pause": "pause with /pause_generation before the update; an update leaves that pause in place",
+    "manifest": "an update from disk loads the whole checkpoint of the directory",
+}
+# The old single-tensor body of /update_weights_from_distributed, and what replaced each field.
+SINGULAR = {"name": "names", "dtype": "dtypes", "shape": "shapes"}
+
+
+class Body(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class _Update(Body):
+    """What every update shares: SGLang's fields, and ours (`pause_mode`)."""
+
+    load_format: str | None = None
+    weight_version: NonEmpty | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+    pause_mode: UpdatePause | None = None
+    torch_empty_cache: bool = False  # SGLang's; the executor's memory is its own business here
+
+
+class DiskBody(_Update, kw_only=True):
+    model_path: NonEmpty
+    recapture_cuda_graph: bool = False  # SGLang's: graphs read the weights in place, so stay valid
+    token_step: int = 0  # SGLang's trainer step, for its own metrics
+    is_async: bool = False
+    keep_pause: bool = False
+    manifest: dict[str, Any] | None = None
+
+
+class DistributedBody(_Update, kw_only=True):
+    names: list[NonEmpty]
+    dtypes: list[NonEmpty]  # "bfloat16", as slime and AReaL send them ("torch.bfloat16" is accepted)
+    shapes: list[list[Dim]]
+    group_name: NonEmpty = GROUP_NAME
+    checksums: list[str] = []
+
+
+class TensorBody(_Update, kw_only=True):
+    serialized_named_tensors: list[bytes]  # base64 in JSON, as SGLang's HTTP callers send them
+    disable_draft_model: bool | None = None  # SGLang's; there is no draft model
+
+
+class InitGroupBody(Body):
+    master_address: NonEmpty
+    master_port: int | str  # AReaL sends a string
+    rank_offset: int
+    world_size: int
+    group_name: NonEmpty = GROUP_NAME
+    backend: str = "nccl"
+
+
+class DestroyGroupBody(Body):
+    group_name: NonEmpty = GROUP_NAME
+
+
+class VersionBody(Body):
+    new_version: NonEmpty
+    abort_all_requests: bool = True
+
+
+class WeightsByNameBody(Body):
+    name: NonEmpty
+    truncate_size: Annotated[int, msgspec.Meta(ge=1)] = 100
+
+
+class MemoryBody(Body):
+    tags: list[MemoryTag] | None = None  # None: every tag
+
+
+def parse_disk(body: bytes) -> UpdateFromDisk | Error:
+    parsed = decode_body(body, DiskBody)
+    if isinstance(parsed, Error):
+        return parsed
+    for refused, given in (
+        ("is_async", parsed.is_async),
+        ("keep_pause", parsed.keep_pause),
+        ("manifest", parsed.manifest is not None),
+    ):
+        if given:
+            return invalid(f"`{refused}` is not supported: {REFUSALS[refused]}", refused)
+    return UpdateFromDisk(
+        parsed.model_path,
+        parsed.load_format,
+        parsed.weight_version,
+        parsed.abort_all_requests,
+        parsed.flush_cache,
+        parsed.pause_mode,
+    )
+
+
+def parse_distributed(body: bytes) -> UpdateFromDistributed | Error:
+    parsed = decode_body(body, DistributedBody)
+    if isinstance(parsed, Error):
+        if parsed.param in SINGULAR:  # a field unknown here, and the old form of a known one
+            fields = ", ".join(f"`{plural}`" for plural in SINGULAR.values())
+            return invalid(
+                f"`{parsed.param}` is the old single-tensor form: send {fields}, one entry per tensor",
+                parsed.param,
+            )
+        return parsed
+    if not parsed.names:
+        return invalid("`names` is empty: name at least one tensor", "names")
+    for field, values in (("dtypes", parsed.dtypes), ("shapes", parsed.shapes), ("checksums", parsed.checksums)):
+        if len(values) != len(parsed.names) and (values or field != "checksums"):
+            return invalid(f"`{field}` has {len(values)} entries for {len(parsed.names)} names: one per tensor", field)
+    return UpdateFromDistributed(
+        parsed.names,
+        parsed.dtypes,
+        parsed.shapes,
+        parsed.group_name,
+        parsed.load_format,
+        parsed.weight_version,
+        parsed.abort_all_requests,
+        parsed.flush_cache,
+        parsed.pause_mode,
+        parsed.checksums,
+    )
+
+
+def parse_tensor(body: bytes) -> UpdateFromTensor | Error:
+    parsed = decode_body(body, TensorBody)
+    if isinstance(parsed, Error):
+        return parsed
+    if not parsed.serialized_named_tensors:
+        return invalid("`serialized_named_tensors` is empty: nothing to load", "serialized_named_tensors")
+    return UpdateFromTensor(
+        parsed.serialized_named_tensors,
+        parsed.load_format,
+        parsed.weight_version,
+        parsed.abort_all_requests,
+        parsed.flush_cache,
+        parsed.pause_mode,
+    )
+
+
+def parse_init_group(body: bytes) -> InitWeightGroup | Error:
+    parsed = decode_body(body, InitGroupBody)
+    if isinstance(parsed, Error):
+        return parsed
+    port = parsed.master_port
+    if isinstance(port, str):
+        port = int(port) if port.isascii() and port.isdigit() else -1
+    if not 0 < port < 65536:
+        return invalid(f"`master_port` must be a port number, not {parsed.master_port!r}", "master_port")
+    if parsed.backend not in GROUP_BACKENDS:
+        return invalid(f"`backend` must be one of {list(GROUP_BACKENDS)}, not {parsed.backend!r}", "backend")
+    if parsed.world_size < 2:
+        return invalid("`world_size` must be at least 2: the trainer (rank 0) and this server", "world_size")
+    if not 0 < parsed.rank_offset < parsed.world_size:
+        message = f"`rank_offset` must be in [1, world_size): rank 0 is the trainer's, not {parsed.rank_offset}"
+        return invalid(message, "rank_offset")
+    return InitWeightGroup(
+        parsed.master_address, port, parsed.rank_offset, parsed.world_size, parsed.group_name, parsed.backend
+    )
+
+
+def parse_destroy_group(body: bytes) -> DestroyWeightGroup | Error:
+    parsed = decode_body(body or b"{}", DestroyGroupBody)
+    return parsed if isinstance(parsed, Error) else DestroyWeightGroup(parsed.group_name)
+
+
+def parse_version(body: bytes) -> UpdateWeightVersion | Error:
+    parsed = decode_body(body, VersionBody)
+    return parsed if isinstance(parsed, Error) else UpdateWeightVersion(parsed.new_version, parsed.abort_all_requests)
+
+
+def parse_weights_by_name(body: bytes) -> GetWeightsByName | Error:
+    parsed = decode_body(body, WeightsByNameBody)
+    return parsed if isinstance(parsed, Error) else GetWeightsByName(parsed.name, parsed.truncate_size)
+
+
+def parse_release(body: bytes) -> ReleaseMemory | Error:
+    """`{}`, `{"tags": null}` or `{"tags": [...]}`; no body at all (a GET) is `{}`."""
+    parsed = decode_body(body or b"{}", MemoryBody)
+    return parsed if isinstance(parsed, Error) else ReleaseMemory(parsed.tags)
+
+
+def parse_resume(body: bytes) -> ResumeMemory | Error:
+    parsed = decode_body(body or b"{}", MemoryBody)
+    return parsed if isinstance(parsed, Error) else ResumeMemory(parsed.tags)
