@@ -156,12 +156,7 @@ class SGLangInfo:
         )
 
     async def weights(self) -> WeightVersion | Error:
-        """What weights serve now. With no weight_sync actor listening (a deployment without one)
-        nothing can have changed them: they are those the server started with."""
-        reply = await self.bus.request(self.subjects.admin_weights, GetWeightVersion(), WeightVersion, STATS_TIMEOUT_S)
-        if isinstance(reply, Error) and reply.code == "unavailable":
-            return WeightVersion(FIRST_VERSION)
-        return reply
+        return await serving_weights(self.bus, self.subjects)
 
     async def _stats(self) -> SchedulerStats | Error:
         return await self.bus.request(self.subjects.admin_stats, GetStats(), SchedulerStats, STATS_TIMEOUT_S)
@@ -185,3 +180,12 @@ class SGLangInfo:
             "cache_hit_rate": stats.cache_hit_tokens / queried if queried else 0.0,
             "utilization": stats.running / self.facts.max_running_requests,
         }
+
+
+async def serving_weights(bus: Bus, subjects: Subjects) -> WeightVersion | Error:
+    """What weights serve now, as the weight_sync actor tells. With none listening (a deployment
+    without one) nothing can have changed them: they are those the server started with."""
+    reply = await bus.request(subjects.admin_weights, GetWeightVersion(), WeightVersion, STATS_TIMEOUT_S)
+    if isinstance(reply, Error) and reply.code == "unavailable":
+        return WeightVersion(FIRST_VERSION)
+    return reply

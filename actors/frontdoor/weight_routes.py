@@ -21,12 +21,12 @@ from actors.frontdoor import weight_bodies as bodies
 from actors.frontdoor.http_errors import error_response
 from actors.frontdoor.openai_responses import error_body
 from actors.frontdoor.request_fields import invalid
+from actors.frontdoor.sglang_info import serving_weights
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.weights import (
     GetWeightsByName,
-    GetWeightVersion,
     GroupState,
     WeightsReply,
     WeightsRequest,
@@ -71,9 +71,9 @@ class WeightRoutes:
         return handle
 
     async def weight_version(self, _request: web.Request) -> web.Response:
-        reply = await self.ask(GetWeightVersion(), READ_TIMEOUT_S)
-        if not isinstance(reply, WeightVersion):
-            return unexpected(reply)
+        reply = await serving_weights(self.bus, self.subjects)
+        if isinstance(reply, Error):
+            return error_response(reply)
         return web.json_response({"weight_version": reply.weight_version})
 
     async def weights_by_name(self, request: web.Request) -> web.Response:
