@@ -14,6 +14,7 @@ from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.http_errors import error_response, overloaded
 from actors.frontdoor.openai_logprobs import CompletionLogprobs, chat_logprobs, prompt_logprobs
 from actors.frontdoor.openai_protocol import OutputOptions, ParsedRequest
+from actors.frontdoor.sglang_responses import version_fields
 from actors.frontdoor.tenants import Tenants
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
@@ -84,7 +85,10 @@ class OpenAIServing:
         return responses.json_body(responses.chat_completion_response(*head, choices, *counts, **extra))
 
     def _choice(self, kind: str, index: int, output: ChoiceOutput, opts: OutputOptions, prompt: _Prompt) -> dict:
-        extra = {"token_ids": output.token_ids} if opts.return_token_ids else {}
+        # Which weights computed the choice's tokens, as /generate's meta_info says it (docs/api.md).
+        extra = {"weight_version": output.weight_version} | version_fields(output)
+        if opts.return_token_ids:
+            extra["token_ids"] = output.token_ids
         if kind == "chat":
             logprobs = None
             if opts.logprobs is not None:
@@ -183,5 +187,6 @@ class _ChoiceStream:
                 chunk["choices"][0]["prompt_token_ids"] = self.prompt.ids
         if opts.return_token_ids:
             chunk["choices"][0]["token_ids"] = output.token_ids
+        chunk["choices"][0]["weight_version"] = output.weight_version  # of this chunk's tokens
         self.first = False
         return chunk

@@ -45,6 +45,21 @@ def update_from_disk(base_url: str, **body) -> httpx.Response:
     return httpx.post(f"{base_url}/update_weights_from_disk", json=body, timeout=300)
 
 
+def test_every_door_says_which_weights_computed_the_tokens(weights_server):
+    url = weights_server.base_url
+    meta = generate(url, PROMPT, 6)["meta_info"]
+    assert meta["weight_version"] == "default" and meta["version_spans"] == [[0, "default"]]
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 6}]
+    body = {"model": "demo", "prompt": "hello", "max_tokens": 6, "temperature": 0}
+    (choice,) = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"]
+    assert choice["weight_version"] == "default" and choice["version_spans"] == [[0, "default"]]
+    with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=60) as stream:
+        chunks = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")]
+    assert chunks and all(chunk["choices"][0]["weight_version"] == "default" for chunk in chunks)
+    assert httpx.get(f"{url}/get_weight_version").json() == {"weight_version": "default"}
+    assert httpx.get(f"{url}/get_model_info").json()["weight_version"] == "default"
+
+
 def test_an_update_from_disk_changes_outputs_versions_and_model_path(weights_server, other_checkpoint):
     url = weights_server.base_url
     first = generate(url, PROMPT, 24)
@@ -64,6 +79,8 @@ def test_an_update_from_disk_changes_outputs_versions_and_model_path(weights_ser
     assert other["output_ids"] != first["output_ids"]
     assert other["meta_info"]["weight_version"] == "step-1"
     assert other["meta_info"]["weight_versions"] == [{"version": "step-1", "start": 0, "end": 24}]
+    completion = httpx.post(f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=60).json()
+    assert completion["choices"][0]["weight_version"] == "step-1"
 
     # Back to the first checkpoint, naming no version: the count of updates since start.
     back = update_from_disk(url, model_path=str(weights_server.model_dir))
