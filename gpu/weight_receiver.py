@@ -1,0 +1,119 @@
+"""The executor's one door for new weights: from a safetensors directory, from a trainer's
+torch.distributed group, or from tensors a colocated trainer shares by CUDA IPC. Each update is all
+or nothing: it is validated, written into the live weights, checked, and on any failure the old
+weights are restored from their host copy (gpu/host_weights.py) before the WeightError is raised.
+
+Every method is synchronous: the executor calls them in a worker thread, between steps, with no
+step in flight, so nothing reads the weights while an update writes them. What can be checked
+before a byte moves (names, shapes, dtypes: headers, metadata) is; the values' checks (NaN or
+infinity, the trainer's checksums) run on the device as the tensors arrive and are read back in one
+sync at the end, so the host never waits for the device per tensor: a failure then costs a restore,
+which is rare, while a success costs no stall.
+"""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gpu.host_weights import HostWeights
+from gpu.live_weights import LiveWeights, TensorSpec
+from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
+from gpu.weight_check import DeferredChecks, WeightError, checksum
+from gpu.weights import checkpoint_files
+
+# Tensors some checkpoints carry that are recomputed, never loaded (as gpu/weights.py skips them).
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_FIRST_COPY_VERSION = "served before the first update"
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    tensors: int
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WeightReading:
+    shape: tuple[int, ...]
+    dtype: str  # "bfloat16"
+    values: list[float]  # the first `truncate_size` rows (dim 0), flattened: SGLang's answer with `shape`
+    checksum: str  # gpu/weight_check.py's, of the whole tensor as served
+
+
+class WeightReceiver:
+    def __init__(self, model: nn.Module, host: HostWeights, device: torch.device | str) -> None:
+        self.live = LiveWeights(model)
+        self.host = host
+        self.device = torch.device(device)
+
+    def apply_disk(self, model_path: str | Path) -> UpdateReport:
+        """A full update from a checkpoint directory of the served architecture, streamed at the
+        disk's read rate (gpu/safetensors_stream.py). Floating-point tensors are converted to the
+        served dtype, as at load time; a tied head stored beside the embedding is skipped, as then."""
+        start = time.perf_counter()
+        plan = self._disk_plan(Path(model_path))
+        specs = [TensorSpec(t.name, t.dtype, t.shape) for tensors in plan.values() for t in tensors]
+        self.live.check(specs, full=True, convert=True)
+        with self._rollback_on_failure() as checks:
+            for file, tensors in plan.items():
+                for stored, tensor in stream_tensors(file, tensors, self.device):
+                    checks.finite([stored.name], self.live.write(stored.name, tensor))
+        return UpdateReport(len(specs), sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def read(self, name: str, truncate_size: int) -> WeightReading:
+        """The served values of weight `name`: its first `truncate_size` rows and the checksum of
+        the whole. For inspection: it syncs and copies those rows to the host."""
+        if truncate_size < 0:
+            raise WeightError(f"truncate_size must be 0 or more, not {truncate_size}")
+        live = self.live.read(name)
+        rows = live[:truncate_size] if live.dim() else live
+        values = rows.detach().float().reshape(-1).cpu().tolist()
+        return WeightReading(tuple(live.shape), str(live.dtype).removeprefix("torch."), values, checksum(live))
+
+    def _disk_plan(self, model_dir: Path) -> dict[Path, list[StoredTensor]]:
+        """{file: the tensors to read from it}; WeightError when the directory is no checkpoint."""
+        try:
+            contents = {file: read_header(file) for file in checkpoint_files(model_dir)}
+        except (OSError, ValueError) as exc:
+            raise WeightError(f"cannot read a checkpoint in {model_dir}: {exc}") from None
+        skipped = lambda name: name.endswith(_IGNORED_SUFFIXES) or (self.live.tied_head and name == "lm_head.weight")
+        return {file: [t for t in stored if not skipped(t.name)] for file, stored in contents.items()}
+
+    @contextmanager
+    def _rollback_on_failure(self) -> Iterator[DeferredChecks]:
+        """Runs an update's writes (the body) and then its checks; if either fails, restores the
+        weights the host copy holds and raises WeightError. The copy is made whole first."""
+        can_restore = self._hold_host_copy()
+        checks = DeferredChecks()
+        try:
+            yield checks
+            checks.verify(self.live.read)
+        except Exception as exc:
+            if can_restore:
+                self.host.restore()
+                outcome = "the old weights are restored"
+            else:
+                outcome = "the weights were dropped, so none serve until a full update succeeds"
+            if isinstance(exc, WeightError):
+                raise WeightError(f"{exc}; {outcome}") from None
+            raise WeightError(f"the update failed ({type(exc).__name__}: {exc}); {outcome}") from exc
+
+    def _hold_host_copy(self) -> bool:
+        """Waits for the host copy of the serving weights, taking it first if there is none; whether
+        there is one to restore. Released weights get device memory again: the host copy's, or,
+        where they were dropped (released with no copy, for an update to fill), uninitialised."""
+        if self.host.copies is None and not self.host.released:
+            self.host.refresh(_FIRST_COPY_VERSION)
+        self.host.wait()
+        if self.host.released:
+            if self.host.copies is None:
+                self.host.reallocate()
+                return False
+            self.host.restore()
+        return True

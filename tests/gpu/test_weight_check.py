@@ -1,0 +1,80 @@
+"""The weight checksum is a function of the bytes alone (the same on any device, whatever the
+tensor's layout), changes with any one word, with order and with length; the finite checks
+name the tensor with a NaN or an infinity, even inside a bucket."""
+
+import pytest
+import torch
+
+from gpu import weight_check
+from gpu.weight_check import DeferredChecks, WeightError, checksum, finite_on_device
+from tests.devices import needs_cuda
+
+
+def sample(numel: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(numel)).to(dtype)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 3, 1023, 1024, 4097, 70_001])
+def test_the_checksum_is_of_the_bytes(numel):
+    t = sample(numel, torch.bfloat16)
+    assert checksum(t) == checksum(t.clone()) == checksum(t.view(torch.int16))
+    assert len(checksum(t)) == 16
+    if numel:
+        for where in (0, numel // 2, numel - 1):
+            changed = t.clone()
+            changed[where] += 1
+            assert checksum(changed) != checksum(t)
+
+
+def test_order_length_and_layout():
+    t = sample(4096)
+    assert checksum(t.flip(0)) != checksum(t)
+    assert checksum(torch.zeros(4)) != checksum(torch.zeros(8))
+    matrix = sample(600).view(20, 30)
+    assert checksum(matrix.t()) == checksum(matrix.t().contiguous())  # row-major values, not storage
+    assert checksum(matrix[:, 1:]) == checksum(matrix[:, 1:].contiguous())
+    odd = torch.arange(7, dtype=torch.uint8)
+    assert checksum(odd) != checksum(torch.arange(6, dtype=torch.uint8))
+    assert checksum(torch.ones(5, dtype=torch.bool)) == checksum(torch.ones(5, dtype=torch.uint8))
+
+
+def test_the_checksum_does_not_depend_on_the_pass_size(monkeypatch):
+    t = sample(300_000)
+    whole = checksum(t)
+    monkeypatch.setattr(weight_check, "_CHUNK_ROWS", 7)
+    assert checksum(t) == whole
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8])
+def test_the_checksum_is_the_same_on_cuda(dtype):
+    t = (sample(5_000_001) * 50).to(dtype)
+    assert checksum(t.cuda()) == checksum(t)
+
+
+def test_finite_checks_name_the_tensor():
+    assert finite_on_device(sample(10)).item()
+    assert finite_on_device(torch.arange(4)).item() and finite_on_device(torch.zeros(0)).item()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = sample(10, torch.bfloat16)
+        t[3] = bad
+        assert not finite_on_device(t).item()
+    bucket = torch.cat([sample(5), sample(6), sample(7)])
+    bucket[8] = float("nan")  # in the second tensor
+    parts = dict(zip("abc", bucket.split([5, 6, 7])))
+    checks = DeferredChecks()
+    checks.finite(["a", "b", "c"], bucket)
+    with pytest.raises(WeightError, match="^b has NaN or infinite values$"):
+        checks.verify(parts.__getitem__)
+
+
+def test_checksums_are_compared_at_the_end():
+    t = sample(100)
+    checks = DeferredChecks()
+    checks.finite(["w"], t)
+    checks.checksum("w", t, checksum(t).upper())
+    checks.verify(lambda name: t)
+    checks.checksum("v", t, "0" * 16)
+    with pytest.raises(WeightError, match=f"^v arrived with checksum {checksum(t)}, the trainer's is 0{{16}}$"):
+        checks.verify(lambda name: t)
