@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from gpu.host_weights import HostWeights
-from gpu.live_weights import LiveWeights, TensorSpec
+from gpu.live_weights import LiveWeights, TensorSpec, parse_dtype
 from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
 from gpu.weight_check import DeferredChecks, WeightError, checksum
+from gpu.weight_group import GroupError, WeightGroup
 from gpu.weights import checkpoint_files
 
 # Tensors some checkpoints carry that are recomputed, never loaded (as gpu/weights.py skips them).
@@ -51,6 +52,7 @@ class WeightReceiver:
         self.live = LiveWeights(model)
         self.host = host
         self.device = torch.device(device)
+        self._groups: dict[str, WeightGroup] = {}
 
     def apply_disk(self, model_path: str | Path) -> UpdateReport:
         """A full update from a checkpoint directory of the served architecture, streamed at the
@@ -65,6 +67,86 @@ class WeightReceiver:
                 for stored, tensor in stream_tensors(file, tensors, self.device):
                     checks.finite([stored.name], self.live.write(stored.name, tensor))
         return UpdateReport(len(specs), sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def join_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        """Joins the trainer's weight group at `rank`; returns once every member has joined.
+        Joining a name already joined leaves the old group first (a trainer that restarted)."""
+        self.leave_group(group_name)
+        try:
+            self._groups[group_name] = WeightGroup(
+                master_address, master_port, rank, world_size, group_name, backend, self.device, timeout_s
+            )
+        except (ValueError, RuntimeError) as exc:  # a bad argument, or the rendezvous timed out
+            raise WeightError(
+                f"cannot join weight group {group_name} at {master_address}:{master_port}: {exc}"
+            ) from None
+
+    def leave_group(self, group_name: str) -> None:
+        group = self._groups.pop(group_name, None)
+        if group is not None:
+            group.abort()
+
+    def apply_group(
+        self,
+        group_name: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        flattened: bool,
+        checksums: list[str],
+        deadline_s: float,
+        full: bool = False,
+    ) -> UpdateReport:
+        """Receives the tensors the trainer broadcasts over `group_name` (in this order; as one
+        bucket when `flattened`) into the live weights. Every broadcast is received as described
+        even when the tensors are refused, so the trainer's collectives end (a description that
+        disagrees with what the trainer sends breaks the group); if they have not ended after
+        `deadline_s` (the trainer died or hung), the group is aborted and dropped: join again.
+        `checksums`: the trainer's, one per tensor, or none."""
+        start = time.perf_counter()
+        deadline = time.monotonic() + deadline_s
+        group = self._groups.get(group_name)
+        if group is None:
+            raise WeightError(f"weight group {group_name} is not joined: init it first")
+        specs = _group_specs(names, dtypes, shapes, checksums)
+        try:
+            self.live.check(specs, full)
+        except WeightError:
+            self._receive_and_drop(group, specs, flattened, deadline)
+            raise
+        try:
+            with self._rollback_on_failure() as checks:
+                received = group.receive(specs, flattened)
+                group.arrived(deadline)
+                for spec, tensor, expected in zip(specs, received, checksums or [None] * len(specs)):
+                    live = self.live.write(spec.name, tensor)
+                    checks.finite([spec.name], live)
+                    if expected is not None:
+                        checks.checksum(spec.name, live, expected)
+                group.settle(deadline)
+        except WeightError:
+            if group.aborted:
+                self._groups.pop(group_name, None)
+            raise
+        return UpdateReport(len(specs), sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def _receive_and_drop(self, group: WeightGroup, specs: list[TensorSpec], flattened: bool, deadline: float) -> None:
+        """Takes the broadcasts of an update refused before any write, keeping the group in step."""
+        try:
+            group.receive(specs, flattened)
+            group.arrived(deadline)
+            group.settle(deadline)
+        except GroupError:
+            self._groups.pop(group.name, None)
 
     def read(self, name: str, truncate_size: int) -> WeightReading:
         """The served values of weight `name`: its first `truncate_size` rows and the checksum of
@@ -117,3 +199,19 @@ class WeightReceiver:
                 return False
             self.host.restore()
         return True
+
+
+def _group_specs(
+    names: list[str], dtypes: list[str], shapes: list[list[int]], checksums: list[str]
+) -> list[TensorSpec]:
+    """The specs of a distributed update; WeightError when its lists disagree or a field is malformed."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise WeightError(f"names, dtypes and shapes must be as long: {len(names)}, {len(dtypes)}, {len(shapes)}")
+    if checksums and len(checksums) != len(names):
+        raise WeightError(f"checksums must be one per name or none: {len(checksums)} for {len(names)} names")
+    specs = []
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        if not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise WeightError(f"{name}: shape {shape} is not a list of sizes")
+        specs.append(TensorSpec(name, parse_dtype(dtype), tuple(shape)))
+    return specs
