@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gpu.host_weights import HostWeights
+from gpu.ipc_tensors import open_payload
 from gpu.live_weights import LiveWeights, TensorSpec, parse_dtype
 from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
 from gpu.weight_check import DeferredChecks, WeightError, checksum
@@ -62,7 +63,7 @@ class WeightReceiver:
         plan = self._disk_plan(Path(model_path))
         specs = [TensorSpec(t.name, t.dtype, t.shape) for tensors in plan.values() for t in tensors]
         self.live.check(specs, full=True, convert=True)
-        with self._rollback_on_failure() as checks:
+        with self._rollback_on_failure(full=True) as checks:
             for file, tensors in plan.items():
                 for stored, tensor in stream_tensors(file, tensors, self.device):
                     checks.finite([stored.name], self.live.write(stored.name, tensor))
@@ -124,7 +125,7 @@ class WeightReceiver:
             self._receive_and_drop(group, specs, flattened, deadline)
             raise
         try:
-            with self._rollback_on_failure() as checks:
+            with self._rollback_on_failure(full) as checks:
                 received = group.receive(specs, flattened)
                 group.arrived(deadline)
                 for spec, tensor, expected in zip(specs, received, checksums or [None] * len(specs)):
@@ -137,6 +138,22 @@ class WeightReceiver:
             if group.aborted:
                 self._groups.pop(group_name, None)
             raise
+        return UpdateReport(len(specs), sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def apply_ipc(self, payloads: list[bytes], flattened: bool, full: bool = False) -> UpdateReport:
+        """Copies the tensors a colocated trainer shares (SGLang's `serialized_named_tensors`,
+        opened by gpu/ipc_tensors.py's restricted unpickler; each payload a list of named tensors,
+        or a flattened bucket) into the live weights, device to device. Returns once the copies
+        are done: the trainer may then reuse its memory."""
+        start = time.perf_counter()
+        opened = [pair for data in payloads for pair in open_payload(data, flattened, self.device)]
+        specs = [spec for spec, _ in opened]
+        self.live.check(specs, full)
+        with self._rollback_on_failure(full) as checks:
+            for spec, tensor in opened:
+                checks.finite([spec.name], self.live.write(spec.name, tensor))
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # done with the trainer's memory
         return UpdateReport(len(specs), sum(s.nbytes for s in specs), time.perf_counter() - start)
 
     def _receive_and_drop(self, group: WeightGroup, specs: list[TensorSpec], flattened: bool, deadline: float) -> None:
@@ -168,10 +185,10 @@ class WeightReceiver:
         return {file: [t for t in stored if not skipped(t.name)] for file, stored in contents.items()}
 
     @contextmanager
-    def _rollback_on_failure(self) -> Iterator[DeferredChecks]:
+    def _rollback_on_failure(self, full: bool) -> Iterator[DeferredChecks]:
         """Runs an update's writes (the body) and then its checks; if either fails, restores the
         weights the host copy holds and raises WeightError. The copy is made whole first."""
-        can_restore = self._hold_host_copy()
+        can_restore = self._hold_host_copy(full)
         checks = DeferredChecks()
         try:
             yield checks
@@ -186,7 +203,7 @@ class WeightReceiver:
                 raise WeightError(f"{exc}; {outcome}") from None
             raise WeightError(f"the update failed ({type(exc).__name__}: {exc}); {outcome}") from exc
 
-    def _hold_host_copy(self) -> bool:
+    def _hold_host_copy(self, full: bool) -> bool:
         """Waits for the host copy of the serving weights, taking it first if there is none; whether
         there is one to restore. Released weights get device memory again: the host copy's, or,
         where they were dropped (released with no copy, for an update to fill), uninitialised."""
@@ -195,6 +212,8 @@ class WeightReceiver:
         self.host.wait()
         if self.host.released:
             if self.host.copies is None:
+                if not full:
+                    raise WeightError("the weights were dropped: only a full update can fill them")
                 self.host.reallocate()
                 return False
             self.host.restore()

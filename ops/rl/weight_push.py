@@ -4,7 +4,8 @@ server, for the tests, the benchmarks and the example trainer.
 It joins the weight group as rank 0 (gpu/weight_group.py; the server joins at its rank offset when
 asked by `/init_weights_update_group`), describes the tensors in SGLang's request fields
 (`update_request`: names, dtypes, shapes, load_format, checksums) and broadcasts them in that
-order, one by one or as one flattened bucket.
+order, one by one or as one flattened bucket; `ipc_payload` (gpu/ipc_tensors.py, beside the
+unpickler that opens it) builds `update_weights_from_tensor`'s `serialized_named_tensors` entry.
 
     python -m ops.rl.weight_push --master-port P --checkpoint DIR [--flattened] [--pause-after N]
 
@@ -21,8 +22,11 @@ import time
 import torch
 from safetensors import safe_open
 
+from gpu.ipc_tensors import ipc_payload
 from gpu.weight_check import checksum
 from gpu.weight_group import WeightGroup, pack
+
+__all__ = ["WeightPusher", "checkpoint_tensors", "ipc_payload", "update_request"]
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
