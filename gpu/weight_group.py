@@ -22,10 +22,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from gpu.live_weights import TensorSpec
-
-# NVLink multicast (NVLS) reserves memory and has hung broadcasts between two processes' GPUs.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+# NVLink multicast stays off in every process that joins a group: on hosts whose GPUs others share,
+# a program using it can put them out of service.
+os.environ["NCCL_NVLS_ENABLE"] = "0"
 # Errors are handled here (abort, drop the group); torch's default would end the whole process.
 os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
 
@@ -67,8 +66,7 @@ class WeightGroup:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = _NEVER
             self._backend = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", prefix), rank, world_size, options)
-            self._backend._set_sequence_number_for_group()
-            self._backend.eager_connect_single_device(device)
+            self._backend._set_sequence_number_for_group()  # the communicator is made by the first broadcast
         else:
             backends = {}
             for kind in ("cpu", "cuda"):
@@ -76,34 +74,56 @@ class WeightGroup:
                 backends[kind]._set_sequence_number_for_group()
             self._backend = backends[device.type]
             self._spare = backends  # the other device's: the trainer may have made it, so we make it too
+        self._nccl = backend == "nccl"
         self._pending: list[dist.Work] = []
         self.aborted = False
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Posts a broadcast from rank 0 into (or, on rank 0, of) `tensor`, contiguous."""
+    def send(self, tensors: list[torch.Tensor], flattened: bool, deadline: float) -> None:
+        """Rank 0: broadcasts `tensors` in order (as one bucket of their bytes when `flattened`) and
+        waits until they are sent, until `deadline` (time.monotonic) at the latest."""
+        if flattened:
+            self._broadcast(torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]))
+        else:
+            for tensor in tensors:
+                self._broadcast(tensor.detach().contiguous())
+        self._arrived(deadline)
+        self.settle(deadline)
+
+    def receive_into(self, targets: list[torch.Tensor], flattened: bool, deadline: float) -> None:
+        """Receives the broadcasts of tensors shaped like `targets` (contiguous), in order (one
+        bucket of their bytes when `flattened`), into `targets`. On NCCL they land in the targets
+        themselves (a bucket is copied into them), ordered on the current stream: the host does not
+        wait (`settle` does). On gloo the host waits, until `deadline` at the latest, and the bytes
+        come through buffers of their own: a receive that outlives its deadline must not land in the
+        targets after they are restored."""
+        if flattened:
+            bucket = torch.empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8, device=self.device)
+            self._broadcast(bucket)
+            self._arrived(deadline)
+            for target, received in zip(targets, bucket_views(bucket, targets)):
+                target.copy_(received)
+        elif self._nccl:
+            for target in targets:
+                self._broadcast(target)
+            self._arrived(deadline)
+        else:
+            buffers = [torch.empty_like(target) for target in targets]
+            for buffer in buffers:
+                self._broadcast(buffer)
+            self._arrived(deadline)
+            for target, buffer in zip(targets, buffers):
+                target.copy_(buffer)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
         self._pending.append(self._backend.broadcast([tensor], options))
 
-    def receive(self, specs: list[TensorSpec], flattened: bool) -> list[torch.Tensor]:
-        """Posts the broadcasts of tensors `specs`, in order, into new tensors on the device, and
-        returns those (views of one byte bucket when `flattened`). `arrived` must follow before
-        they are read."""
-        if not flattened:
-            received = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
-            for tensor in received:
-                self.broadcast(tensor)
-            return received
-        bucket = torch.empty(sum(s.nbytes for s in specs), dtype=torch.uint8, device=self.device)  # [bytes]
-        self.broadcast(bucket)
-        return bucket_views(bucket, specs)
-
-    def arrived(self, deadline: float) -> None:
-        """Orders what the device runs next after the broadcasts posted: on NCCL the current stream
-        waits for them, the host does not (`settle` watches the deadline); on gloo the host waits,
-        until `deadline` (time.monotonic) at the latest."""
+    def _arrived(self, deadline: float) -> None:
+        """Orders what comes next after the broadcasts posted: on NCCL the current stream waits for
+        them, the host does not; on gloo the host waits, until `deadline` at the latest."""
         pending, self._pending = self._pending, []
-        if self.device.type == "cuda" and isinstance(self._backend, dist.ProcessGroupNCCL):
+        if self._nccl:
             for work in pending:
                 work.wait()
             return
@@ -136,19 +156,18 @@ class WeightGroup:
         self._backend.abort()
 
 
-def bucket_views(bucket: torch.Tensor, specs: list[TensorSpec]) -> list[torch.Tensor]:
-    """The tensors packed end to end in `bucket` ([bytes] uint8), as views of their dtype and shape
-    (copies where a tensor's bytes start off its dtype's alignment)."""
+def bucket_views(bucket: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors packed end to end in `bucket` ([bytes] uint8), as views with the dtypes and
+    shapes of `like` (copies where a tensor's bytes start off its dtype's alignment)."""
     views, offset = [], 0
-    for spec in specs:
-        raw = bucket[offset : offset + spec.nbytes]
-        offset += spec.nbytes
-        if (raw.data_ptr() % spec.dtype.itemsize) != 0:
+    for tensor in like:
+        raw = bucket[offset : offset + _nbytes(tensor)]
+        offset += _nbytes(tensor)
+        if raw.data_ptr() % tensor.element_size():
             raw = raw.clone()
-        views.append(raw.view(spec.dtype).view(spec.shape))
+        views.append(raw.view(tensor.dtype).view(tensor.shape))
     return views
 
 
-def pack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """`tensors`' bytes end to end, in order: the flattened bucket, [bytes] uint8."""
-    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

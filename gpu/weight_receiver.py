@@ -126,10 +126,9 @@ class WeightReceiver:
             raise
         try:
             with self._rollback_on_failure(full) as checks:
-                received = group.receive(specs, flattened)
-                group.arrived(deadline)
-                for spec, tensor, expected in zip(specs, received, checksums or [None] * len(specs)):
-                    live = self.live.write(spec.name, tensor)
+                targets = [self.live.read(spec.name) for spec in specs]
+                group.receive_into(targets, flattened, deadline)
+                for spec, live, expected in zip(specs, targets, checksums or [None] * len(specs)):
                     checks.finite([spec.name], live)
                     if expected is not None:
                         checks.checksum(spec.name, live, expected)
@@ -158,9 +157,12 @@ class WeightReceiver:
 
     def _receive_and_drop(self, group: WeightGroup, specs: list[TensorSpec], flattened: bool, deadline: float) -> None:
         """Takes the broadcasts of an update refused before any write, keeping the group in step."""
+        scratch = lambda spec: torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
         try:
-            group.receive(specs, flattened)
-            group.arrived(deadline)
+            if flattened:
+                group.receive_into([scratch(spec) for spec in specs], True, deadline)
+            for spec in [] if flattened else specs:  # one at a time: the memory of one tensor at once
+                group.receive_into([scratch(spec)], False, deadline)
             group.settle(deadline)
         except GroupError:
             self._groups.pop(group.name, None)

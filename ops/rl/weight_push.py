@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 from gpu.ipc_tensors import ipc_payload
 from gpu.weight_check import checksum
-from gpu.weight_group import WeightGroup, pack
+from gpu.weight_group import WeightGroup
 
 __all__ = ["WeightPusher", "checkpoint_tensors", "ipc_payload", "update_request"]
 
@@ -63,14 +63,7 @@ class WeightPusher:
 
     def push(self, named: NamedTensors, flattened: bool, timeout_s: float = 120.0) -> None:
         """Broadcasts the tensors in order (as one bucket when `flattened`) and waits until sent."""
-        if flattened:
-            self.group.broadcast(pack([t for _, t in named]))
-        else:
-            for _, tensor in named:
-                self.group.broadcast(tensor.contiguous())
-        deadline = time.monotonic() + timeout_s
-        self.group.arrived(deadline)
-        self.group.settle(deadline)
+        self.group.send([t for _, t in named], flattened, time.monotonic() + timeout_s)
 
 
 def checkpoint_tensors(model_dir: str, device: str = "cpu", dtype: torch.dtype | None = None) -> NamedTensors:

@@ -21,7 +21,7 @@ def free_port() -> int:
 class Trainer:
     """`python -m ops.rl.weight_push` pushing `checkpoint` to a group at a fresh port."""
 
-    def __init__(self, checkpoint: Path, *options: str) -> None:
+    def __init__(self, checkpoint: Path, *options: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         command = [sys.executable, "-m", "ops.rl.weight_push", "--master-port", str(self.port)]
         self.process = subprocess.Popen(
@@ -30,6 +30,7 @@ class Trainer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=os.environ | (env or {}),
         )
 
     def request(self) -> dict:
