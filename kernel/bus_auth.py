@@ -71,6 +71,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             publish=[s.executor_commands, s.executor_describe, s.origin("*"), s.heartbeat("scheduler")],
             subscribe=[
                 s.scheduler,
+                s.scheduler_weights,
                 sessions,
                 s.executor_info,
                 s.step_outputs,

@@ -54,6 +54,7 @@ from schemas.session import (
     SessionRequest,
 )
 from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
+from schemas.weights import CacheGeneration, WeightsCommitted
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5
@@ -77,6 +78,7 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
+        await self.bus.subscribe(self.subjects.scheduler_weights, WeightsCommitted, self._on_weights_committed)
         if self.config.tenancy.api_keys is None:  # the network is trusted: `user` names the tenant
             await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
@@ -281,6 +283,26 @@ class SchedulerActor(Actor):
                 self.log.info("generation_continued")
                 await self._schedule()
         return self.pause.state(self.batcher)
+
+    async def _on_weights_committed(self, message: WeightsCommitted, _reply_to: str | None) -> CacheGeneration | Error:
+        """The executor serves new weights (weight_sync tells, before generation resumes): unless the
+        update keeps the cache, the prefix cache starts a new generation, so no KV computed under
+        the old weights is read again; sessions' pins go with it, the sessions stay open."""
+        if self.batcher is None:
+            return Error("unavailable", "no executor is running yet", retriable=True)
+        freed = 0
+        if not message.keep_cache:
+            self.sessions.unpin_all()
+            freed = self.batcher.kv.new_generation()
+        generation = self.batcher.kv.cache.generation
+        self.log.info(
+            "weights_committed",
+            version=message.version,
+            keep_cache=message.keep_cache,
+            generation=generation,
+            freed_blocks=freed,
+        )
+        return CacheGeneration(generation, freed)
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:

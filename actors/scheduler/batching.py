@@ -152,7 +152,9 @@ class ContinuousBatcher:
         """A new executor knows nothing: every started request goes back to the queue and is
         recomputed from its prompt and the tokens it already produced."""
         # What admins published outlives the executor: the policy keeps it as tokens, whatever the new block size.
-        self.kv = KVManager(num_blocks, block_size, self.kv.cache.enabled, self.kv.cache.tenancy)
+        old = self.kv.cache
+        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy)
+        self.kv.cache.generation = old.generation  # the count of weights seen goes on, in a tree empty as the pool
         for seq in self.requests.requeue_all(max_model_len, vocab_size):
             self.kv.forget(seq)
         self.lookahead_tokens = 2 * block_size

@@ -22,7 +22,9 @@ class KVManager:
     has `blocks == []` and `cached is None`. A sequence shares only the blocks before the first
     token it computes (a cached prefix, or the prompt of the choice it forks); the blocks it
     writes have no other holder until they go into the cache. An allocation takes all it asks for
-    or nothing, and evicts only cached prefixes that no sequence locks.
+    or nothing, and evicts only cached prefixes that no sequence locks. A sequence's KV goes into
+    the cache only under the generation it was computed in (`seq.kv_generation`): KV of older
+    weights, even continued under new ones, is never cached again.
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool, tenancy: TenancyPolicy) -> None:
@@ -46,6 +48,7 @@ class KVManager:
             return False
         self.pool.retain(cached.blocks)
         seq.blocks, seq.cached = cached.blocks + own, cached
+        seq.kv_generation = self.cache.generation
         return True
 
     @staticmethod
@@ -68,6 +71,7 @@ class KVManager:
             return None
         self.pool.retain(shared)
         seq.blocks, seq.cached = shared + own, NO_PREFIX
+        seq.kv_generation = parent.kv_generation
         return CopyBlock(parent.blocks[len(shared)], own[0])
 
     def grow(self, seq: Sequence, num_tokens: int) -> list[int] | None:
@@ -87,7 +91,7 @@ class KVManager:
         longer prefix against eviction, as it held the matched one; where the tree kept blocks
         another request computed for the same tokens, this one goes on reading its own copies."""
         full = min(seq.prefill_done // self.block_size, len(seq.blocks))
-        if full <= len(seq.cached.blocks):
+        if full <= len(seq.cached.blocks) or seq.kv_generation != self.cache.generation:
             return
         tokens = seq.prefill_ids[: full * self.block_size]
         self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
@@ -105,9 +109,10 @@ class KVManager:
         sequence that holds nothing does nothing: a finish that follows a drop."""
         if seq.cached is None:
             return
-        full = min(seq.computed_len // self.block_size, len(seq.blocks))
-        tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
-        self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
+        if seq.kv_generation == self.cache.generation:
+            full = min(seq.computed_len // self.block_size, len(seq.blocks))
+            tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
+            self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
         self.cache.unlock(seq.cached.node)
         self.pool.release(seq.blocks)
         seq.blocks, seq.cached = [], None
@@ -142,9 +147,14 @@ class KVManager:
         return PrefixPublished(len(tokens) // self.block_size * self.block_size, opened)
 
     def flush(self) -> int:
-        """Frees every cached block that no running request uses (stale after a weight update,
-        say); returns how many."""
+        """Frees every cached block that no running request uses; returns how many."""
         return self.cache.flush()
+
+    def new_generation(self) -> int:
+        """New weights: no cached KV is matched again, nor is the KV that running sequences
+        computed so far ever cached; returns how many blocks were freed now (the rest go as
+        their readers finish)."""
+        return self.cache.new_generation()
 
     def _allocate(self, count: int) -> list[int] | None:
         """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None

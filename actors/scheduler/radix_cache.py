@@ -2,8 +2,9 @@
 
 The scheduler owns it beside the block pool. Finished, aborted and preempted requests leave their
 computed full blocks here; a new request takes the longest cached prefix of its tokens and
-computes only the rest. One tree per deployment (one model and weight version); which tenants
-read a node is the tenancy policy's rule (cache_tenancy.py), which the tree consults; the
+computes only the rest. Its keys belong to one generation of weights: new weights start a new
+generation (a fresh tree), and KV computed under the old ones is never matched again. Which
+tenants read a node is the tenancy policy's rule (cache_tenancy.py), which the tree consults; the
 nodes and the walk down a key are in radix_node.py.
 """
 
@@ -53,6 +54,10 @@ class RadixCache:
 
     Eviction takes the unlocked leaves with the fewest hits first, each hit worth half as much
     every `hit_half_life_s`; `clock` gives those times and the tenancy window's.
+
+    `generation` counts the weights the keys belong to (`new_generation`). The trees of earlier
+    generations are reachable only through the locks on them; each of their nodes is freed as
+    soon as no lock holds it, and nothing is ever stored in them again.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class RadixCache:
         self.hit_half_life_s = hit_half_life_s
         self._clock = clock
         self._root = Node((), [], None)
+        self.generation = 0
         self._leaves: set[Node] = set()  # the evictable ones: unlocked, with no children
         self._ticks = itertools.count(1)
         self._evictable = 0
@@ -175,6 +181,7 @@ class RadixCache:
             node = node.parent
 
     def unlock(self, node: Node) -> None:
+        locked = node
         while node.parent is not None:
             if node.lock_ref == 0:
                 raise ValueError("unlocking a cached prefix that is not locked")
@@ -185,6 +192,8 @@ class RadixCache:
                 if not node.children:
                     self._leaves.add(node)
             node = node.parent
+        if node is not self._root:
+            self._free_stale(locked)
 
     def evict(self, num_blocks: int) -> int:
         """Frees at least `num_blocks` blocks if it can, unlocked leaves with the fewest decayed
@@ -212,6 +221,15 @@ class RadixCache:
     def flush(self) -> int:
         """Drops every block no request uses (after a weight update, say); returns how many."""
         return self.evict(self._evictable)
+
+    def new_generation(self) -> int:
+        """Starts the keys of new weights: no match finds a block cached so far. The blocks no
+        request reads are freed now (returns how many); the locked ones as their last reader
+        unlocks them (`unlock`), while the old tree, out of every match's reach, holds them."""
+        freed = self.flush()
+        self.generation += 1
+        self._root = Node((), [], None)
+        return freed
 
     def stats(self) -> CacheStats:
         return CacheStats(self._evictable + self._locked, self._evictable, self._hit_tokens, self._queried_tokens)
@@ -248,6 +266,16 @@ class RadixCache:
             if node.parent is not None:
                 nodes.append(node)
         return nodes
+
+    def _free_stale(self, node: Node) -> None:
+        """Frees `node`, of an earlier generation's tree, and then its ancestors, while each is an
+        unlocked leaf: no match can reach them, so nothing else would."""
+        while node.parent is not None and node.lock_ref == 0 and not node.children:
+            del node.parent.children[node.key[: self.block_size]]
+            self._leaves.discard(node)
+            self.pool.release(node.blocks)
+            self._evictable -= len(node.blocks)
+            node = node.parent
 
     def _lookup_key(self, tokens: list[int]) -> Key:
         """The whole blocks of `tokens` a match may cover: never the last token."""

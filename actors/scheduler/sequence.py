@@ -31,6 +31,7 @@ class Sequence:
     fork_of: str | None = None  # another choice of the same prompt, which computes it for both
     blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running
+    kv_generation: int = 0  # the cache generation (the weights) its blocks' KV was computed under
     looked_up: bool = False  # its prompt was matched against the cache once: later matches are not counted
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
