@@ -57,6 +57,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_caching: bool = True
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
+    weight_version: NonEmpty = "default"
 
     @property
     def model_name(self) -> str:
@@ -156,6 +157,8 @@ HELP = {
     "step_deadline_s": "a step of the executor not done within this is taken for hung: the executor reports itself "
     "stuck, /health/ready answers 503, and the supervisor restarts it (generous: a large prompt chunk "
     "on a slow device takes seconds)",
+    "weight_version": "the version of the weights the executor loads at start, on every output until an update "
+    "names another (SGLang's --weight-version)",
     "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "
     "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
     "counts its own",

@@ -67,6 +67,8 @@ class ExecutorActor(Actor):
         self.step_count = 0
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
+        # A restart loads the model from --model again, whatever updates came since: that version.
+        self.weight_version = cfg.weight_version
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.publish(self.subjects.executor_info, self.info())
@@ -99,6 +101,7 @@ class ExecutorActor(Actor):
             vocab_size=self.runner.vocab_size,
             device=str(self.runner.device),
             dtype=str(self.runner.dtype).removeprefix("torch."),
+            weight_version=self.weight_version,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
@@ -177,7 +180,9 @@ class ExecutorActor(Actor):
         """Publishes the step's output in as many messages as the bus needs, in order: the updates
         halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
         the logprobs name), one update's prompt logprobs halved too; the drops and a failed step's
-        report go with the last part (every token they drew is in it or before it)."""
+        report go with the last part (every token they drew is in it or before it). The weights
+        change only with no step in flight, so those that launched the booked step serve now."""
+        version = self.weight_version
         await self.bus.publish_in_parts(
             self.subjects.step_outputs,
             updates,
@@ -186,6 +191,7 @@ class ExecutorActor(Actor):
                 self.step_count,
                 part,
                 dropped if last else [],
+                version,
                 out_of_memory=out_of_memory if last else None,
             ),
             limit_bytes=self.bus.max_payload_bytes // 2,

@@ -135,7 +135,13 @@ class BusApi:
                 texts[index].append(output.text)
                 if request.stream and (output.token_ids or output.text):
                     chunk = GenerateChunk(
-                        request_id, len(stream.chunks), output.token_ids, output.text, index, output.logprobs
+                        request_id,
+                        len(stream.chunks),
+                        output.token_ids,
+                        output.text,
+                        index,
+                        output.logprobs,
+                        output.weight_version,
                     )
                     stream.chunks.append(chunk)
                     await self.bus.reply(stream.reply_to, chunk)
@@ -172,6 +178,8 @@ class BusApi:
             prompt_ids=group.prompt_ids if scored else [],
             matched_stop=end.matched_stop,
             created=record.created,
+            weight_version=record.weight_version,
+            version_spans=list(record.version_spans),
         )
 
     async def _finish(self, stream: BusStream, finals: list[GenerateResult] | list[Error]) -> None:

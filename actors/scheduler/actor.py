@@ -75,6 +75,7 @@ class SchedulerActor(Actor):
         self.executor_id: str | None = None
         self.sessions: SessionTable | None = None
         self.pause = GenerationPause()
+        self.weight_version = "default"  # the executor's, for the ends of requests it never ran
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
@@ -149,6 +150,7 @@ class SchedulerActor(Actor):
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
         self.executor_id = info.executor_id
+        self.weight_version = info.weight_version
         self.log.info(
             "executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len
         )
@@ -194,7 +196,11 @@ class SchedulerActor(Actor):
             self.sessions.turn_released(seq.request_id)
             if keep_output and seq.state is not State.RUNNING:
                 done = len(seq.output_ids)
-                ends[seq.origin].append(RequestOutput(seq.request_id, [], "", "abort", done, output_index=done))
+                ends[seq.origin].append(
+                    RequestOutput(
+                        seq.request_id, [], "", "abort", done, output_index=done, weight_version=self.weight_version
+                    )
+                )
         for origin, outputs in ends.items():
             await self.bus.publish(origin, OutputBatch(outputs))
         if aborted:
@@ -290,7 +296,7 @@ class SchedulerActor(Actor):
         the old weights is read again; sessions' pins go with it, the sessions stay open."""
         if self.batcher is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        freed = 0
+        freed, self.weight_version = 0, message.version
         if not message.keep_cache:
             self.sessions.unpin_all()
             freed = self.batcher.kv.new_generation()

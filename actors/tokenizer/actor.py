@@ -148,7 +148,7 @@ class TokenizerActor(Actor):
                 continue
             if update.cached_tokens is not None:  # reported when a run starts, before its first token
                 tracked.cached_tokens = update.cached_tokens
-            request_output = self._output(tracked, update)
+            request_output = self._output(tracked, update, output.weight_version)
             if request_output is None:
                 continue
             if request_output.finish_reason == "stop" and update.finish_reason is None:  # a stop string matched
@@ -160,7 +160,7 @@ class TokenizerActor(Actor):
         for origin, outputs in batches.items():
             await self.bus.publish_in_parts(origin, outputs, lambda part, _last: OutputBatch(part))
 
-    def _output(self, tracked: TrackedRequest, update: SequenceUpdate) -> RequestOutput | None:
+    def _output(self, tracked: TrackedRequest, update: SequenceUpdate, weight_version: str) -> RequestOutput | None:
         """What the client gets of `update`: the text of its tokens that continue where the client
         stands, up to a stop string, with their logprobs; an end or prompt logprobs without tokens
         as they come (an abort ends where the executor says, at or before the client's place);
@@ -194,6 +194,7 @@ class TokenizerActor(Actor):
             prompt_logprobs=update.prompt_logprobs,
             token_texts=self._token_texts(tracked, text.token_ids, logprobs, update.prompt_logprobs),
             matched_stop=matched,
+            weight_version=weight_version,
         )
 
     def _token_texts(

@@ -42,3 +42,23 @@ async def test_nothing_is_taken_after_the_end_even_before_the_client_reads_it():
     stream.deliver(RequestOutput("r", [12], "x", output_index=2))
     assert [output.token_ids async for output in stream] == [[10], [11]]
     assert stream.record.delivered_ids == [10, 11] and stream.cached_tokens == 0
+
+
+async def test_version_spans_mark_the_first_token_of_each_weight_version():
+    """An in-place update between two steps: the spans start where the new weights' tokens start,
+    each token counted once however the outputs repeat; the request's version is its last token's."""
+    stream = RequestStream(RequestRecord("r", [1, 2], SamplingParams()), 60.0, no_close)
+    stream.deliver(RequestOutput("r", [10, 11], "ab", output_index=0))
+    stream.deliver(RequestOutput("r", [11, 12], "bc", output_index=1, weight_version="2"))  # a repeat: dropped
+    stream.deliver(RequestOutput("r", [12], "c", output_index=2, weight_version="2"))
+    stream.deliver(RequestOutput("r", [], "", output_index=3, weight_version="2"))  # text held back: no token
+    stream.deliver(RequestOutput("r", [13], "d", "length", output_index=3, weight_version="2"))
+    record = stream.record
+    assert record.version_spans == [(0, "default"), (2, "2")]
+    assert record.weight_version == "2"
+
+
+async def test_a_request_that_drew_nothing_has_the_version_its_end_came_with():
+    stream = RequestStream(RequestRecord("r", [1, 2], SamplingParams(detokenize=False)), 60.0, no_close)
+    stream.deliver_step(SequenceUpdate("r", [], 0, finish_reason="abort"), "3")
+    assert stream.record.version_spans == [] and stream.record.weight_version == "3"

@@ -174,6 +174,7 @@ def test_help_groups_the_same_flags_by_component():
             "--prefix-caching",
             "--session-budget-tokens",
             "--step-deadline-s",
+            "--weight-version",
         ],
         "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests", "--incremental-streaming-output"],
         "requests": ["--request-timeout-s", "--max-migrations"],

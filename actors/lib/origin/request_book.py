@@ -38,7 +38,7 @@ class RequestBook:
         for update in step.updates:
             stream = self._streams.get(update.request_id)
             if stream is not None and not stream.record.params.detokenize:
-                stream.deliver_step(update)
+                stream.deliver_step(update, step.weight_version)
 
     def of_client(self, client_request_id: str, tenant: Tenant | None) -> list[RequestStream]:
         """The running choices of the request its client knows as `client_request_id`, if

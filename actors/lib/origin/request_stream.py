@@ -38,6 +38,24 @@ class RequestRecord:
     logprobs: LogprobsRun = field(default_factory=LogprobsRun)
     prompt_logprobs: LogprobsRun = field(default_factory=LogprobsRun)
     matched_stop: int | str | None = None
+    # [(first output index, version), ...]: the delivered tokens from each index on, up to the next
+    # span's, were computed by that version's weights; a new span where an update changed them.
+    version_spans: list[tuple[int, str]] = field(default_factory=list)
+    end_version: str | None = None  # the version its end came with, for a request that drew nothing
+
+    @property
+    def weight_version(self) -> str:
+        """Of the weights that computed its last token (with none, those serving at its end)."""
+        if self.version_spans:
+            return self.version_spans[-1][1]
+        return self.end_version or "default"
+
+    def note_version(self, output: RequestOutput) -> None:
+        """Books the version of `output`'s tokens, delivered from `output.output_index` on."""
+        if output.token_ids and (not self.version_spans or self.version_spans[-1][1] != output.weight_version):
+            self.version_spans.append((len(self.delivered_ids), output.weight_version))
+        if output.finish_reason is not None:
+            self.end_version = output.weight_version
 
 
 class RequestStream:
@@ -94,6 +112,7 @@ class RequestStream:
         if not (output.token_ids or output.text or output.finish_reason or output.prompt_logprobs):
             return
         self.progressed_at = time.monotonic()
+        record.note_version(output)
         record.delivered_ids += output.token_ids
         record.delivered_chars += len(output.text)
         record.logprobs.extend(output.logprobs)
@@ -108,11 +127,11 @@ class RequestStream:
             self._early_end = None
             self.deliver(early_end)
 
-    def deliver_step(self, update: SequenceUpdate) -> None:
+    def deliver_step(self, update: SequenceUpdate, weight_version: str = "default") -> None:
         """Takes a step's update as the executor published it, for a request that wants no text (a
         tokenizer turns the others' steps into the outputs `deliver` takes): its tokens that
         continue where the client stands, with their logprobs; an end or prompt logprobs without
-        tokens as they come."""
+        tokens as they come. `weight_version`: the step's."""
         if self.completed:
             return
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
@@ -134,6 +153,7 @@ class RequestStream:
                 logprobs=slice_logprobs(update.logprobs, skip, len(update.token_ids)),
                 prompt_logprobs=update.prompt_logprobs,
                 matched_stop=token_ids[-1] if finish == "stop" and token_ids else None,
+                weight_version=weight_version,
             )
         )
 
