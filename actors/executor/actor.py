@@ -7,6 +7,7 @@ publishes them while the GPU runs N+1. Each step publishes one `StepOutput` with
 new tokens (and their logprobs, for the requests that ask), and the ends of aborted sequences.
 A step the device has no memory for is survived (step_memory.py), and a step that hangs is seen
 (step_watchdog.py).
+Weight requests (weight_requests.py) run between steps, once the step in flight is booked.
 """
 
 import asyncio
@@ -19,10 +20,12 @@ from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
+from actors.executor.weight_requests import WeightRequests
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, OutOfMemory, SequenceUpdate, StepOutput
+from schemas.weights import ExecutorWeightsRequest
 
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.
@@ -68,9 +71,10 @@ class ExecutorActor(Actor):
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
         # A restart loads the model from --model again, whatever updates came since: that version.
-        self.weight_version = cfg.weight_version
+        self.weights = WeightRequests(self.runner, cfg.weight_version, self.work.set)
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
+        await self.bus.subscribe(self.subjects.executor_weights, ExecutorWeightsRequest, self.weights.ask)
         await self.bus.publish(self.subjects.executor_info, self.info())
         self.spawn(self._step_loop(), "step_loop")
         self.bus.on_reconnect(self._after_bus_outage)
@@ -101,7 +105,7 @@ class ExecutorActor(Actor):
             vocab_size=self.runner.vocab_size,
             device=str(self.runner.device),
             dtype=str(self.runner.dtype).removeprefix("torch."),
-            weight_version=self.weight_version,
+            weight_version=self.weights.version,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
@@ -142,6 +146,9 @@ class ExecutorActor(Actor):
         in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
         while True:
             if in_flight is None:
+                if self.weights.waiting:  # nothing in flight: the weights may change now
+                    await self.weights.run_waiting()
+                    self.work.set()  # the batch steps on where it stopped
                 await self.work.wait()
             self.work.clear()
             if self.new_epoch:
@@ -150,8 +157,11 @@ class ExecutorActor(Actor):
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
-            inputs, plan = self.batch.plan_step(self.memory.prefill_budget)
-            copies = self.batch.take_copies()
+            if self.weights.waiting:  # launch nothing more: the step in flight is the last before them
+                inputs, plan, copies = [], [], []
+            else:
+                inputs, plan = self.batch.plan_step(self.memory.prefill_budget)
+                copies = self.batch.take_copies()
             updates, out_of_memory = [], None
             if inputs or copies or in_flight:
                 previous = in_flight[0] if in_flight else None
@@ -182,7 +192,7 @@ class ExecutorActor(Actor):
         the logprobs name), one update's prompt logprobs halved too; the drops and a failed step's
         report go with the last part (every token they drew is in it or before it). The weights
         change only with no step in flight, so those that launched the booked step serve now."""
-        version = self.weight_version
+        version = self.weights.version
         await self.bus.publish_in_parts(
             self.subjects.step_outputs,
             updates,

@@ -1,0 +1,130 @@
+"""The executor's side of `<ns>.executor.weights`, from the weight_sync actor: new weights, the
+trainer's group, reads of a weight, renames of the version, memory by tag.
+
+A request waits in a queue until the step loop runs it between two steps with no step in flight
+(`ExecutorActor._step_loop`), in a worker thread, so the bus and the heartbeats are served while a
+checkpoint loads. Nothing computes while the weights change, so every step's tokens come from one
+version's weights, the version its StepOutput names. A failed update was rolled back by the
+receiver (gpu/weight_receiver.py) before it raised: the old weights serve on under the old version.
+"""
+
+import asyncio
+from collections.abc import Callable
+
+from gpu.host_weights import HostWeights
+from gpu.runner import ModelRunner
+from gpu.weight_check import WeightError
+from gpu.weight_receiver import UpdateReport, WeightReceiver
+from schemas.errors import Error
+from schemas.weights import (
+    ApplyWeights,
+    DiskSource,
+    ExecutorWeightsReply,
+    ExecutorWeightsRequest,
+    GetMemory,
+    GroupJoined,
+    GroupSource,
+    IpcSource,
+    JoinWeightGroup,
+    LeaveWeightGroup,
+    ReadWeight,
+    ReleaseMemory,
+    ResumeMemory,
+    SetVersion,
+    WeightsApplied,
+    WeightSource,
+    WeightValues,
+    WeightVersion,
+)
+
+# A trainer that stops broadcasting mid-update (it died) must not hold the executor for ever: past
+# this the receive is aborted, the group reset and the old weights restored.
+GROUP_DEADLINE_S = 120.0
+GROUP_JOIN_TIMEOUT_S = 300.0
+
+
+class WeightRequests:
+    """Requests queued by `ask`, run by `run_waiting`. `version`: of the weights serving now."""
+
+    def __init__(self, runner: ModelRunner, version: str, wake: Callable[[], None]) -> None:
+        self.version = version
+        self.host = HostWeights(runner.model)
+        self.receiver = WeightReceiver(runner.model, self.host, runner.device)
+        self._wake = wake  # the step loop's: it runs the queue once nothing is in flight
+        self._queue: list[tuple[ExecutorWeightsRequest, asyncio.Future]] = []
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._queue)
+
+    async def ask(self, message: ExecutorWeightsRequest, _reply_to: str | None) -> ExecutorWeightsReply | Error:
+        """The subscription's handler: queues `message` and answers once the step loop ran it."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((message, future))
+        self._wake()
+        return await future
+
+    async def run_waiting(self) -> None:
+        """Runs the queued requests, in order; call only with no step in flight."""
+        while self._queue:
+            message, future = self._queue.pop(0)
+            reply = await asyncio.to_thread(self._run, message)
+            if not future.cancelled():
+                future.set_result(reply)
+
+    def _run(self, message: ExecutorWeightsRequest) -> ExecutorWeightsReply | Error:
+        try:
+            match message:
+                case ApplyWeights(source=source, version=version, full=full):
+                    report = self._apply(source, full)
+                    self.version = version
+                    self.host.refresh(version)  # the copy the next failed update restores follows
+                    return WeightsApplied(version, report.tensors, report.bytes, report.seconds)
+                case SetVersion(version):
+                    self.version = version
+                    return WeightVersion(version)
+                case ReadWeight(name, truncate_size):
+                    read = self.receiver.read(name, truncate_size)
+                    return WeightValues(name, list(read.shape), read.dtype, read.values, read.checksum)
+                case JoinWeightGroup(group):
+                    self.receiver.join_group(
+                        group.master_address,
+                        group.master_port,
+                        group.rank_offset,
+                        group.world_size,
+                        group.group_name,
+                        group.backend,
+                        GROUP_JOIN_TIMEOUT_S,
+                    )
+                    return GroupJoined(group.group_name)
+                case LeaveWeightGroup(group_name):
+                    self.receiver.leave_group(group_name)
+                    return GroupJoined(
+                        group_name
+                    )  # the one reply naming a group: the weight_sync actor knows which it asked
+                case ReleaseMemory() | ResumeMemory() | GetMemory():
+                    return Error(
+                        "unavailable",
+                        "this executor cannot give its memory back yet: releasing memory by tag is not built",
+                    )
+        except WeightError as exc:
+            return Error("invalid_request", str(exc))
+
+    def _apply(self, source: WeightSource, full: bool) -> UpdateReport:
+        """`full`: every weight must come (a checkpoint on disk always brings them all)."""
+        match source:
+            case DiskSource(model_path):
+                return self.receiver.apply_disk(model_path)
+            case GroupSource():
+                return self.receiver.apply_group(
+                    source.group_name,
+                    source.names,
+                    source.dtypes,
+                    source.shapes,
+                    source.flattened,
+                    source.checksums,
+                    GROUP_DEADLINE_S,
+                    full,
+                )
+            case IpcSource(payloads, flattened):
+                return self.receiver.apply_ipc(payloads, flattened, full)
