@@ -63,7 +63,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
     table = {
         "executor": Grant(
             publish=[s.step_outputs, s.executor_info, s.heartbeat("executor")],
-            subscribe=[s.executor_commands, s.executor_describe],
+            subscribe=[s.executor_commands, s.executor_describe, s.executor_weights],
             answers_requests=True,
         ),
         "scheduler": Grant(
@@ -82,9 +82,27 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.admin_pause,
                 s.admin_continue,
                 s.admin_pause_state,
+                s.admin_weights,
                 s.heartbeat("frontdoor"),
                 s.heartbeat("gateway"),
             ],
+            answers_requests=True,
+        ),
+        "weight_sync": Grant(
+            # The transaction: the scheduler's pause and cache, the executor's weights; a rename's AbortAll.
+            publish=[
+                s.admin_pause,
+                s.admin_continue,
+                s.admin_pause_state,
+                s.admin_stats,
+                s.admin_flush_cache,
+                s.scheduler,
+                s.scheduler_weights,
+                s.executor_weights,
+                s.executor_describe,
+                s.heartbeat("weight_sync"),
+            ],
+            subscribe=[s.admin_weights, s.executor_info],
             answers_requests=True,
         ),
         "tokenizer": Grant(

@@ -22,7 +22,7 @@ from schemas.errors import Error
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 from tests.e2e.nats_probe import PROBE, Connection
 
-ACTORS = ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")
+ACTORS = ("executor", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
 
 
 def credentials(server, user: str) -> bus_auth.BusCredentials:
@@ -91,6 +91,7 @@ def test_credential_files_are_private(server):
         "scheduler.json",
         "supervisor.json",
         "tokenizer.json",
+        "weight_sync.json",
     ]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in bus_dir.iterdir())
 

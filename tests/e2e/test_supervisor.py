@@ -86,12 +86,13 @@ def test_prefix_caching_can_be_turned_off(own_server):
 
 def test_sigterm_stops_everything_in_order(tmp_path):
     server = start_server(tmp_path / "data", "--num-kv-blocks", "32")
-    pids = {name: server.child_pid(name) for name in ("executor", "scheduler", "tokenizer", "gateway", "frontdoor")}
+    actors = ("executor", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+    pids = {name: server.child_pid(name) for name in actors}
     nats_pid = server.find("nats_started")[-1]["pid"]
     assert server.stop() == 0
     assert not any(alive(pid) for pid in [*pids.values(), nats_pid])
     order = [e["actor"] for e in server.events if e.get("event") == "actor_stopped"]
-    assert order == ["frontdoor", "gateway", "tokenizer", "scheduler", "executor"]
+    assert order == list(reversed(actors))
 
 
 def test_gives_up_after_too_many_restarts(tmp_path):

@@ -1,0 +1,4 @@
+from actors.weight_sync.actor import WeightSyncActor
+from kernel.actor import main
+
+main(WeightSyncActor)
