@@ -1,4 +1,4 @@
-"""Live weights: a trainer's conversations with the weight_sync actor on `<ns>.weights.*`, and the
+"""Live weights: a trainer's conversations with the weight_sync actor on `<ns>.admin.weights`, and the
 weight_sync actor's with the executor on `<ns>.executor.weights`.
 
 The trainer-facing messages carry SGLang's field names and defaults (its `/update_weights_*`,
@@ -189,7 +189,7 @@ class WeightVersion(msgspec.Struct, frozen=True, tag="weight_version"):
     model_path: str | None = None
 
 
-# What the weight_sync actor answers on `<ns>.weights.*`.
+# What the weight_sync actor answers on `<ns>.admin.weights`.
 WeightsRequest = (
     UpdateFromDisk
     | InitWeightGroup
@@ -288,7 +288,7 @@ ExecutorWeightsRequest = (
 ExecutorWeightsReply = WeightsApplied | GroupJoined | WeightValues | WeightVersion | MemoryState
 
 
-# weight_sync -> scheduler, on `<ns>.admin.weights_committed`: after the executor committed new
+# weight_sync -> scheduler, on `<ns>.scheduler.weights`: after the executor committed new
 # weights, before generation resumes.
 
 
