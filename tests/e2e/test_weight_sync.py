@@ -19,14 +19,19 @@ from ops.local_server import start_server
 from schemas.admin import ContinueGeneration, GetPause, PauseGeneration, PauseState
 from schemas.errors import Error
 from schemas.weights import (
+    DestroyWeightGroup,
     FinishBusUpload,
     GetWeightVersion,
+    GroupState,
+    InitWeightGroup,
     UpdateFromDisk,
+    UpdateFromDistributed,
     UploadChunk,
     WeightsUpdated,
     WeightVersion,
 )
 from tests.e2e.weights_client import Reference, admin, ask, generate, streamed, swapped_mid_request
+from tests.gpu.weight_trainer import Trainer
 from tests.over_http import random_prompts
 
 PROMPTS = random_prompts(3, seed=11, high=1000)
@@ -175,6 +180,43 @@ async def test_a_flushing_update_never_serves_old_kv_and_a_keeping_one_does(nc, 
     await load(nc, checkpoints[0], weight_version="c2", flush_cache=False)
     kept = await generate(nc, prompt, 4)
     assert kept.cached_tokens > 0 and kept.weight_version == "c2"  # the KV of c1, kept as asked
+
+
+async def test_a_trainer_broadcasts_over_its_group_into_the_server(nc, checkpoints, references):
+    """A real trainer process (rank 0, gloo) broadcasts the new checkpoint as one flattened bucket;
+    the server joins at rank 1, receives it in place, checks the trainer's checksums, and serves it."""
+    await load(nc, checkpoints[0], weight_version="g0")
+    trainer = Trainer(checkpoints[1], "--flattened")
+    try:
+        joined = await ask(nc, InitWeightGroup("127.0.0.1", trainer.port, 1, 2, backend="gloo"))
+        assert joined == GroupState(True, "joined group weight_update_group as rank 1")
+        body = await asyncio.to_thread(trainer.request)
+        update = UpdateFromDistributed(**body, weight_version="broadcast")
+        updated = await ask(nc, update)
+        assert isinstance(updated, WeightsUpdated) and updated.tensors == len(body["names"]), updated
+        assert await asyncio.to_thread(trainer.said) == "done"
+        assert (await ask(nc, DestroyWeightGroup())).success
+    finally:
+        trainer.close()
+    results = [await generate(nc, p, 16) for p in PROMPTS]
+    assert [r.token_ids for r in results] == [references[1](p, 16) for p in PROMPTS]
+    assert {r.weight_version for r in results} == {"broadcast"}
+
+
+async def test_a_trainer_that_dies_mid_broadcast_changes_nothing(nc, checkpoints, references):
+    await load(nc, checkpoints[0], weight_version="before-death")
+    trainer = Trainer(checkpoints[1], "--pause-after", "3")
+    try:
+        assert (await ask(nc, InitWeightGroup("127.0.0.1", trainer.port, 1, 2, backend="gloo"))).success
+        update = asyncio.create_task(ask(nc, UpdateFromDistributed(**await asyncio.to_thread(trainer.request))))
+        assert await asyncio.to_thread(trainer.said) == "paused"
+        trainer.kill()
+        refused = await update
+        assert isinstance(refused, Error) and "old weights are restored" in refused.message, refused
+    finally:
+        trainer.close()
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("before-death")
+    assert [(await generate(nc, p, 16)).token_ids for p in PROMPTS] == [references[0](p, 16) for p in PROMPTS]
 
 
 async def test_a_bus_upload_resumes_after_a_nats_server_restart(nc, weights_server, checkpoints, references):
