@@ -91,12 +91,10 @@ class WeightSyncActor(Actor):
     async def _on_executor_info(self, info: ExecutorInfo, _reply_to: str | None) -> None:
         if info.executor_id == self.executor_id:
             return
-        if self.executor_id is not None and info.weight_version != self.versions.version:
-            self.log.warning(
-                "executor_restarted_with_other_weights", committed=self.versions.version, serving=info.weight_version
-            )
+        committed = self.versions.version
+        if self.versions.follow(info.weight_version) and self.executor_id is not None:
+            self.log.warning("executor_restarted_with_other_weights", committed=committed, serving=info.weight_version)
         self.executor_id = info.executor_id
-        self.versions.rename(info.weight_version)
         self.log.info("executor_weights", executor=info.executor_id, weight_version=info.weight_version)
 
     async def _on_request(self, message: WeightsRequest, reply_to: str | None) -> WeightsReply | Error | None:
@@ -108,7 +106,7 @@ class WeightSyncActor(Actor):
                         f"load_format {load_format!r} is not served; give auto or safetensors",
                         param="load_format",
                     )
-                return self._update(reply_to, "update_from_disk", DiskSource(path), message)
+                return self._update(reply_to, "update_from_disk", DiskSource(path), message, model_path=path)
             case UpdateFromDistributed():
                 if error := _check_distributed(message):
                     return error
@@ -138,7 +136,7 @@ class WeightSyncActor(Actor):
                     reply_to, "update_weight_version", self.transactions.rename(new_version, abort_all_requests)
                 )
             case GetWeightVersion():
-                return WeightVersion(self.versions.version)
+                return WeightVersion(self.versions.version, self.versions.model_path)
             case GetWeightsByName(name, truncate_size):
                 return await self.peers.executor(ReadWeight(name, truncate_size), EXECUTOR_TIMEOUT_S)
             case InitWeightGroup():
@@ -163,8 +161,10 @@ class WeightSyncActor(Actor):
         source: DiskSource | GroupSource | IpcSource,
         message: UpdateFromDisk | UpdateFromDistributed | UpdateFromTensor,
         full: bool = True,
+        model_path: str | None = None,
     ) -> Error | None:
-        return self._exclusive(reply_to, what, self.transactions.update(source, full, UpdateOptions.of(message)))
+        update = self.transactions.update(source, full, UpdateOptions.of(message), model_path)
+        return self._exclusive(reply_to, what, update)
 
     async def _apply_upload(self, upload_id: str, folder: Path, message: FinishBusUpload) -> WeightsUpdated | Error:
         """A complete upload is a checkpoint on disk: loaded as one, then removed once it serves."""

@@ -85,8 +85,11 @@ class WeightTransactions:
     def release(self) -> None:
         self.busy = None
 
-    async def update(self, source: WeightSource, full: bool, options: UpdateOptions) -> WeightsUpdated | Error:
-        """Runs one update (the caller holds the claim)."""
+    async def update(
+        self, source: WeightSource, full: bool, options: UpdateOptions, model_path: str | None = None
+    ) -> WeightsUpdated | Error:
+        """Runs one update (the caller holds the claim). `model_path`: the checkpoint an
+        UpdateFromDisk names, which /get_model_info reports after it."""
         update_id = uuid.uuid4().hex[:12]
         version = self.versions.next_version(options.weight_version)
         log = self.log.bind(update_id=update_id, version=version, source=type(source).__name__)
@@ -103,7 +106,7 @@ class WeightTransactions:
             if paused_here:
                 await self._resume()
             return applied
-        self.versions.commit(version)
+        self.versions.commit(version, model_path)
         await self._commit_to_cache(WeightsCommitted(version, keep_cache=not options.flush_cache))
         if paused_here:
             await self._resume()
@@ -131,7 +134,7 @@ class WeightTransactions:
         self.versions.rename(version)
         await self._commit_to_cache(WeightsCommitted(version, keep_cache=True))  # same weights, same KV
         self.log.info("weight_version_renamed", version=version)
-        return WeightVersion(version)
+        return WeightVersion(version, self.versions.model_path)
 
     async def _pause(self, options: UpdateOptions) -> tuple[bool, int] | Error:
         """Pauses generation as `options` ask unless it is paused already; returns whether this
@@ -161,12 +164,10 @@ class WeightTransactions:
         info = await self.peers.describe_executor()
         if isinstance(info, Error):
             return failure
-        if info.weight_version != self.versions.version:
-            self.log.warning("executor_version_differs", book=self.versions.version, executor=info.weight_version)
-        if info.weight_version == version:
-            self.versions.version = version  # committed before the reply was lost: count it below
+        if info.weight_version == version:  # committed before the reply was lost: the caller counts it
             return WeightsApplied(version, 0, 0, 0.0)
-        self.versions.rename(info.weight_version)
+        if self.versions.follow(info.weight_version):
+            self.log.warning("executor_version_differs", serving=info.weight_version)
         return failure
 
     async def _commit_to_cache(self, message: WeightsCommitted) -> None:

@@ -86,7 +86,7 @@ async def test_a_disk_update_serves_the_new_checkpoints_greedy_tokens(nc, checkp
     updated = await load(nc, checkpoints[1])  # names no version: the count of updates, this the first
     assert (updated.weight_version, updated.num_paused_requests) == ("1", 0)
     assert updated.tensors > 0 and updated.bytes > 0
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("1")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("1", str(checkpoints[1]))
     after = [await generate(nc, p, 16) for p in PROMPTS]
     assert [r.token_ids for r in after] == [new(p, 16) for p in PROMPTS]
     assert {(r.weight_version, tuple(r.version_spans)) for r in after} == {("1", ((0, "1"),))}
@@ -105,7 +105,7 @@ async def test_a_bad_checkpoint_is_refused_and_the_old_weights_serve_on(nc, chec
     save_file(tensors, bad / "model.safetensors")
     refused = await ask(nc, UpdateFromDisk(str(bad), weight_version="bad"))
     assert isinstance(refused, Error) and name in refused.message, refused
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("good")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("good", str(checkpoints[0]))
     results = [await generate(nc, p, 16) for p in PROMPTS]
     assert [r.token_ids for r in results] == [references[0](p, 16) for p in PROMPTS]
     assert {r.weight_version for r in results} == {"good"}
@@ -123,7 +123,7 @@ async def test_two_updates_at_once_one_is_refused(nc, checkpoints):
     _, result = await running
     assert (len(result.token_ids), result.version_spans) == (300, [(0, "b0")])  # "wait": it finished first
     assert (await first).weight_version == "w1"
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("w1")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("w1", str(checkpoints[1]))
 
 
 async def test_an_in_place_update_changes_versions_exactly_at_the_token(nc, checkpoints):
@@ -215,7 +215,7 @@ async def test_a_trainer_that_dies_mid_broadcast_changes_nothing(nc, checkpoints
         assert isinstance(refused, Error) and "old weights are restored" in refused.message, refused
     finally:
         trainer.close()
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("before-death")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("before-death", str(checkpoints[0]))
     assert [(await generate(nc, p, 16)).token_ids for p in PROMPTS] == [references[0](p, 16) for p in PROMPTS]
 
 
@@ -255,7 +255,7 @@ async def test_a_restarted_weight_sync_recovers_the_version_from_the_executor(nc
     seen = len(weights_server.find("executor_weights"))
     os.kill(weights_server.child_pid("weight_sync"), signal.SIGKILL)
     await asyncio.to_thread(weights_server.wait_for, "executor_weights", 60, seen + 1)  # the new actor's
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("kept")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("kept", str(checkpoints[1]))  # from its file
     assert (await load(nc, checkpoints[0])).weight_version.isdigit()  # the count went on from the file
 
 
@@ -265,7 +265,7 @@ async def test_a_restarted_executor_serves_the_base_model_and_its_version(nc, we
     await load(nc, checkpoints[1], weight_version="lost")
     os.kill(weights_server.child_pid("executor"), signal.SIGKILL)
     await asyncio.to_thread(weights_server.wait_for, "executor_restarted_with_other_weights", 120)
-    assert await ask(nc, GetWeightVersion()) == WeightVersion("base")
+    assert await ask(nc, GetWeightVersion()) == WeightVersion("base", None)  # the model it started with
     results = [await generate(nc, p, 16) for p in PROMPTS]
     assert [r.token_ids for r in results] == [references[0](p, 16) for p in PROMPTS]
     assert {r.weight_version for r in results} == {"base"}
