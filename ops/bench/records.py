@@ -121,6 +121,37 @@ class LogprobError(msgspec.Struct):
     mean_abs: float
 
 
+class WeightUpdateFigures(msgspec.Struct, kw_only=True):
+    """One way into the live weights (`python -m ops.bench.weight_update`): whole updates of every
+    weight, each from the pause of generation to its continuation, against the transport's own
+    bound measured in the same run."""
+
+    transport: str  # "nccl" (or "gloo" on a CPU), "ipc", "disk"
+    tensors: int
+    bytes: int
+    buckets: int  # update requests per update, each a flattened bucket (disk: 1)
+    pause_to_resume_s: list[float]  # per update
+    load_s: list[float]  # of which the server loaded and validated (its answers' load_s, summed)
+    bound_s: float  # the same bytes at the bound's rate
+    bound: str  # what the bound is
+    arrived: bool  # the server's checksums of weights read back are the trainer's
+
+
+class StreamsThroughUpdate(msgspec.Struct, kw_only=True):
+    """Streaming requests through a pause in `mode`, an update and the continue."""
+
+    mode: str
+    streams: int
+    tokens_each: int
+    lost: int  # streams that did not end with every token asked for
+    repeated_or_missing: int  # tokens
+    version_errors: int  # tokens whose version is not the weights' that computed them
+    switched: int  # streams with tokens of both versions
+    resumed_parts: int  # abort mode: the requests that resumed an aborted one
+    pause_to_resume_s: float
+    errors: list[str] = []
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -150,3 +181,5 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     sweep: list[RunFigures] | None = None
     feature_cost: list[FeatureCost] | None = None
     logprob_error: list[LogprobError] | None = None
+    weight_update: list[WeightUpdateFigures] | None = None
+    update_streams: list[StreamsThroughUpdate] | None = None

@@ -53,11 +53,18 @@ class SglangHttp:
 
     def weight_dtype(self, name: str) -> str:
         """The dtype the server serves weight `name` in ("bfloat16"): what an update must send."""
+        return self._weight_headers(name)["X-Weight-Dtype"]
+
+    def weight_checksum(self, name: str) -> str:
+        """gpu/weight_check.py's checksum of weight `name` as served, to compare with the trainer's."""
+        return self._weight_headers(name)["X-Weight-Checksum"]
+
+    def _weight_headers(self, name: str):
         route = f"/get_weights_by_name?name={name}&truncate_size=1"
         request = urllib.request.Request(self.base_url + route, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
-                return response.headers["X-Weight-Dtype"]
+                return response.headers
         except urllib.error.HTTPError as error:
             raise ServerError(route, error.code, error.read().decode(errors="replace")) from None
 
