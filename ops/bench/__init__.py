@@ -9,6 +9,7 @@ against a ceiling measured in the same run. Runnable modules:
     python -m ops.bench.load     loading weights onto the GPU, against the disk's read rate
     python -m ops.bench.plot     the HTTP sweep's plot, from `python -m ops.bench --json`'s file
     python -m ops.bench.logprob_accuracy  our logprobs against transformers' on the same weights
+    python -m ops.bench.weight_update  live weight updates (NCCL, CUDA IPC, disk, under streams)
 
 The rest serve them: `testbed` (the model on the device, and the ceilings), `inprocess` (the
 workloads in this process), `system` (the same requests served by a real deployment over HTTP,

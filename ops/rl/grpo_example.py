@@ -8,9 +8,9 @@ forcing: the proof the weights arrived whole), within `--tolerance`.
 
 On two GPUs, the server on GPU 1, the trainer on GPU 0 (NVLink multicast off in both):
 
-    NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=1 python -m kernel.supervisor --model demo --port 8000 &
+    NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=1 python -m kernel.supervisor --data-dir /tmp/rl --model demo --port 8000 &
     NCCL_NVLS_ENABLE=0 python -m ops.rl.grpo_example --url http://127.0.0.1:8000 \\
-        --model-dir <the served model's directory> --device cuda:0 --transport nccl
+        --model-dir /tmp/rl/models/demo --device cuda:0 --transport nccl
 
 On the CPU: `--device cpu --transport gloo` against a server started with `--device cpu`. With
 `--transport ipc` a trainer on the server's own GPU shares its memory by CUDA IPC instead (on a
