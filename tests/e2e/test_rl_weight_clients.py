@@ -50,12 +50,15 @@ async def test_slime_reloads_weights_from_disk_mid_rollout(rl_server, checkpoint
         samples = [SlimeSample(tokens=PROMPT + [i]) for i in range(4)]
         params = slime_sampling_params(400, temperature=0, ignore_eos=True)
         rollouts = [asyncio.create_task(slime_generate(http, url, s, params)) for s in samples]
-        await until_running(url)
+        await until_running(url, len(rollouts))
+        await asyncio.sleep(1.0)  # and drawing: slime's generate does not stream, so give them time
         assert await asyncio.to_thread(slime_reload_from_disk, engine, other, "7") == "7"
         await asyncio.gather(*rollouts)
     for sample in samples:  # slime's pause aborts: each keeps what it drew, for its partial rollout
-        assert sample.status == "aborted" and 0 < sample.response_length < 400
+        assert sample.status == "aborted" and sample.response_length < 400
         assert len(sample.rollout_log_probs) == sample.response_length
+    # One admitted last may be aborted before its first token; the others have drawn some.
+    assert sum(sample.response_length > 0 for sample in samples) >= len(samples) - 1
     after = greedy(url)
     assert after["meta_info"]["weight_version"] == "7" and after["output_ids"] != before["output_ids"]
     assert await asyncio.to_thread(slime_reload_from_disk, engine, served, "8") == "8"
@@ -110,7 +113,7 @@ async def test_areal_updates_from_disk_while_its_rollouts_resubmit(rl_server, ch
         assert (await server.update_from_disk(served))["success"] is True
 
 
-async def until_running(base_url: str) -> None:
+async def until_running(base_url: str, count: int = 1) -> None:
     async with httpx.AsyncClient(base_url=base_url) as http, asyncio.timeout(60):
-        while (await http.get("/v1/loads")).json()["loads"][0]["num_running_reqs"] == 0:
+        while (await http.get("/v1/loads")).json()["loads"][0]["num_running_reqs"] < count:
             await asyncio.sleep(0.01)
