@@ -121,6 +121,7 @@ class WeightReceiver:
         specs = _group_specs(names, dtypes, shapes, checksums)
         try:
             self.live.check(specs, full)
+            self._check_fillable(full)
         except WeightError:
             self._receive_and_drop(group, specs, flattened, deadline)
             raise
@@ -205,17 +206,20 @@ class WeightReceiver:
                 raise WeightError(f"{exc}; {outcome}") from None
             raise WeightError(f"the update failed ({type(exc).__name__}: {exc}); {outcome}") from exc
 
+    def _check_fillable(self, full: bool) -> None:
+        if self.host.released and self.host.copies is None and not full:
+            raise WeightError("the weights were dropped: only a full update can fill them")
+
     def _hold_host_copy(self, full: bool) -> bool:
         """Waits for the host copy of the serving weights, taking it first if there is none; whether
         there is one to restore. Released weights get device memory again: the host copy's, or,
         where they were dropped (released with no copy, for an update to fill), uninitialised."""
+        self._check_fillable(full)
         if self.host.copies is None and not self.host.released:
             self.host.refresh(_FIRST_COPY_VERSION)
         self.host.wait()
         if self.host.released:
             if self.host.copies is None:
-                if not full:
-                    raise WeightError("the weights were dropped: only a full update can fill them")
                 self.host.reallocate()
                 return False
             self.host.restore()

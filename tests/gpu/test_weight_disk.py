@@ -5,6 +5,7 @@ name and the old weights keep serving bit for bit."""
 import pytest
 import torch
 
+from gpu.ipc_tensors import ipc_payload
 from gpu.safetensors_stream import read_header
 from gpu.weight_check import WeightError, checksum
 from tests.gpu.weight_models import edited, logits, other_weights, same_weights, served, weights_of
@@ -127,3 +128,11 @@ def test_a_full_update_fills_dropped_weights(llama, llama_next):
     receiver.host.release()
     receiver.apply_disk(llama_next)
     assert torch.equal(logits(runner), logits(served(llama_next)[0]))
+
+
+def test_a_partial_update_cannot_fill_dropped_weights(llama, llama_next):
+    runner, receiver = served(llama)
+    receiver.host.release()
+    named = [("model.norm.weight", torch.ones(64))]
+    with pytest.raises(WeightError, match="the weights were dropped: only a full update can fill them"):
+        receiver.apply_ipc([ipc_payload(named, False)], False)
