@@ -89,20 +89,21 @@ class WeightGroup:
         self._arrived(deadline)
         self.settle(deadline)
 
-    def receive_into(self, targets: list[torch.Tensor], flattened: bool, deadline: float) -> None:
+    def receive_into(self, targets: list[torch.Tensor], flattened: bool, deadline: float) -> torch.Tensor | None:
         """Receives the broadcasts of tensors shaped like `targets` (contiguous), in order (one
         bucket of their bytes when `flattened`), into `targets`. On NCCL they land in the targets
         themselves (a bucket is copied into them), ordered on the current stream: the host does not
         wait (`settle` does). On gloo the host waits, until `deadline` at the latest, and the bytes
         come through buffers of their own: a receive that outlives its deadline must not land in the
-        targets after they are restored."""
+        targets after they are restored. Returns the flattened bucket ([bytes] uint8), else None."""
         if flattened:
             bucket = torch.empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8, device=self.device)
             self._broadcast(bucket)
             self._arrived(deadline)
             for target, received in zip(targets, bucket_views(bucket, targets)):
                 target.copy_(received)
-        elif self._nccl:
+            return bucket
+        if self._nccl:
             for target in targets:
                 self._broadcast(target)
             self._arrived(deadline)
@@ -113,6 +114,7 @@ class WeightGroup:
             self._arrived(deadline)
             for target, buffer in zip(targets, buffers):
                 target.copy_(buffer)
+        return None
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
@@ -167,6 +169,27 @@ def bucket_views(bucket: torch.Tensor, like: list[torch.Tensor]) -> list[torch.T
             raw = raw.clone()
         views.append(raw.view(tensor.dtype).view(tensor.shape))
     return views
+
+
+def dtype_runs(bucket: torch.Tensor, like: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """The bucket's bytes cut into runs of neighbours of one dtype, each as one tensor of that dtype
+    (with the indices of the tensors in it): what one check can cover at once. A run breaks where a
+    tensor's bytes start off its dtype's alignment."""
+    runs: list[tuple[list[int], torch.Tensor]] = []
+    start = offset = 0
+    members: list[int] = []
+    for index, tensor in enumerate(like + [None]):
+        if members and (tensor is None or tensor.dtype != like[members[0]].dtype or offset % tensor.element_size()):
+            runs.append((members, bucket[start:offset].view(like[members[0]].dtype)))
+            members, start = [], offset
+        if tensor is not None:
+            if not members and offset % tensor.element_size():
+                runs.append(([index], bucket[offset : offset + _nbytes(tensor)].clone().view(tensor.dtype)))
+                offset = start = offset + _nbytes(tensor)
+                continue
+            members.append(index)
+            offset += _nbytes(tensor)
+    return runs
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -25,7 +25,7 @@ from gpu.ipc_tensors import open_payload
 from gpu.live_weights import LiveWeights, TensorSpec, parse_dtype
 from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
 from gpu.weight_check import DeferredChecks, WeightError, checksum
-from gpu.weight_group import GroupError, WeightGroup
+from gpu.weight_group import GroupError, WeightGroup, dtype_runs
 from gpu.weights import checkpoint_files
 
 # Tensors some checkpoints carry that are recomputed, never loaded (as gpu/weights.py skips them).
@@ -128,11 +128,14 @@ class WeightReceiver:
         try:
             with self._rollback_on_failure(full) as checks:
                 targets = [self.live.read(spec.name) for spec in specs]
-                group.receive_into(targets, flattened, deadline)
-                for spec, live, expected in zip(specs, targets, checksums or [None] * len(specs)):
-                    checks.finite([spec.name], live)
-                    if expected is not None:
-                        checks.checksum(spec.name, live, expected)
+                bucket = group.receive_into(targets, flattened, deadline)
+                if bucket is None:
+                    for spec, live in zip(specs, targets):
+                        checks.finite([spec.name], live)
+                for members, values in [] if bucket is None else dtype_runs(bucket, targets):
+                    checks.finite([specs[i].name for i in members], values)  # a bucket's run in one pass
+                for spec, live, expected in zip(specs, targets, checksums):
+                    checks.checksum(spec.name, live, expected)
                 group.settle(deadline)
         except WeightError:
             if group.aborted:

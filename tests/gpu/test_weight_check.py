@@ -78,3 +78,14 @@ def test_checksums_are_compared_at_the_end():
     checks.checksum("v", t, "0" * 16)
     with pytest.raises(WeightError, match=f"^v arrived with checksum {checksum(t)}, the trainer's is 0{{16}}$"):
         checks.verify(lambda name: t)
+
+
+def test_a_bucket_is_checked_in_runs_of_one_dtype():
+    from gpu.weight_group import dtype_runs
+
+    like = [torch.zeros(3), torch.zeros(2), torch.zeros(3, dtype=torch.bfloat16), torch.zeros(1), torch.zeros(2)]
+    bucket = torch.cat([t.reshape(-1).view(torch.uint8) for t in like])  # the last float32 starts off alignment
+    runs = dtype_runs(bucket, like)
+    assert [members for members, _ in runs] == [[0, 1], [2], [3], [4]]
+    assert [values.dtype for _, values in runs] == [torch.float32, torch.bfloat16, torch.float32, torch.float32]
+    assert sum(values.numel() for _, values in runs) == sum(t.numel() for t in like)
