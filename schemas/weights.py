@@ -54,8 +54,8 @@ class DestroyWeightGroup(msgspec.Struct, frozen=True, tag="destroy_weight_group"
 
 class UpdateFromDistributed(msgspec.Struct, frozen=True, tag="update_from_distributed"):
     """The trainer broadcasts from rank 0 the tensors named here, in this order, over the group.
-    `load_format` "flattened_bucket": one broadcast of the tensors packed end to end, in order
-    (each dtype its own bucket), rather than one broadcast per tensor."""
+    `load_format` "flattened_bucket": one broadcast of every tensor's bytes packed end to end, in
+    order (dtypes mixed, as SGLang's FlattenedTensorBucket), rather than one broadcast per tensor."""
 
     names: list[str]
     dtypes: list[str]  # "bfloat16", "float32"... (a "torch." prefix is accepted)
@@ -222,7 +222,7 @@ class GroupSource(msgspec.Struct, frozen=True, tag="group"):
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
-    flattened: bool  # one broadcast per dtype bucket rather than one per tensor
+    flattened: bool  # one broadcast of all the tensors' bytes, in order, rather than one per tensor
     checksums: list[str] = []
 
 
