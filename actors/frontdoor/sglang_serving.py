@@ -8,6 +8,8 @@ they generated, with its logprobs. A client that leaves mid-request aborts its r
 """
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import msgspec
 from aiohttp import web
@@ -122,7 +124,10 @@ class SGLangServing:
             groups.append(group)
             return None
 
-        errors = await asyncio.gather(*(submit(item) for item in batch.items))
+        if len(batch.items) == 1:  # the usual case, submitted in this task: a gather would start a task first
+            errors = [await submit(batch.items[0])]
+        else:
+            errors = await asyncio.gather(*(submit(item) for item in batch.items))
         groups.sort(key=lambda group: [item.rid for item in batch.items].index(group.request_id))
         return next((error for error in errors if error is not None), None)
 
@@ -143,17 +148,8 @@ class SGLangServing:
     async def _stream(self, request: web.Request, batch: GenerateBatch, items: list[_ItemOutput]) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
-        arrivals: asyncio.Queue[tuple[int, int, RequestOutput]] = asyncio.Queue()
-
-        async def pump(k: int, item: _ItemOutput) -> None:
-            async for index, output in item.group:
-                arrivals.put_nowait((k, index, output))
-
-        pumps = [asyncio.create_task(pump(k, item)) for k, item in enumerate(items)]
-        try:
-            running = sum(len(item.choices) for item in items)
-            while running:
-                k, index, output = await arrivals.get()
+        async with contextlib.aclosing(_arrivals(items)) as arrivals:
+            async for k, index, output in arrivals:
                 if output.error:
                     await response.write(sse_event(error_body(output.error)))
                     break
@@ -164,11 +160,6 @@ class SGLangServing:
                     if not batch.single:
                         event["index"] = k * batch.choices + index
                     await response.write(sse_event(event))
-                running -= bool(output.finish_reason)
-        finally:
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
         await response.write(SSE_DONE)
         await response.write_eof()
         return response
@@ -190,3 +181,30 @@ class SGLangServing:
         matching = [running for running in self.running if any(running.startswith(rid) for rid in rids)]
         await asyncio.gather(*(self.pipeline.abort_request(rid, tenant) for rid in matching))
         return web.Response(status=200)
+
+
+async def _arrivals(items: list[_ItemOutput]) -> AsyncIterator[tuple[int, int, RequestOutput]]:
+    """(item, choice, output) as the outputs arrive, until every choice has ended. One item (the
+    usual request) is read directly: a task and a queue between would delay each output by a turn
+    of the event loop, the first token's included."""
+    if len(items) == 1:
+        async for index, output in items[0].group:
+            yield 0, index, output
+        return
+    arrived: asyncio.Queue[tuple[int, int, RequestOutput]] = asyncio.Queue()
+
+    async def pump(k: int, item: _ItemOutput) -> None:
+        async for index, output in item.group:
+            arrived.put_nowait((k, index, output))
+
+    pumps = [asyncio.create_task(pump(k, item)) for k, item in enumerate(items)]
+    try:
+        running = sum(len(item.choices) for item in items)
+        while running:
+            k, index, output = await arrived.get()
+            yield k, index, output
+            running -= bool(output.finish_reason)
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
