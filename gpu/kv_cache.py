@@ -4,6 +4,8 @@ Each layer is one tensor [num_blocks + 1, 2 (K, V), block_size, kv_heads, head_d
 NHD paged layout, so its kernels read it as it is. Token slot `b * block_size + o` is block `b`,
 offset `o`; which tokens those are is known only through the sequences' block tables. One block past
 `num_blocks` is scratch that no sequence owns: padded rows of a CUDA-graph batch write there.
+While the server sleeps the pool is released, its memory back with the driver, and later
+reallocated empty (gpu/memory_occupation.py).
 """
 
 import torch
@@ -31,6 +33,29 @@ class KVCache:
             torch.zeros(num_blocks + 1, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
+
+    @property
+    def released(self) -> bool:
+        return self.layers[0].untyped_storage().nbytes() == 0
+
+    @property
+    def nbytes(self) -> int:
+        """The device bytes the pool holds now (none while released)."""
+        return sum(layer.untyped_storage().nbytes() for layer in self.layers)
+
+    def release(self) -> None:
+        """Frees the pool's memory (to torch's cache: `torch.cuda.empty_cache` gives it to the driver)
+        and forgets its content. The layer tensors stay, sized to nothing, until `reallocate`."""
+        for layer in self.layers:
+            layer.untyped_storage().resize_(0)
+
+    def reallocate(self) -> None:
+        """Gives a released pool memory again, zeroed as at the start; its addresses may differ, so
+        whatever captured them (CUDA graphs) must be captured again."""
+        for layer in self.layers:
+            if layer.untyped_storage().nbytes() == 0:
+                layer.untyped_storage().resize_(layer.numel() * layer.element_size())
+                layer.zero_()
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -28,9 +28,11 @@ from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig, resolve_dtype
 from gpu.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 from gpu.forward_batch import ForwardBatch
+from gpu.host_weights import HostWeights
 from gpu.kv_cache import KVCache
 from gpu.logit_rules import LogitRules, StepRules
 from gpu.logprobs import LogprobArrays, LogprobRequests
+from gpu.memory_occupation import MemoryOccupation
 from gpu.model import CausalLM, LastLayer
 from gpu.previous_draw import PreviousDraw
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
@@ -147,21 +149,23 @@ class ModelRunner:
             compile_sampler(config.vocab_size, device)
         self._previous = PreviousDraw()  # where `previous_row` inputs come from
         self._rules = LogitRules(config.vocab_size, device)  # `SequenceInput.rules`, and penalty counts
+        # The weights' host copy: what a failed update rolls back to and where the weights sleep.
+        self.host_weights = HostWeights(model)
+        self.memory = MemoryOccupation(self)  # sleep and wake: its device memory by tag
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and self.model.attention_backend.supports_cuda_graphs
+        if cuda_graphs and self.staging is None:
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graph_sizes = (cuda_graph_batch_sizes, cuda_graph_token_counts) if cuda_graphs else None
         self.graphs: DecodeGraphs | None = None
         self.prompt_graphs: PromptGraphs | None = None
-        if cuda_graphs:
-            if self.staging is None:
-                raise ValueError("CUDA graphs need a CUDA device")
-            self.graphs, self.prompt_graphs = capture_graphs(
-                self.model, self.kv, self.staging, cuda_graph_batch_sizes, cuda_graph_token_counts
-            )
+        self.capture_graphs()
 
-    def release_kv_cache(self) -> None:
-        """Frees the KV pool and the CUDA graphs that read it, keeping the weights (a benchmark hands
-        the memory to another engine); this runner cannot step again."""
-        self.kv = self.graphs = self.prompt_graphs = None
+    def capture_graphs(self) -> None:
+        """Captures the CUDA graphs asked at start (none if none were) over the weights and KV pool
+        where they are now: at start, and on waking from a sleep that moved them."""
+        if self.graph_sizes is not None:
+            self.graphs, self.prompt_graphs = capture_graphs(self.model, self.kv, self.staging, *self.graph_sizes)
 
     @property
     def launches_asynchronously(self) -> bool:
@@ -171,6 +175,7 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """(source, target) block pairs, copied in the KV pool before the next step reads them."""
+        self.memory.check_resident()
         if copies:
             sources, targets = zip(*copies)
             self.kv.copy_blocks(list(sources), list(targets))
@@ -207,6 +212,7 @@ class ModelRunner:
         laid out on the host and copied over at once, the tokens of the previous launch fed in,
         attention planned. Not `drawn` (`eager_forward`): no graph, no rules, no logprobs. Raises
         ValueError before it enqueues anything."""
+        self.memory.check_resident()
         n = len(seqs)
         rows = np.flatnonzero(np.fromiter(map(_samples, seqs), bool, n))  # [R]
         previous_rows = np.fromiter(map(_previous_rows, seqs), np.int64, n)  # [S]

@@ -99,7 +99,7 @@ def main() -> None:
     )
     generated = generate_with_logprobs(runner, prompts, args.new_tokens)
     hf = hf_model_sharing_weights(runner.model, SHAPES[args.model])
-    runner.release_kv_cache()
+    runner.memory.release({"kv_cache"})
     found = errors(f"transformers {args.dtype}", hf, device, prompts, *generated)
     if runner.dtype != torch.float32:
         hf = hf.float()  # last: it upcasts the tensors the runner shares

@@ -103,7 +103,7 @@ class Testbed:
 
     def release_runner(self) -> None:
         """Frees the KV pool and graphs (transformers needs the memory); the weights stay."""
-        self.runner.release_kv_cache()
+        self.runner.memory.release({"kv_cache"})
         self._empty_cache()
 
     def free(self) -> None:

@@ -1,0 +1,106 @@
+"""Sleep and wake (gpu/memory_occupation.py): a runner's memory released by tag and resumed gives the
+same greedy tokens, refuses to step while released, and holds no more after 20 cycles. On the CPU
+here; tests/gpu/test_memory_occupation_cuda.py does it on a device, measured from another process."""
+
+import pytest
+import torch
+
+from gpu.runner import ModelRunner
+from gpu.step_io import SequenceInput
+from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt
+
+PROMPTS = [random_prompt(n, seed=n) for n in (5, 19, 33)]
+NEW_TOKENS = 12
+
+
+@pytest.fixture
+def runner(build_tiny_model):
+    return ModelRunner(build_tiny_model("llama"), num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+
+
+def greedy(runner) -> list[list[int]]:
+    return generate(runner, PROMPTS, NEW_TOKENS, chunk_size=8, arrivals=[0, 1, 2])
+
+
+@pytest.mark.parametrize("tags", [["weights"], ["kv_cache"], ["cuda_graph"], None])
+def test_greedy_tokens_are_the_same_after_a_release_and_resume(runner, tags):
+    before = greedy(runner)
+    held = runner.memory.device_bytes()
+    released = runner.memory.release(tags)
+    assert released == frozenset(tags or ("weights", "kv_cache", "cuda_graph"))
+    if tags != ["cuda_graph"]:  # the graphs (none on the CPU) hold nothing here
+        assert runner.memory.device_bytes() < held
+    assert runner.memory.resume(tags) == frozenset()
+    assert runner.memory.device_bytes() == held
+    assert greedy(runner) == before
+
+
+def test_released_weights_or_pool_refuse_to_step(runner):
+    step = [SequenceInput([5, 6, 7], 0, [0], sample=True)]
+    for tag in ("weights", "kv_cache"):
+        runner.memory.release([tag])
+        with pytest.raises(RuntimeError, match=f"{tag} memory is released"):
+            runner.step(step)
+        with pytest.raises(RuntimeError, match=tag):
+            runner.copy_blocks([(0, 1)])
+        runner.memory.resume([tag])
+    runner.memory.release(["cuda_graph"])  # alone, it leaves the runner stepping eagerly
+    assert runner.step(step)[0] is not None
+
+
+def test_tags_resume_in_any_order_and_one_by_one(runner):
+    before = greedy(runner)
+    runner.memory.release(None)
+    # slime's order: the weights first (an update would write them here), then the graphs, then the pool.
+    assert runner.memory.resume(["weights"]) == {"kv_cache", "cuda_graph"}
+    assert runner.memory.resume(["cuda_graph"]) == {"kv_cache"}
+    assert runner.memory.release(["weights"]) == {"weights", "kv_cache"}  # again, while half asleep
+    assert runner.memory.resume(None) == frozenset()
+    assert greedy(runner) == before
+
+
+def test_unknown_tag_is_refused_by_name(runner):
+    with pytest.raises(ValueError, match="'optimizer'"):
+        runner.memory.release(["weights", "optimizer"])
+    assert runner.memory.released == frozenset()
+
+
+def test_dropped_weights_take_no_host_copy_and_wait_for_an_update(runner):
+    before = greedy(runner)
+    saved = {name: p.detach().clone() for name, p in runner.model.named_parameters()}
+    runner.memory.release(["weights"], keep_weights=False)
+    assert runner.memory.host_bytes() == 0
+    runner.memory.resume(["weights"])
+    with torch.no_grad():  # what a full update does: every weight written in place
+        for name, p in runner.model.named_parameters():
+            p.copy_(saved[name])
+    assert greedy(runner) == before
+
+
+def test_a_current_host_copy_is_not_taken_again(runner):
+    host = runner.host_weights
+    runner.memory.release(["weights"], weight_version="v1")
+    assert host.version == "v1"
+    runner.memory.resume(["weights"])
+    copies = [c.data_ptr() for c in host.copies]
+    first = host.copies[0].clone()
+    host.copies[0].zero_()  # were it copied again, the copy would be whole again
+    runner.memory.release(["weights"], weight_version="v1")
+    assert [c.data_ptr() for c in host.copies] == copies and host.copies[0].count_nonzero() == 0
+    host.copies[0].copy_(first)
+    runner.memory.resume(["weights"])
+
+
+def test_twenty_cycles_hold_no_more_memory(runner):
+    before = greedy(runner)
+    awake = runner.memory.device_bytes()
+    runner.memory.release(None)
+    asleep, host = runner.memory.device_bytes(), runner.memory.host_bytes()
+    assert asleep == 0 and host > 0
+    runner.memory.resume(None)
+    for _ in range(20):
+        runner.memory.release(None)
+        assert (runner.memory.device_bytes(), runner.memory.host_bytes()) == (asleep, host)
+        runner.memory.resume(None)
+        assert runner.memory.device_bytes() == awake
+    assert greedy(runner) == before
