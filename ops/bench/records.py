@@ -152,6 +152,26 @@ class StreamsThroughUpdate(msgspec.Struct, kw_only=True):
     errors: list[str] = []
 
 
+class SleepWakeFigures(msgspec.Struct, kw_only=True):
+    """Sleep and wake cycles (`python -m ops.bench.sleep_wake`): every tag released, then resumed and
+    a prompt's first token drawn. Memory as another process's `torch.cuda.mem_get_info` sees it."""
+
+    cycles: int
+    held_bytes: int  # the device memory the runner took: free before it, less free once it ran
+    freed_fraction: float  # the least, over the cycles, of what sleep gave back of `held_bytes`
+    host_bytes: int  # the weights' pinned host copy
+    first_release_s: float  # the first cycle's, which allocates the host copy
+    release_s: float  # median over the later cycles: the weights copied to the host, all freed
+    resume_s: float  # medians: the weights restored and the pool reallocated,
+    capture_s: float  # the CUDA graphs captured again,
+    first_token_s: float  # then a prompt's first token
+    wake_s: float  # median of the three together
+    wake_max_s: float
+    same_tokens: bool  # every cycle's greedy tokens were those drawn before the first sleep
+    awake_growth_bytes: int  # the most the memory held awake grew over the first cycle's
+    asleep_growth_bytes: int  # the most the memory held asleep grew over the first cycle's
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -183,3 +203,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     logprob_error: list[LogprobError] | None = None
     weight_update: list[WeightUpdateFigures] | None = None
     update_streams: list[StreamsThroughUpdate] | None = None
+    sleep_wake: SleepWakeFigures | None = None

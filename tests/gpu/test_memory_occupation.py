@@ -1,12 +1,17 @@
 """Sleep and wake (gpu/memory_occupation.py): a runner's memory released by tag and resumed gives the
-same greedy tokens, refuses to step while released, and holds no more after 20 cycles. On the CPU
-here; tests/gpu/test_memory_occupation_cuda.py does it on a device, measured from another process."""
+same greedy tokens, refuses to step while released, and holds no more after 20 cycles. On the CPU,
+and (marked `gpu`) on a CUDA device with its graphs, the memory measured from another process."""
+
+import gc
+import time
 
 import pytest
 import torch
 
 from gpu.runner import ModelRunner
 from gpu.step_io import SequenceInput
+from ops.bench.sleep_wake import FREED_TARGET, GROWTH_TOLERANCE_BYTES, WAKE_TARGET_S, FreeMemoryProbe
+from tests.devices import needs_cuda
 from tests.gpu.decoding import BLOCK_SIZE, NUM_BLOCKS, generate, random_prompt
 
 PROMPTS = [random_prompt(n, seed=n) for n in (5, 19, 33)]
@@ -104,3 +109,66 @@ def test_twenty_cycles_hold_no_more_memory(runner):
         runner.memory.resume(None)
         assert runner.memory.device_bytes() == awake
     assert greedy(runner) == before
+
+
+@pytest.fixture
+def cuda_runner(build_tiny_model):
+    """A runner as the server makes one: the KV pool over most of the free memory, CUDA graphs on;
+    with the free memory another process saw before it."""
+    torch.cuda.empty_cache()
+    probe = FreeMemoryProbe(torch.device("cuda"))
+    free_before = probe.free_bytes()
+    runner = ModelRunner(build_tiny_model("llama"), device="cuda", block_size=BLOCK_SIZE)
+    yield runner, probe, free_before
+    probe.close()
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_sleep_frees_the_device_memory_for_another_process_and_wakes_to_the_same_tokens(cuda_runner):
+    runner, probe, free_before = cuda_runner
+    assert runner.graphs is not None
+    before = greedy(runner)
+    held = free_before - probe.free_bytes()
+    assert runner.memory.release(None) == {"weights", "kv_cache", "cuda_graph"}
+    freed = probe.free_bytes() - (free_before - held)
+    assert freed >= FREED_TARGET * held, (freed, held)
+    started = time.perf_counter()
+    runner.memory.resume(None)
+    first = runner.step([SequenceInput(PROMPTS[0], 0, [0, 1], sample=True)])[0]
+    assert time.perf_counter() - started <= WAKE_TARGET_S
+    assert runner.graphs is not None and runner.prompt_graphs is not None  # captured again
+    assert first == before[0][0]
+    assert greedy(runner) == before
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_releasing_the_pool_releases_the_graphs_which_return_with_it(cuda_runner):
+    runner, _, _ = cuda_runner
+    before = greedy(runner)
+    graphs = runner.graphs
+    assert runner.memory.release(["kv_cache"]) == {"kv_cache", "cuda_graph"}
+    assert runner.graphs is None
+    assert runner.memory.resume(["kv_cache"]) == frozenset()
+    assert runner.graphs is not None and runner.graphs is not graphs
+    assert greedy(runner) == before
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_twenty_cycles_on_cuda_hold_no_more_memory(cuda_runner):
+    runner, probe, _ = cuda_runner
+    before = greedy(runner)
+    asleep, awake = [], []
+    for _ in range(20):
+        runner.memory.release(None)
+        asleep.append(probe.free_bytes())
+        runner.memory.resume(None)
+        assert greedy(runner) == before
+        awake.append(probe.free_bytes())
+    assert asleep[0] - min(asleep) <= GROWTH_TOLERANCE_BYTES, asleep
+    assert awake[0] - min(awake) <= GROWTH_TOLERANCE_BYTES, awake
