@@ -10,6 +10,7 @@ against a ceiling measured in the same run. Runnable modules:
     python -m ops.bench.plot     the HTTP sweep's plot, from `python -m ops.bench --json`'s file
     python -m ops.bench.logprob_accuracy  our logprobs against transformers' on the same weights
     python -m ops.bench.weight_update  live weight updates (NCCL, CUDA IPC, disk, under streams)
+    python -m ops.bench.sleep_wake  memory freed by sleep, wake to the next token, 20 cycles
 
 The rest serve them: `testbed` (the model on the device, and the ceilings), `inprocess` (the
 workloads in this process), `system` (the same requests served by a real deployment over HTTP,
