@@ -60,7 +60,8 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, side: torch.cuda.Stream) -> None:
+        """Captures on `side`, a stream other than the default (see PromptGraphs.capture)."""
         pool = None
         backend = self.model.attention_backend
         for size in reversed(self.sizes):
@@ -68,15 +69,21 @@ class DecodeGraphs:
                 batch = self._upload(self._idle_batch(size))
                 static = self._static(batch)
                 backend.prepare_graph(batch, kind)
-                self.model.compute_logits(
-                    static, self.kv, out=self._logits[:size]
-                )  # compiles kernels, sizes workspaces
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                side.wait_stream(self._stream)  # the plan's copies
+                with torch.cuda.stream(side):
+                    # Run once first: compiles kernels, sizes workspaces, on the stream that captures.
                     self.model.compute_logits(static, self.kv, out=self._logits[:size])
+                    # capture_begin directly: torch.cuda.graph's garbage collection and emptying of
+                    # the cache on entry would cost more than the capture (waking captures again).
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(pool=pool)
+                    try:
+                        self.model.compute_logits(static, self.kv, out=self._logits[:size])
+                    finally:  # a failed capture must not leave the stream capturing
+                        graph.capture_end()
                 pool = graph.pool()
                 self._graphs[size, kind] = graph
+                self._stream.wait_stream(side)
                 self.staging.release()
         torch.cuda.synchronize()
 

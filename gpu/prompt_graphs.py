@@ -124,10 +124,12 @@ class PromptGraphs:
         return self.counts[i] if i < len(self.counts) else None
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, side: torch.cuda.Stream) -> None:
+        """Captures on `side`, a stream other than the default (capture needs one): the same one at
+        every capture, since each stream cuBLAS runs on gets a workspace that lives as long as the
+        process."""
         model, kv = self.pieces.model, self.pieces.kv
         device = kv.layers[0].device
-        side = torch.cuda.Stream(device)  # capture needs a stream other than the default
         pool = None
         for count in reversed(self.counts):
             # Every token on the scratch block: capturing writes no KV that a sequence owns.

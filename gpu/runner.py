@@ -157,6 +157,7 @@ class ModelRunner:
         if cuda_graphs and self.staging is None:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graph_sizes = (cuda_graph_batch_sizes, cuda_graph_token_counts) if cuda_graphs else None
+        self._capture_stream = torch.cuda.Stream(device) if cuda_graphs else None  # every capture's
         self.graphs: DecodeGraphs | None = None
         self.prompt_graphs: PromptGraphs | None = None
         self.capture_graphs()
@@ -165,7 +166,9 @@ class ModelRunner:
         """Captures the CUDA graphs asked at start (none if none were) over the weights and KV pool
         where they are now: at start, and on waking from a sleep that moved them."""
         if self.graph_sizes is not None:
-            self.graphs, self.prompt_graphs = capture_graphs(self.model, self.kv, self.staging, *self.graph_sizes)
+            self.graphs, self.prompt_graphs = capture_graphs(
+                self.model, self.kv, self.staging, self._capture_stream, *self.graph_sizes
+            )
 
     @property
     def launches_asynchronously(self) -> bool:

@@ -9,6 +9,8 @@ scratch block (`HostBatch.padded`, `HostBatch.with_filler`).
 
 from typing import NamedTuple
 
+import torch
+
 from gpu.batch import HostBatch
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.kv_cache import KVCache
@@ -31,16 +33,21 @@ EAGER = StepShape(decode_graph=None, prompt_tokens=None)  # no graph: a decode a
 
 
 def capture_graphs(
-    model: CausalLM, kv: KVCache, staging: Staging, batch_sizes: tuple[int, ...], token_counts: tuple[int, ...]
+    model: CausalLM,
+    kv: KVCache,
+    staging: Staging,
+    side: torch.cuda.Stream,
+    batch_sizes: tuple[int, ...],
+    token_counts: tuple[int, ...],
 ) -> tuple[DecodeGraphs, PromptGraphs | None]:
     """The decode graphs at `batch_sizes` and, where `token_counts` is not empty, the prompt graphs
-    at those counts, captured now over `kv`."""
+    at those counts, captured now over `kv` on the stream `side` (the same at every capture)."""
     graphs = DecodeGraphs(model, kv, staging, tuple(batch_sizes))
-    graphs.capture()
+    graphs.capture(side)
     if not token_counts:
         return graphs, None
     prompt_graphs = PromptGraphs(model, kv, staging, tuple(token_counts))
-    prompt_graphs.capture()
+    prompt_graphs.capture(side)
     return graphs, prompt_graphs
 
 

@@ -159,6 +159,7 @@ class SleepWakeFigures(msgspec.Struct, kw_only=True):
     cycles: int
     held_bytes: int  # the device memory the runner took: free before it, less free once it ran
     freed_fraction: float  # the least, over the cycles, of what sleep gave back of `held_bytes`
+    asleep_torch_bytes: int  # of what stays asleep, torch's allocator's (the rest: CUDA context, kernels)
     host_bytes: int  # the weights' pinned host copy
     first_release_s: float  # the first cycle's, which allocates the host copy
     release_s: float  # median over the later cycles: the weights copied to the host, all freed

@@ -79,12 +79,14 @@ def cycles(runner: ModelRunner, probe: FreeMemoryProbe, prompt: list[int], count
     probe sees it) and whether the greedy tokens stayed the same."""
     memory = runner.memory
     expected = greedy(runner, prompt, new_tokens)
-    found = {k: [] for k in ("release", "resume", "capture", "first_token", "free_asleep", "free_awake", "same")}
+    kinds = ("release", "resume", "capture", "first_token", "free_asleep", "torch_asleep", "free_awake", "same")
+    found = {k: [] for k in kinds}
     for _ in range(count):
         started = time.perf_counter()
         memory.release(None)
         found["release"].append(time.perf_counter() - started)
         found["free_asleep"].append(probe.free_bytes())
+        found["torch_asleep"].append(memory.device_bytes())
         started = time.perf_counter()
         memory.resume(["weights", "kv_cache"])
         resumed = time.perf_counter()
@@ -133,6 +135,7 @@ def main() -> None:
         cycles=args.cycles,
         held_bytes=held,
         freed_fraction=min(f - (free_before - held) for f in found["free_asleep"]) / held,
+        asleep_torch_bytes=max(found["torch_asleep"]),
         host_bytes=runner.memory.host_bytes(),
         first_release_s=found["release"][0],
         release_s=statistics.median(found["release"][1:] or found["release"]),
@@ -157,7 +160,7 @@ def add_rows(report: Report, f: SleepWakeFigures) -> None:
         Row(
             "sleep: device memory freed, seen by another process",
             f"{f.freed_fraction * f.held_bytes / 2**30:.2f} GiB",
-            f"{f.held_bytes / 2**30:.2f} GiB held",
+            f"of {f.held_bytes / 2**30:.2f} GiB held; torch keeps {f.asleep_torch_bytes / 2**30:.2f} GiB asleep",
             f"{f.freed_fraction:.4f}",
             f">= {FREED_TARGET}",
         )
