@@ -60,31 +60,39 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     @torch.inference_mode()
-    def capture(self, side: torch.cuda.Stream) -> None:
-        """Captures on `side`, a stream other than the default (see PromptGraphs.capture)."""
+    def capture(self, side: torch.cuda.Stream, warm_up: bool = True) -> None:
+        """Captures on `side`, a stream other than the default (see PromptGraphs.capture). `warm_up`:
+        run each graph's step once before capturing it (compiles kernels, sizes workspaces); a
+        capture again over the same model and stream (waking) can do without."""
         pool = None
         backend = self.model.attention_backend
-        for size in reversed(self.sizes):
-            for kind in backend.graph_kinds(size):
-                batch = self._upload(self._idle_batch(size))
-                static = self._static(batch)
-                backend.prepare_graph(batch, kind)
-                side.wait_stream(self._stream)  # the plan's copies
-                with torch.cuda.stream(side):
-                    # Run once first: compiles kernels, sizes workspaces, on the stream that captures.
+        kinds = [(size, kind) for size in reversed(self.sizes) for kind in backend.graph_kinds(size)]
+        # The backend makes its graph buffers at a size's first plan. Made here, back to back, they
+        # share segments of their own: made between the warm-ups, each would sit in a segment of
+        # activations, which could then not go back to the driver while the runner sleeps.
+        for size, kind in kinds:
+            backend.prepare_graph(self._upload(self._idle_batch(size)), kind)
+            self.staging.release()
+        for size, kind in kinds:
+            batch = self._upload(self._idle_batch(size))
+            static = self._static(batch)
+            backend.prepare_graph(batch, kind)
+            side.wait_stream(self._stream)  # the plan's copies
+            with torch.cuda.stream(side):
+                if warm_up:  # on the stream that captures
                     self.model.compute_logits(static, self.kv, out=self._logits[:size])
-                    # capture_begin directly: torch.cuda.graph's garbage collection and emptying of
-                    # the cache on entry would cost more than the capture (waking captures again).
-                    graph = torch.cuda.CUDAGraph()
-                    graph.capture_begin(pool=pool)
-                    try:
-                        self.model.compute_logits(static, self.kv, out=self._logits[:size])
-                    finally:  # a failed capture must not leave the stream capturing
-                        graph.capture_end()
-                pool = graph.pool()
-                self._graphs[size, kind] = graph
-                self._stream.wait_stream(side)
-                self.staging.release()
+                # capture_begin directly: torch.cuda.graph's garbage collection and emptying of
+                # the cache on entry would cost more than the capture (waking captures again).
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin(pool=pool)
+                try:
+                    self.model.compute_logits(static, self.kv, out=self._logits[:size])
+                finally:  # a failed capture must not leave the stream capturing
+                    graph.capture_end()
+            pool = graph.pool()
+            self._graphs[size, kind] = graph
+            self._stream.wait_stream(side)
+            self.staging.release()
         torch.cuda.synchronize()
 
     def prepare(self, batch: ForwardBatch) -> str:

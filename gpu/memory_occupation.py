@@ -114,7 +114,7 @@ class MemoryOccupation:
             self._asked.discard(KV_CACHE)
         self._asked -= tags
         if not self._asked and runner.graphs is None:
-            runner.capture_graphs()  # none where the runner captured none at start
+            runner.capture_graphs(warm_up=False)  # none where the runner captured none at start
         return self.released
 
     def device_bytes(self) -> int:

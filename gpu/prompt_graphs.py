@@ -124,10 +124,11 @@ class PromptGraphs:
         return self.counts[i] if i < len(self.counts) else None
 
     @torch.inference_mode()
-    def capture(self, side: torch.cuda.Stream) -> None:
+    def capture(self, side: torch.cuda.Stream, warm_up: bool = True) -> None:
         """Captures on `side`, a stream other than the default (capture needs one): the same one at
         every capture, since each stream cuBLAS runs on gets a workspace that lives as long as the
-        process."""
+        process. `warm_up`: run each count's step once first; a capture again over the same model
+        and stream (waking) can do without."""
         model, kv = self.pieces.model, self.pieces.kv
         device = kv.layers[0].device
         pool = None
@@ -141,7 +142,8 @@ class PromptGraphs:
             with torch.cuda.stream(side):
                 # Warmed up on the capture stream, so what a stream sets up on first use (cuBLAS's
                 # workspace) is made here, not inside the first graph.
-                self.pieces.forward(batch, self.pieces.run_piece)
+                if warm_up:
+                    self.pieces.forward(batch, self.pieces.run_piece)
                 for piece in range(self.pieces.num_pieces):
                     # capture_begin directly: torch.cuda.graph's garbage collection on entry would
                     # cost more than the capture, hundreds of times over.

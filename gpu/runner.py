@@ -162,12 +162,12 @@ class ModelRunner:
         self.prompt_graphs: PromptGraphs | None = None
         self.capture_graphs()
 
-    def capture_graphs(self) -> None:
+    def capture_graphs(self, warm_up: bool = True) -> None:
         """Captures the CUDA graphs asked at start (none if none were) over the weights and KV pool
-        where they are now: at start, and on waking from a sleep that moved them."""
+        where they are now: at start, and on waking (no `warm_up`: it ran at start) if they moved."""
         if self.graph_sizes is not None:
             self.graphs, self.prompt_graphs = capture_graphs(
-                self.model, self.kv, self.staging, self._capture_stream, *self.graph_sizes
+                self.model, self.kv, self.staging, self._capture_stream, *self.graph_sizes, warm_up
             )
 
     @property

@@ -39,15 +39,17 @@ def capture_graphs(
     side: torch.cuda.Stream,
     batch_sizes: tuple[int, ...],
     token_counts: tuple[int, ...],
+    warm_up: bool = True,
 ) -> tuple[DecodeGraphs, PromptGraphs | None]:
     """The decode graphs at `batch_sizes` and, where `token_counts` is not empty, the prompt graphs
-    at those counts, captured now over `kv` on the stream `side` (the same at every capture)."""
+    at those counts, captured now over `kv` on the stream `side` (the same at every capture), each
+    step run once first if `warm_up`."""
     graphs = DecodeGraphs(model, kv, staging, tuple(batch_sizes))
-    graphs.capture(side)
+    graphs.capture(side, warm_up)
     if not token_counts:
         return graphs, None
     prompt_graphs = PromptGraphs(model, kv, staging, tuple(token_counts))
-    prompt_graphs.capture(side)
+    prompt_graphs.capture(side, warm_up)
     return graphs, prompt_graphs
 
 
