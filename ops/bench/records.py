@@ -168,6 +168,7 @@ class SleepWakeFigures(msgspec.Struct, kw_only=True):
     first_token_s: float  # then a prompt's first token
     wake_s: float  # median of the three together
     wake_max_s: float
+    wakes_s: list[float]  # each cycle's, in order
     same_tokens: bool  # every cycle's greedy tokens were those drawn before the first sleep
     awake_growth_bytes: int  # the most the memory held awake grew over the first cycle's
     asleep_growth_bytes: int  # the most the memory held asleep grew over the first cycle's

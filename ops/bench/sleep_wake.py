@@ -144,6 +144,7 @@ def main() -> None:
         first_token_s=statistics.median(found["first_token"]),
         wake_s=statistics.median(wakes),
         wake_max_s=max(wakes),
+        wakes_s=wakes,
         same_tokens=all(found["same"]),
         awake_growth_bytes=found["free_awake"][0] - min(found["free_awake"]),
         asleep_growth_bytes=found["free_asleep"][0] - min(found["free_asleep"]),
