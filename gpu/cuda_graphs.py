@@ -67,9 +67,9 @@ class DecodeGraphs:
         pool = None
         backend = self.model.attention_backend
         kinds = [(size, kind) for size in reversed(self.sizes) for kind in backend.graph_kinds(size)]
-        # The backend makes its graph buffers at a size's first plan. Made here, back to back, they
-        # share segments of their own: made between the warm-ups, each would sit in a segment of
-        # activations, which could then not go back to the driver while the runner sleeps.
+        # The backend makes its graph buffers at a size's first plan: all of them here, before any
+        # capture. (Without this pass, one run of `python -m ops.bench.sleep_wake` saw the memory
+        # held grow over the wakes; with it, none did. The cause was not found.)
         for size, kind in kinds:
             backend.prepare_graph(self._upload(self._idle_batch(size)), kind)
             self.staging.release()
