@@ -13,7 +13,8 @@ unmaps the physical memory on release and maps new memory at the same virtual ad
 That needs native code built for each machine, every such allocation made inside its region (by the
 loader, by weight updates, by each capture) and none of torch's cached blocks shared across regions;
 a slip reads unmapped memory in a later replay. Capturing again takes the path start-up takes, and
-costs only time (for llama-3.1-8b on an H100 within the 3 s wake-to-token target:
+costs only time: for llama-3.1-8b well within the 3 s wake-to-token target, since a capture over
+the same model and stream skips the warm-ups (docs/results/sleep-wake-llama-3.1-8b.json, from
 `python -m ops.bench.sleep_wake`).
 
 So the tags imply one another: the graphs read the weights' and the pool's addresses, which move when
@@ -23,8 +24,11 @@ been resumed, in any order (slime resumes the weights, updates them, then resume
 kv_cache). A runner whose weights or pool are released refuses to step; with only its graphs
 released it steps eagerly.
 
-What stays on the device: the CUDA context, the attention backend's workspace and plan buffers, the
-token rules' and sampler's buffers, the staging buffer: hundreds of MB beside the weights and pool.
+What stays on the device: the CUDA context and loaded kernels, the attention backend's workspace and
+graph wrappers' buffers (small, but each pins the segment of torch's cache it sits in), the token
+rules' and sampler's buffers, the staging buffer: a few GB at most beside the weights and the pool.
+The first release of the weights allocates their pinned host copy, which takes seconds; later ones
+reuse it.
 """
 
 from collections.abc import Iterable
