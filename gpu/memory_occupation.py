@@ -19,10 +19,10 @@ the same model and stream skips the warm-ups (docs/results/sleep-wake-llama-3.1-
 
 So the tags imply one another: the graphs read the weights' and the pool's addresses, which move when
 either is released (their storages shrink to nothing and grow back elsewhere), so releasing either
-releases "cuda_graph" too. The graphs come back once "weights", "kv_cache" and "cuda_graph" have each
-been resumed, in any order (slime resumes the weights, updates them, then resumes cuda_graph, then
-kv_cache). A runner whose weights or pool are released refuses to step; with only its graphs
-released it steps eagerly.
+releases "cuda_graph" too. The graphs come back as soon as the weights and the pool are both back,
+in whichever order and calls they are resumed (slime resumes the weights, updates them, then resumes
+cuda_graph, then kv_cache; others resume the weights, then the pool). A runner whose weights or
+pool are released refuses to step; with only its graphs released it steps eagerly.
 
 What stays on the device: the CUDA context and loaded kernels, the attention backend's workspace and
 graph wrappers' buffers (small, but each pins the segment of torch's cache it sits in), the token
@@ -117,8 +117,13 @@ class MemoryOccupation:
             runner.kv.reallocate()
             self._asked.discard(KV_CACHE)
         self._asked -= tags
-        if not self._asked and runner.graphs is None:
-            runner.capture_graphs(warm_up=False)  # none where the runner captured none at start
+        if not self._asked & {WEIGHTS, KV_CACHE}:
+            # The graphs read only the weights and the pool: once both are back the graphs are too,
+            # "cuda_graph" named or not (a client that resumes the weights and the pool alone would
+            # otherwise step eagerly for good).
+            self._asked.discard(CUDA_GRAPH)
+            if runner.graphs is None:
+                runner.capture_graphs(warm_up=False)  # none where the runner captured none at start
         return self.released
 
     def device_bytes(self) -> int:

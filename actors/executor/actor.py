@@ -157,7 +157,9 @@ class ExecutorActor(Actor):
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
-            if self.weights.waiting:  # launch nothing more: the step in flight is the last before them
+            if self.weights.waiting or self.weights.asleep:
+                # Launch nothing more: the step in flight is the last before the weight requests, and
+                # released memory is read by no step until it is resumed (whose request wakes this loop).
                 inputs, plan, copies = [], [], []
             else:
                 inputs, plan = self.batch.plan_step(self.memory.prefill_budget)

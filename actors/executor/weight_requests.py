@@ -11,7 +11,8 @@ receiver (gpu/weight_receiver.py) before it raised: the old weights serve on und
 import asyncio
 from collections.abc import Callable
 
-from gpu.host_weights import HostWeights
+import torch
+
 from gpu.runner import ModelRunner
 from gpu.weight_check import WeightError
 from gpu.weight_receiver import UpdateReport, WeightReceiver
@@ -27,6 +28,7 @@ from schemas.weights import (
     IpcSource,
     JoinWeightGroup,
     LeaveWeightGroup,
+    MemoryState,
     ReadWeight,
     ReleaseMemory,
     ResumeMemory,
@@ -48,7 +50,8 @@ class WeightRequests:
 
     def __init__(self, runner: ModelRunner, version: str, wake: Callable[[], None]) -> None:
         self.version = version
-        self.host = HostWeights(runner.model)
+        self.memory = runner.memory  # gpu/memory_occupation.py: sleep and wake by tag
+        self.host = runner.host_weights  # one host copy: what a failed update restores, where weights sleep
         self.receiver = WeightReceiver(runner.model, self.host, runner.device)
         self._wake = wake  # the step loop's: it runs the queue once nothing is in flight
         self._queue: list[tuple[ExecutorWeightsRequest, asyncio.Future]] = []
@@ -56,6 +59,11 @@ class WeightRequests:
     @property
     def waiting(self) -> bool:
         return bool(self._queue)
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the weights or the KV pool are released: no step may launch until they are back."""
+        return bool(self.memory.released & {"weights", "kv_cache"})
 
     async def ask(self, message: ExecutorWeightsRequest, _reply_to: str | None) -> ExecutorWeightsReply | Error:
         """The subscription's handler: queues `message` and answers once the step loop ran it."""
@@ -76,6 +84,8 @@ class WeightRequests:
         try:
             match message:
                 case ApplyWeights(source=source, version=version, full=full):
+                    if "weights" in self.memory.released:  # asleep: the update writes where they wake
+                        self.memory.resume({"weights"})
                     report = self._apply(source, full)
                     self.version = version
                     self.host.refresh(version)  # the copy the next failed update restores follows
@@ -102,13 +112,19 @@ class WeightRequests:
                     return GroupJoined(
                         group_name
                     )  # the one reply naming a group: the weight_sync actor knows which it asked
-                case ReleaseMemory() | ResumeMemory() | GetMemory():
-                    return Error(
-                        "unavailable",
-                        "this executor cannot give its memory back yet: releasing memory by tag is not built",
-                    )
-        except WeightError as exc:
+                case ReleaseMemory(tags):
+                    return self._memory_state(self.memory.release(tags, weight_version=self.version))
+                case ResumeMemory(tags):
+                    return self._memory_state(self.memory.resume(tags))
+                case GetMemory():
+                    return self._memory_state(self.memory.released)
+        except (WeightError, ValueError) as exc:  # ValueError: an unknown memory tag, named
             return Error("invalid_request", str(exc))
+        except torch.OutOfMemoryError as exc:  # a wake the device has no room for: what came back stays
+            return Error("unavailable", f"the device has no memory to resume into: {exc}", retriable=True)
+
+    def _memory_state(self, released: frozenset[str]) -> MemoryState:
+        return MemoryState(sorted(released), self.memory.device_bytes())
 
     def _apply(self, source: WeightSource, full: bool) -> UpdateReport:
         """`full`: every weight must come (a checkpoint on disk always brings them all)."""

@@ -62,6 +62,11 @@ def test_tags_resume_in_any_order_and_one_by_one(runner):
     assert runner.memory.release(["weights"]) == {"weights", "kv_cache"}  # again, while half asleep
     assert runner.memory.resume(None) == frozenset()
     assert greedy(runner) == before
+    # The weights, then the pool, "cuda_graph" never named: all is back, the graphs too.
+    runner.memory.release(None)
+    runner.memory.resume(["weights"])
+    assert runner.memory.resume(["kv_cache"]) == frozenset()
+    assert greedy(runner) == before
 
 
 def test_unknown_tag_is_refused_by_name(runner):
