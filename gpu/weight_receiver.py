@@ -96,6 +96,13 @@ class WeightReceiver:
         if group is not None:
             group.abort()
 
+    def group(self, group_name: str) -> WeightGroup:
+        """The joined group `group_name`; WeightError when there is none."""
+        group = self._groups.get(group_name)
+        if group is None:
+            raise WeightError(f"weight group {group_name} is not joined: init it first")
+        return group
+
     def apply_group(
         self,
         group_name: str,
@@ -115,9 +122,7 @@ class WeightReceiver:
         `checksums`: the trainer's, one per tensor, or none."""
         start = time.perf_counter()
         deadline = time.monotonic() + deadline_s
-        group = self._groups.get(group_name)
-        if group is None:
-            raise WeightError(f"weight group {group_name} is not joined: init it first")
+        group = self.group(group_name)
         specs = _group_specs(names, dtypes, shapes, checksums)
         try:
             self.live.check(specs, full)

@@ -102,7 +102,7 @@ def _nccl(args, receiver: WeightReceiver, named, options: list[str]) -> dict:
     command = [sys.executable, "-m", "ops.rl.bench_weights", "--role", "trainer", "--port", str(port)]
     push = subprocess.Popen([*command, *options], env=_env(env), stdout=subprocess.PIPE, text=True)
     receiver.join_group("127.0.0.1", port, 1, 2, GROUP, "nccl", 120)
-    group = receiver._groups[GROUP]
+    group = receiver.group(GROUP)
     sizes = [sum(t.nbytes for _, t in bucket) for bucket in buckets(named, args.bucket_mb << 20)]
     for _ in range(args.repeats):
         scratch = [torch.empty(size, dtype=torch.uint8, device="cuda:0") for size in sizes]
