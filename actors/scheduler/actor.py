@@ -3,16 +3,17 @@ and the sessions table.
 
 It wraps a `ContinuousBatcher`: submits, aborts and step outputs go in, executor commands come
 out, published as one message per scheduling round without waiting for a reply. Beside it a
-`SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache.
+`SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache,
+and a `SchedulerAdmin` (admin.py) answers the admin conversations and the commit of new weights.
 """
 
 import asyncio
 import uuid
 from collections import defaultdict
 
+from actors.scheduler.admin import PauseChanged, SchedulerAdmin
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
-from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
@@ -21,7 +22,6 @@ from kernel.tenants import request_tenant
 from schemas.admin import (
     AdminReply,
     AdminRequest,
-    CacheFlushed,
     ContinueGeneration,
     FlushCache,
     GetCache,
@@ -74,7 +74,7 @@ class SchedulerActor(Actor):
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
         self.sessions: SessionTable | None = None
-        self.pause = GenerationPause()
+        self.admin: SchedulerAdmin | None = None  # the admin conversations, once an executor is known
         self.weight_version = "default"  # the executor's, for the ends of requests it never ran
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
@@ -147,6 +147,7 @@ class SchedulerActor(Actor):
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
         if self.sessions is None:
             self.sessions = SessionTable(self.batcher.kv.cache, budget)
+            self.admin = SchedulerAdmin(self.batcher, self.sessions, self.log)
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
         self.executor_id = info.executor_id
@@ -260,55 +261,21 @@ class SchedulerActor(Actor):
                     self.log.info("session_expired", session_id=session_id)
 
     async def _on_admin(self, message: AdminRequest, _reply_to: str | None) -> AdminReply | Error:
-        """The admin conversations on `<ns>.admin.*` (schemas/admin.py): stats, the prefix cache, and
-        the pause of generation (actors/scheduler/pause.py), which answers the state after it."""
-        if self.batcher is None:
+        if self.admin is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        match message:
-            case GetStats():
-                return self.pause.stats(self.batcher.stats())
-            case GetCache():
-                return self.batcher.kv.report(self.batcher.requests.running)
-            case FlushCache():
-                self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
-                freed = self.batcher.kv.flush()
-                self.log.info("cache_flushed", freed_blocks=freed)
-                return CacheFlushed(freed)
-            case PublishPrefix(input_ids):
-                published = self.batcher.kv.publish(input_ids)
-                self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
-                return published
-            case PauseGeneration(mode):
-                aborted = self.pause.pause(self.batcher, mode)
-                self.log.info("generation_paused", mode=mode, aborted=len(aborted))
+        match self.admin.answer(message):
+            case PauseChanged(aborted):
                 await self._aborted(aborted, keep_output=True)
                 await self._schedule()
-            case ContinueGeneration():
-                if error := self.pause.resume(self.batcher):
-                    return error
-                self.log.info("generation_continued")
-                await self._schedule()
-        return self.pause.state(self.batcher)
+                return self.admin.pause_state()
+            case reply:
+                return reply
 
     async def _on_weights_committed(self, message: WeightsCommitted, _reply_to: str | None) -> CacheGeneration | Error:
-        """The executor serves new weights (weight_sync tells, before generation resumes): unless the
-        update keeps the cache, the prefix cache starts a new generation, so no KV computed under
-        the old weights is read again; sessions' pins go with it, the sessions stay open."""
-        if self.batcher is None:
+        if self.admin is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        freed, self.weight_version = 0, message.version
-        if not message.keep_cache:
-            self.sessions.unpin_all()
-            freed = self.batcher.kv.new_generation()
-        generation = self.batcher.kv.cache.generation
-        self.log.info(
-            "weights_committed",
-            version=message.version,
-            keep_cache=message.keep_cache,
-            generation=generation,
-            freed_blocks=freed,
-        )
-        return CacheGeneration(generation, freed)
+        self.weight_version = message.version
+        return self.admin.weights_committed(message)
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:

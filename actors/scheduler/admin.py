@@ -1,0 +1,96 @@
+"""The scheduler's admin conversations (`<ns>.admin.*`, schemas/admin.py) and the commit of new
+weights that weight_sync announces: a plain object the scheduler actor asks once an executor is
+known. It acts on the batcher, the session table and the pause of generation; the actor sends
+what follows (the ends of aborted requests, the batcher's next round) and the replies.
+"""
+
+from typing import NamedTuple
+
+from actors.scheduler.batching import ContinuousBatcher
+from actors.scheduler.pause import GenerationPause
+from actors.scheduler.sequence import Sequence
+from actors.scheduler.sessions import SessionTable
+from schemas.admin import (
+    AdminReply,
+    AdminRequest,
+    CacheFlushed,
+    ContinueGeneration,
+    FlushCache,
+    GetCache,
+    GetPause,
+    GetStats,
+    PauseGeneration,
+    PauseState,
+    PublishPrefix,
+)
+from schemas.errors import Error
+from schemas.weights import CacheGeneration, WeightsCommitted
+
+
+class PauseChanged(NamedTuple):
+    """A pause or a continue took effect. The actor ends `aborted` for their origins (keeping their
+    output), sends the batcher's next round, then answers `SchedulerAdmin.pause_state()` as that
+    round left it."""
+
+    aborted: list[Sequence]
+
+
+class SchedulerAdmin:
+    """Answers the admin conversations over the batcher and the sessions of the actor that owns
+    them (both live as long as the actor: a new executor resets them in place). Owns the pause."""
+
+    def __init__(self, batcher: ContinuousBatcher, sessions: SessionTable, log) -> None:
+        self.batcher = batcher
+        self.sessions = sessions
+        self.pause = GenerationPause()
+        self.log = log
+
+    def answer(self, message: AdminRequest) -> AdminReply | Error | PauseChanged:
+        """Stats, the prefix cache, and the pause of generation (actors/scheduler/pause.py)."""
+        batcher = self.batcher
+        match message:
+            case GetStats():
+                return self.pause.stats(batcher.stats())
+            case GetCache():
+                return batcher.kv.report(batcher.requests.running)
+            case FlushCache():
+                self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
+                freed = batcher.kv.flush()
+                self.log.info("cache_flushed", freed_blocks=freed)
+                return CacheFlushed(freed)
+            case PublishPrefix(input_ids):
+                published = batcher.kv.publish(input_ids)
+                self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
+                return published
+            case PauseGeneration(mode):
+                aborted = self.pause.pause(batcher, mode)
+                self.log.info("generation_paused", mode=mode, aborted=len(aborted))
+                return PauseChanged(aborted)
+            case ContinueGeneration():
+                if error := self.pause.resume(batcher):
+                    return error
+                self.log.info("generation_continued")
+                return PauseChanged([])
+            case GetPause():
+                return self.pause_state()
+
+    def pause_state(self) -> PauseState:
+        return self.pause.state(self.batcher)
+
+    def weights_committed(self, message: WeightsCommitted) -> CacheGeneration:
+        """The executor serves new weights (weight_sync tells, before generation resumes): unless the
+        update keeps the cache, the prefix cache starts a new generation, so no KV computed under
+        the old weights is read again; sessions' pins go with it, the sessions stay open."""
+        freed = 0
+        if not message.keep_cache:
+            self.sessions.unpin_all()
+            freed = self.batcher.kv.new_generation()
+        generation = self.batcher.kv.cache.generation
+        self.log.info(
+            "weights_committed",
+            version=message.version,
+            keep_cache=message.keep_cache,
+            generation=generation,
+            freed_blocks=freed,
+        )
+        return CacheGeneration(generation, freed)
