@@ -3,11 +3,13 @@ answer with the whole of it: a body at the end, or SGLang's cumulative stream ev
 
 No I/O. The origin hands outputs over in order, each continuing the last (request_stream.py), so
 the parts here only append; a logprob part that does not continue its run is a repeat and is
-dropped, so a run never holds a position twice.
+dropped, so a run never holds a position twice. The weights behind the tokens are the origin's
+record's, which books them as outputs arrive; a choice reads them cut to the tokens it holds.
 """
 
 from dataclasses import dataclass, field
 
+from actors.lib.origin.request_stream import RequestRecord
 from schemas.generate import TokenLogprobs
 from schemas.requests import RequestOutput
 
@@ -44,6 +46,7 @@ class LogprobRun:
 
 @dataclass
 class ChoiceOutput:
+    record: RequestRecord  # the origin's, which books the weight versions of the tokens
     token_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
@@ -52,10 +55,6 @@ class ChoiceOutput:
     logprobs: LogprobRun = field(default_factory=LogprobRun)  # of token_ids, from output 0
     prompt_logprobs: LogprobRun = field(default_factory=LogprobRun)
     token_texts: dict[int, str] = field(default_factory=dict)  # the text of each token id in the logprobs
-    # [(first token index, version)]: token_ids from each index on, up to the next span's, were
-    # computed by that version's weights; more than one span when the weights changed mid-request.
-    version_spans: list[tuple[int, str]] = field(default_factory=list)
-    last_version: str = "default"  # of the latest output, which may carry no token
 
     @property
     def text(self) -> str:
@@ -64,14 +63,18 @@ class ChoiceOutput:
         return self.text_parts[0] if self.text_parts else ""
 
     @property
+    def version_spans(self) -> list[tuple[int, str]]:
+        """[(first token index, version)], at least one: token_ids from each index on, up to the
+        next span's, were computed by that version's weights (the record's spans, cut to the
+        tokens read here: the record may be ahead)."""
+        return self.record.version_spans_of(len(self.token_ids))
+
+    @property
     def weight_version(self) -> str:
-        """Of the weights that computed the last token (of the request's latest output before any)."""
-        return self.version_spans[-1][1] if self.version_spans else self.last_version
+        """Of the weights that computed the last token (with none, those serving the request)."""
+        return self.version_spans[-1][1]
 
     def add(self, output: RequestOutput) -> None:
-        if output.token_ids and (not self.version_spans or self.version_spans[-1][1] != output.weight_version):
-            self.version_spans.append((len(self.token_ids), output.weight_version))
-        self.last_version = output.weight_version
         self.token_ids += output.token_ids
         self.text_parts.append(output.text)
         self.logprobs.extend(output.logprobs)

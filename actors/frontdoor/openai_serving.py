@@ -64,7 +64,7 @@ class OpenAIServing:
             await group.close()
 
     async def _whole(self, parsed: ParsedRequest, group: RequestGroup, created: int, prompt: _Prompt) -> web.Response:
-        outputs = [ChoiceOutput() for _ in group.choices]
+        outputs = [ChoiceOutput(stream.record) for stream in group.choices]
         async for index, output in group:
             if output.error:
                 return error_response(output.error)

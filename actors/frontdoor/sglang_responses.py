@@ -67,7 +67,7 @@ def generate_reply(
 def version_fields(output: ChoiceOutput) -> dict:
     """The weights behind each output token, as spans over the whole output so far (also in an
     incremental stream's events: the spans are few, and a client needs them whole)."""
-    spans = output.version_spans or [(0, output.weight_version)]
+    spans = output.version_spans
     ends = [start for start, _ in spans[1:]] + [len(output.token_ids)]
     return {
         "weight_versions": [

@@ -45,7 +45,7 @@ class _ItemOutput:
     def __init__(self, item: GenerateItem, group: RequestGroup) -> None:
         self.item = item
         self.group = group
-        self.choices = [ChoiceOutput() for _ in group.choices]
+        self.choices = [ChoiceOutput(stream.record) for stream in group.choices]
         self.prompt_logprobs = LogprobRun()
         self.texts: dict[int, str] = {}
         self.sent = [(0, 0)] * len(self.choices)  # per choice, the tokens and characters streamed so far

@@ -56,6 +56,9 @@ async def test_version_spans_mark_the_first_token_of_each_weight_version():
     record = stream.record
     assert record.version_spans == [(0, "default"), (2, "2")]
     assert record.weight_version == "2"
+    # A reader that holds only the first two tokens sees the weights of those alone.
+    assert record.version_spans_of(2) == [(0, "default")]
+    assert record.version_spans_of(4) == record.version_spans
 
 
 async def test_a_request_that_drew_nothing_has_the_version_its_end_came_with():

@@ -10,6 +10,7 @@ from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.sglang_protocol import GenerateBatch
 from actors.frontdoor.sglang_responses import finish_reason, generate_reply
 from actors.frontdoor.sglang_sampling import LogprobAsk
+from actors.lib.origin.request_stream import RequestRecord, RequestStream
 from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.requests import RequestOutput
@@ -207,8 +208,11 @@ def test_abort_bodies():
 
 
 def delivered(*outputs: RequestOutput) -> ChoiceOutput:
-    choice = ChoiceOutput()
+    """A choice that read `outputs` as the origin delivered them (its record books their versions)."""
+    stream = RequestStream(RequestRecord("r", [1], SamplingParams()), 60.0, on_close=None)
+    choice = ChoiceOutput(stream.record)
     for output in outputs:
+        stream.deliver(output)
         choice.add(output)
     return choice
 
@@ -257,6 +261,18 @@ def test_versions_say_which_weights_computed_each_token():
     # An incremental event carries the new tokens, and the spans of the whole output.
     event = generate_reply("r", choice, [1], LogprobRun(), TEXTS, 0, LogprobAsk(), 5, since=(4, 4))
     assert event["output_ids"] == [3] and event["meta_info"]["version_spans"] == [[0, "default"], [3, "7"]]
+
+
+def test_an_event_names_the_versions_of_its_own_tokens_while_the_record_runs_ahead():
+    """The origin books the versions as outputs arrive; a stream event built before its reader
+    caught up shows only the tokens it carries, and the weights that computed those."""
+    early = RequestOutput("r", [5, 6], "ab", None, 2)
+    choice = delivered(early, RequestOutput("r", [9], "z", None, 3, output_index=2, weight_version="7"))
+    behind = ChoiceOutput(choice.record)
+    behind.add(early)
+    meta = generate_reply("r", behind, [1], LogprobRun(), TEXTS, 0, LogprobAsk(), 5)["meta_info"]
+    assert (meta["weight_version"], meta["version_spans"]) == ("default", [[0, "default"]])
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 2}]
 
 
 def test_a_reply_without_tokens_names_the_version_that_served_it():
@@ -310,7 +326,7 @@ def test_logprobs_by_default_cover_the_output_and_no_text():
     assert meta["input_token_logprobs"] == [[None, 3, None]]
     assert meta["output_token_logprobs"] == [[-0.5, 5, None], [-1.5, 6, None]]
     assert "output_top_logprobs" not in meta and "input_token_ids_logprobs" not in meta
-    scoring = generate_reply("r", ChoiceOutput(), [1, 2, 3], LogprobRun(), TEXTS, 0, LogprobAsk(True), 0)
+    scoring = generate_reply("r", delivered(), [1, 2, 3], LogprobRun(), TEXTS, 0, LogprobAsk(True), 0)
     assert scoring["meta_info"]["input_token_logprobs"] == [] and scoring["output_ids"] == []
 
 

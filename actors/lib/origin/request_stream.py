@@ -50,6 +50,13 @@ class RequestRecord:
             return self.version_spans[-1][1]
         return self.end_version or "default"
 
+    def version_spans_of(self, tokens: int) -> list[tuple[int, str]]:
+        """The spans of its first `tokens` delivered tokens, for a reader behind the record (a
+        door that builds its reply from the outputs it has read); with no token, one span from 0
+        of the version serving it."""
+        spans = [span for span in self.version_spans if span[0] < tokens]
+        return spans or [(0, self.weight_version)]
+
     def note_version(self, output: RequestOutput) -> None:
         """Books the version of `output`'s tokens, delivered from `output.output_index` on."""
         if output.token_ids and (not self.version_spans or self.version_spans[-1][1] != output.weight_version):
