@@ -11,7 +11,7 @@ import asyncio
 import uuid
 from collections import defaultdict
 
-from actors.scheduler.admin import PauseChanged, SchedulerAdmin
+from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.sequence import Sequence, State
@@ -19,17 +19,7 @@ from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.liveness import Liveness
 from kernel.tenants import request_tenant
-from schemas.admin import (
-    AdminReply,
-    AdminRequest,
-    ContinueGeneration,
-    FlushCache,
-    GetCache,
-    GetPause,
-    GetStats,
-    PauseGeneration,
-    PublishPrefix,
-)
+from schemas.admin import AdminReply, AdminRequest
 from schemas.errors import Error
 from schemas.health import Heartbeat
 from schemas.requests import (
@@ -84,16 +74,7 @@ class SchedulerActor(Actor):
             await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(self.subjects.sessions, PublicSessionRequest, self._on_session)
-        subjects = self.subjects
-        for subject, kind in (
-            (subjects.admin_stats, GetStats),
-            (subjects.admin_flush_cache, FlushCache),
-            (subjects.admin_cache, GetCache),
-            (subjects.admin_publish, PublishPrefix),
-            (subjects.admin_pause, PauseGeneration),
-            (subjects.admin_continue, ContinueGeneration),
-            (subjects.admin_pause_state, GetPause),
-        ):
+        for subject, kind in admin_subjects(self.subjects):
             await self.bus.subscribe(subject, kind, self._on_admin)
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:

@@ -10,6 +10,7 @@ from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import Sequence
 from actors.scheduler.sessions import SessionTable
+from kernel.subjects import Subjects
 from schemas.admin import (
     AdminReply,
     AdminRequest,
@@ -25,6 +26,19 @@ from schemas.admin import (
 )
 from schemas.errors import Error
 from schemas.weights import CacheGeneration, WeightsCommitted
+
+
+def admin_subjects(subjects: Subjects) -> list[tuple[str, type[AdminRequest]]]:
+    """Each conversation's subject, with the kind of message it carries."""
+    return [
+        (subjects.admin_stats, GetStats),
+        (subjects.admin_flush_cache, FlushCache),
+        (subjects.admin_cache, GetCache),
+        (subjects.admin_publish, PublishPrefix),
+        (subjects.admin_pause, PauseGeneration),
+        (subjects.admin_continue, ContinueGeneration),
+        (subjects.admin_pause_state, GetPause),
+    ]
 
 
 class PauseChanged(NamedTuple):
