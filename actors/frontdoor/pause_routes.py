@@ -68,18 +68,23 @@ class PauseRoutes:
         return _answer(reply, message="Generation continued successfully.")
 
     async def pause(self, request: web.Request) -> web.Response:
-        """vLLM's: `?mode=abort|wait|keep` (keep: in place) and `?clear_cache=true` to flush the prefix
-        cache once paused. With "wait" it answers once the running requests have finished."""
-        mode = VLLM_MODES.get(request.query.get("mode", "abort"))
+        """vLLM's: `?mode=abort|wait|keep` (keep: in place; before `mode`, vLLM's clients asked for
+        "wait" with `?wait_for_inflight_requests=true`) and `?clear_cache=` (vLLM's default true,
+        ignored by "keep") to flush the prefix cache once paused. With "wait" it answers once the
+        running requests have finished."""
+        flags = {}
+        for flag, default in (("wait_for_inflight_requests", "false"), ("clear_cache", "true")):
+            flags[flag] = request.query.get(flag, default).lower()
+            if flags[flag] not in ("true", "false"):
+                return error_response(invalid(f"{flag} must be true or false", flag))
+        default_mode = "wait" if flags["wait_for_inflight_requests"] == "true" else "abort"
+        mode = VLLM_MODES.get(request.query.get("mode", default_mode))
         if mode is None:
             return error_response(invalid(f"mode must be one of {sorted(VLLM_MODES)}", "mode"))
-        clear_cache = request.query.get("clear_cache", "false").lower()
-        if clear_cache not in ("true", "false"):
-            return error_response(invalid("clear_cache must be true or false", "clear_cache"))
         reply = await self._ask(self.subjects.admin_pause, PauseGeneration(mode))
         if not isinstance(reply, Error) and mode == "wait":
             reply = await self._drained()
-        if not isinstance(reply, Error) and clear_cache == "true":
+        if not isinstance(reply, Error) and flags["clear_cache"] == "true" and mode != "in_place":
             flushed = await self.bus.request(
                 self.subjects.admin_flush_cache, FlushCache(), CacheFlushed, PAUSE_TIMEOUT_S
             )

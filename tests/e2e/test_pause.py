@@ -59,9 +59,17 @@ async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tu
         return ends, (await late).json(), unpaused
 
 
-@pytest.mark.parametrize("mode", ["retract", "in_place"])
-async def test_retract_and_in_place_lose_no_token(server, mode):
-    ends, late, unpaused = await paused_run(server, ("/pause_generation", {"json": {"mode": mode}}), 120)
+@pytest.mark.parametrize(
+    "pause",
+    [
+        ("/pause_generation", {"json": {"mode": "retract"}}),
+        ("/pause_generation", {"json": {"mode": "in_place"}}),
+        ("/pause", {"params": {"mode": "keep"}}),
+    ],
+    ids=["retract", "in_place", "vllm-keep"],
+)
+async def test_retract_and_in_place_lose_no_token(server, pause):
+    ends, late, unpaused = await paused_run(server, pause, 120)
     for end, whole in zip(ends + [late], unpaused):
         assert end["output_ids"] == whole["output_ids"]
         assert end["meta_info"]["finish_reason"]["type"] == "length"
@@ -76,12 +84,21 @@ async def test_abort_ends_requests_with_their_partial_tokens(server):
     assert late["output_ids"] == unpaused[-1]["output_ids"]
 
 
-async def test_vllm_wait_finishes_what_runs_and_holds_the_rest(server):
+async def test_vllm_abort_ends_requests_with_their_partial_tokens(server):
+    ends, late, unpaused = await paused_run(server, ("/pause", {}), 400)  # vLLM's default mode
+    for end, whole in zip(ends, unpaused):
+        assert end["meta_info"]["finish_reason"]["type"] == "abort"
+        assert end["output_ids"] == whole["output_ids"][: len(end["output_ids"])]
+    assert late["output_ids"] == unpaused[-1]["output_ids"]
+
+
+@pytest.mark.parametrize("wait", [{"mode": "wait"}, {"wait_for_inflight_requests": "true"}], ids=["mode", "older"])
+async def test_vllm_wait_finishes_what_runs_and_holds_the_rest(server, wait):
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
         started = [asyncio.Event() for _ in PROMPTS]
         streams = [asyncio.create_task(streamed(http, body(p, 30, True), e)) for p, e in zip(PROMPTS, started)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
-        paused = await http.post("/pause", params={"mode": "wait"})
+        paused = await http.post("/pause", params=wait)
         assert paused.status_code == 200 and paused.json()["status"] == "paused"
         assert paused.json()["held"] == 0  # it answered once nothing ran
         try:
