@@ -3,6 +3,8 @@ old weights serve on: a trainer's broadcast described with a name the model lack
 tensors of other shapes or another dtype (the server takes every broadcast, so the trainer ends,
 and drops them); a pickle of something other than tensors (never run: its marker file is never
 written); two updates at once. Afterwards the greedy tokens and the version are those of before.
+The same on the bus: each request on `<ns>.admin.weights` answered with its typed reply, a bad one
+with an `Error` naming what is wrong.
 
 The server here is this module's own: a refusal that failed would change what others' servers answer."""
 
@@ -13,10 +15,28 @@ import os
 import pickle
 
 import httpx
+import msgspec
 import pytest
 
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
+from schemas.errors import Error
+from schemas.weights import (
+    FinishBusUpload,
+    GetMemory,
+    GetWeightsByName,
+    GetWeightVersion,
+    MemoryState,
+    ReleaseMemory,
+    ResumeMemory,
+    UpdateFromDisk,
+    UpdateFromDistributed,
+    UpdateFromTensor,
+    UpdateWeightVersion,
+    WeightValues,
+    WeightVersion,
+)
+from tests.e2e.weights_client import ask
 from tests.gpu.weight_trainer import Trainer
 
 PROMPT = [12, 40, 7, 99, 31, 64, 5, 250]
@@ -116,18 +136,69 @@ def test_a_pickle_of_anything_but_tensors_is_refused_unopened(refusing_server, s
 
 
 async def test_two_updates_at_once_the_second_is_refused(refusing_server, served):
-    url = refusing_server.base_url
-    long = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, **GREEDY}}
-    update = {"model_path": str(refusing_server.model_dir), "weight_version": served[1]}  # the same weights again
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
-        running = asyncio.create_task(http.post("/generate", json=long))
-        async with asyncio.timeout(60):
-            while (await http.get("/v1/loads")).json()["loads"][0]["num_running_reqs"] == 0:
-                await asyncio.sleep(0.01)
-        first = asyncio.create_task(http.post("/update_weights_from_disk", json=update))  # waits for the request
-        await asyncio.sleep(0.3)
-        second = await http.post("/update_weights_from_disk", json=update | {"weight_version": "second"})
-        refused(second, "one weight operation at a time")
-        assert len((await running).json()["output_ids"]) == 60  # "wait": it finished first
-        assert (await first).json()["success"] is True
-    assert_serving(url, served)
+    """The first waits in its broadcast (a trainer stopped after one tensor) while the second comes;
+    the trainer then dies, and the first fails too: nothing changed."""
+    trainer = Trainer(refusing_server.model_dir, "--pause-after", "1")
+    group = {"master_address": "127.0.0.1", "master_port": trainer.port, "rank_offset": 1, "world_size": 2}
+    disk = {"model_path": str(refusing_server.model_dir), "weight_version": "second"}
+    try:
+        async with httpx.AsyncClient(base_url=refusing_server.base_url, timeout=300) as http:
+            joined = await http.post("/init_weights_update_group", json=group | {"backend": "gloo"})
+            assert joined.status_code == 200, joined.text
+            request = await asyncio.to_thread(trainer.request)
+            first = asyncio.create_task(http.post("/update_weights_from_distributed", json=request))
+            assert await asyncio.to_thread(trainer.said) == "paused"
+            refused(await http.post("/update_weights_from_disk", json=disk), "one weight operation at a time")
+            trainer.kill()
+            refused(await first, "old weights are restored")
+    finally:
+        trainer.close()
+    assert_serving(refusing_server.base_url, served)
+
+
+# --- The same conversation on the bus (`<ns>.admin.weights`), as a remote trainer holds it ---------
+
+
+@pytest.fixture
+async def nc(refusing_server):
+    connection = await refusing_server.connect_nats()
+    yield connection
+    await connection.drain()
+
+
+async def test_every_bus_request_is_answered_with_its_typed_reply(nc, refusing_server, served):
+    version = await ask(nc, GetWeightVersion())
+    assert isinstance(version, WeightVersion) and version.weight_version == served[1], version
+    try:
+        renamed = await ask(nc, UpdateWeightVersion("renamed", abort_all_requests=False))
+        assert isinstance(renamed, WeightVersion) and renamed.weight_version == "renamed", renamed
+        assert (await ask(nc, GetWeightVersion())).weight_version == "renamed"
+    finally:
+        assert (await ask(nc, UpdateWeightVersion(served[1]))).weight_version == served[1]
+    read = await ask(nc, GetWeightsByName("model.norm.weight", 4))
+    assert isinstance(read, WeightValues) and len(read.values) == 4 and read.checksum, read
+    memory = await ask(nc, GetMemory())
+    assert isinstance(memory, MemoryState) and memory.released == [], memory
+    try:
+        assert "kv_cache" in (await ask(nc, ReleaseMemory(["kv_cache"]))).released
+    finally:
+        assert (await ask(nc, ResumeMemory(["kv_cache"]))).released == []
+    assert_serving(refusing_server.base_url, served)
+
+
+async def test_bad_bus_requests_get_error_replies_naming_what_is_wrong(nc, refusing_server, served):
+    hostile = pickle.dumps([("model.norm.weight", Call(os.system, "true"))])
+    for request, words, param in (
+        (UpdateFromDisk(str(refusing_server.model_dir), load_format="gguf"), "load_format", "load_format"),
+        (UpdateFromDistributed(["model.norm.weight"], [], [[64]]), "dtypes has 0 entries", "dtypes"),
+        (UpdateFromDistributed(["model.norm.weight"], ["float32"], [[64]]), "is not joined", None),
+        (UpdateFromTensor([hostile]), "posix.system", None),
+        (GetWeightsByName(UNKNOWN), UNKNOWN, None),
+        (FinishBusUpload("never-begun"), "never-begun", "upload_id"),
+    ):
+        error = await ask(nc, request)
+        assert isinstance(error, Error) and words in error.message and error.param == param, (request, error)
+    raw = await nc.request("llm.admin.weights", msgspec.msgpack.encode({"type": "resume_memory", "tags": ["gpu"]}))
+    error = msgspec.msgpack.decode(raw.data, type=Error)
+    assert error.code == "invalid_request" and "tags" in (error.param or ""), error
+    assert_serving(refusing_server.base_url, served)
