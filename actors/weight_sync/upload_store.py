@@ -25,9 +25,7 @@ from pathlib import Path
 
 import msgspec
 import structlog
-import torch
 
-from gpu.weight_check import checksum
 from schemas.errors import Error
 from schemas.weights import BeginBusUpload, UploadChunk, UploadState
 
@@ -218,6 +216,12 @@ class UploadStore:
     def _verify(self, upload: Upload, tensor: int) -> None:
         """Checks a whole tensor's bytes against the trainer's checksum; on a mismatch every chunk
         of it is missing again."""
+        # Imported here, by the first upload to finish a tensor: torch takes seconds to import, and
+        # most servers never see a bus upload, so the actor starts without it.
+        import torch
+
+        from gpu.weight_check import checksum
+
         size, expected = upload.sizes[tensor], upload.manifest.tensors[tensor].checksum.lower()
         with open(upload.folder / CHECKPOINT, "rb") as f:
             if size == 0:
