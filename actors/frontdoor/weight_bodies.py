@@ -13,7 +13,7 @@ happens to requests in flight, schemas/weights.py's `UpdatePause`) and `checksum
 one (one per tensor, checked before it is written).
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -111,6 +111,15 @@ class MemoryBody(Body):
     tags: list[MemoryTag] | None = None  # None: every tag
 
 
+M = TypeVar("M", bound=msgspec.Struct)
+
+
+def carried(parsed: Body, message_type: type[M]) -> M:
+    """The bus message of a decoded body: each of its fields from the body's field of that name (a
+    body also holds SGLang's fields that change nothing here). By name, so no order can mix them."""
+    return message_type(**{name: getattr(parsed, name) for name in message_type.__struct_fields__})
+
+
 def parse_disk(body: bytes) -> UpdateFromDisk | Error:
     parsed = decode_body(body, DiskBody)
     if isinstance(parsed, Error):
@@ -122,14 +131,7 @@ def parse_disk(body: bytes) -> UpdateFromDisk | Error:
     ):
         if given:
             return invalid(f"`{refused}` is not supported: {REFUSALS[refused]}", refused)
-    return UpdateFromDisk(
-        parsed.model_path,
-        parsed.load_format,
-        parsed.weight_version,
-        parsed.abort_all_requests,
-        parsed.flush_cache,
-        parsed.pause_mode,
-    )
+    return carried(parsed, UpdateFromDisk)
 
 
 def parse_distributed(body: bytes) -> UpdateFromDistributed | Error:
@@ -147,18 +149,7 @@ def parse_distributed(body: bytes) -> UpdateFromDistributed | Error:
     for field, values in (("dtypes", parsed.dtypes), ("shapes", parsed.shapes), ("checksums", parsed.checksums)):
         if len(values) != len(parsed.names) and (values or field != "checksums"):
             return invalid(f"`{field}` has {len(values)} entries for {len(parsed.names)} names: one per tensor", field)
-    return UpdateFromDistributed(
-        parsed.names,
-        parsed.dtypes,
-        parsed.shapes,
-        parsed.group_name,
-        parsed.load_format,
-        parsed.weight_version,
-        parsed.abort_all_requests,
-        parsed.flush_cache,
-        parsed.pause_mode,
-        parsed.checksums,
-    )
+    return carried(parsed, UpdateFromDistributed)
 
 
 def parse_tensor(body: bytes) -> UpdateFromTensor | Error:
@@ -167,14 +158,7 @@ def parse_tensor(body: bytes) -> UpdateFromTensor | Error:
         return parsed
     if not parsed.serialized_named_tensors:
         return invalid("`serialized_named_tensors` is empty: nothing to load", "serialized_named_tensors")
-    return UpdateFromTensor(
-        parsed.serialized_named_tensors,
-        parsed.load_format,
-        parsed.weight_version,
-        parsed.abort_all_requests,
-        parsed.flush_cache,
-        parsed.pause_mode,
-    )
+    return carried(parsed, UpdateFromTensor)
 
 
 def parse_init_group(body: bytes) -> InitWeightGroup | Error:
@@ -200,25 +184,25 @@ def parse_init_group(body: bytes) -> InitWeightGroup | Error:
 
 def parse_destroy_group(body: bytes) -> DestroyWeightGroup | Error:
     parsed = decode_body(body or b"{}", DestroyGroupBody)
-    return parsed if isinstance(parsed, Error) else DestroyWeightGroup(parsed.group_name)
+    return parsed if isinstance(parsed, Error) else carried(parsed, DestroyWeightGroup)
 
 
 def parse_version(body: bytes) -> UpdateWeightVersion | Error:
     parsed = decode_body(body, VersionBody)
-    return parsed if isinstance(parsed, Error) else UpdateWeightVersion(parsed.new_version, parsed.abort_all_requests)
+    return parsed if isinstance(parsed, Error) else carried(parsed, UpdateWeightVersion)
 
 
 def parse_weights_by_name(body: bytes) -> GetWeightsByName | Error:
     parsed = decode_body(body, WeightsByNameBody)
-    return parsed if isinstance(parsed, Error) else GetWeightsByName(parsed.name, parsed.truncate_size)
+    return parsed if isinstance(parsed, Error) else carried(parsed, GetWeightsByName)
 
 
 def parse_release(body: bytes) -> ReleaseMemory | Error:
     """`{}`, `{"tags": null}` or `{"tags": [...]}`; no body at all (a GET) is `{}`."""
     parsed = decode_body(body or b"{}", MemoryBody)
-    return parsed if isinstance(parsed, Error) else ReleaseMemory(parsed.tags)
+    return parsed if isinstance(parsed, Error) else carried(parsed, ReleaseMemory)
 
 
 def parse_resume(body: bytes) -> ResumeMemory | Error:
     parsed = decode_body(body or b"{}", MemoryBody)
-    return parsed if isinstance(parsed, Error) else ResumeMemory(parsed.tags)
+    return parsed if isinstance(parsed, Error) else carried(parsed, ResumeMemory)
