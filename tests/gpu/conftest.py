@@ -2,6 +2,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.gpu.weight_models import other_weights
+
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -43,3 +45,15 @@ def hf_bf16():
         return models[model_dir]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def llama(build_tiny_model):
+    """The tiny llama the weight-update tests serve."""
+    return build_tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def llama_next(llama, tmp_path_factory):
+    """Other weights of the same shape: what an update brings."""
+    return other_weights(llama, tmp_path_factory.mktemp("next"), seed=11)

@@ -11,16 +11,6 @@ from gpu.weight_check import WeightError, checksum
 from tests.gpu.weight_models import edited, logits, other_weights, same_weights, served, weights_of
 
 
-@pytest.fixture(scope="module")
-def llama(build_tiny_model):
-    return build_tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def llama_next(llama, tmp_path_factory):
-    return other_weights(llama, tmp_path_factory.mktemp("next"), seed=11)
-
-
 def test_a_disk_update_serves_the_new_checkpoint_exactly(llama, llama_next):
     runner, receiver = served(llama)
     before = logits(runner)

@@ -10,18 +10,8 @@ import pytest
 import torch
 
 from gpu.weight_check import WeightError
-from tests.gpu.weight_models import edited, logits, other_weights, same_weights, served, weights_of
+from tests.gpu.weight_models import edited, logits, same_weights, served, weights_of
 from tests.gpu.weight_trainer import Trainer
-
-
-@pytest.fixture(scope="module")
-def llama(build_tiny_model):
-    return build_tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def llama_next(llama, tmp_path_factory):
-    return other_weights(llama, tmp_path_factory.mktemp("next"), seed=11)
 
 
 @pytest.fixture

@@ -17,20 +17,10 @@ from gpu.ipc_tensors import FlattenedTensorMetadata, ipc_payload, open_payload
 from gpu.weight_check import WeightError
 from ops.rl.weight_push import checkpoint_tensors
 from tests.devices import needs_cuda
-from tests.gpu.weight_models import logits, other_weights, same_weights, served, weights_of
+from tests.gpu.weight_models import logits, same_weights, served, weights_of
 from tests.gpu.weight_trainer import REPO
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def llama(build_tiny_model):
-    return build_tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def llama_next(llama, tmp_path_factory):
-    return other_weights(llama, tmp_path_factory.mktemp("next"), seed=11)
 
 
 @pytest.mark.parametrize("flattened", [False, True], ids=["pairs", "flattened"])

@@ -9,7 +9,7 @@ import torch
 
 from gpu.weight_check import WeightError
 from tests.gpu.test_weight_group import apply
-from tests.gpu.weight_models import logits, other_weights, same_weights, served, weights_of
+from tests.gpu.weight_models import logits, same_weights, served, weights_of
 from tests.gpu.weight_trainer import Trainer
 
 pytestmark = [
@@ -17,16 +17,6 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
 ON_THE_OTHER_GPU = {"CUDA_VISIBLE_DEVICES": "1", "NCCL_NVLS_ENABLE": "0"}
-
-
-@pytest.fixture(scope="module")
-def llama(build_tiny_model):
-    return build_tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def llama_next(llama, tmp_path_factory):
-    return other_weights(llama, tmp_path_factory.mktemp("next"), seed=11)
 
 
 def nccl_trainer(checkpoint, *options):
