@@ -65,9 +65,15 @@ class MemoryOccupation:
         dropped = self.runner.graph_sizes is not None and self.runner.graphs is None
         return frozenset(self._asked | ({CUDA_GRAPH} if dropped else set()))
 
+    @property
+    def resident(self) -> bool:
+        """Whether a step may run: the weights and the pool both hold their memory."""
+        return not self._asked & {WEIGHTS, KV_CACHE}
+
     def check_resident(self) -> None:
         """Raises RuntimeError when a step would read released memory."""
-        if asleep := sorted(self._asked & {WEIGHTS, KV_CACHE}):
+        if not self.resident:
+            asleep = sorted(self._asked & {WEIGHTS, KV_CACHE})
             raise RuntimeError(f"the runner's {' and '.join(asleep)} memory is released: resume it before stepping")
 
     def release(
@@ -117,7 +123,7 @@ class MemoryOccupation:
             runner.kv.reallocate()
             self._asked.discard(KV_CACHE)
         self._asked -= tags
-        if not self._asked & {WEIGHTS, KV_CACHE}:
+        if self.resident:
             # The graphs read only the weights and the pool: once both are back the graphs are too,
             # "cuda_graph" named or not (a client that resumes the weights and the pool alone would
             # otherwise step eagerly for good).

@@ -63,7 +63,7 @@ class WeightRequests:
     @property
     def asleep(self) -> bool:
         """Whether the weights or the KV pool are released: no step may launch until they are back."""
-        return bool(self.memory.released & {"weights", "kv_cache"})
+        return not self.memory.resident
 
     async def ask(self, message: ExecutorWeightsRequest, _reply_to: str | None) -> ExecutorWeightsReply | Error:
         """The subscription's handler: queues `message` and answers once the step loop ran it."""
