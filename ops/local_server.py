@@ -4,7 +4,6 @@ and follows its JSON logs: for end-to-end tests and fault drills."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,15 +15,10 @@ import nats
 
 from kernel import bus_auth
 from kernel.model_source import DEMO_MODEL
+from kernel.nats_server import free_port
 from ops.bus_client import connect
 
 STARTUP_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -37,6 +37,7 @@ import torch
 
 from gpu.config import ModelConfig
 from gpu.weights import checkpoint_files, random_model
+from kernel.nats_server import free_port
 from ops.bench.checkpoint import write_checkpoint
 from ops.bench.load import drop_from_page_cache, read_seconds
 from ops.bench.records import Row, StreamsThroughUpdate, WeightUpdateFigures
@@ -44,7 +45,6 @@ from ops.bench.report import Report, run_identity
 from ops.bench.shapes import SHAPES
 from ops.bench.update_streams import streams_through_update
 from ops.local_server import RunningServer, start_server
-from ops.rl.http_updates import free_port
 from ops.rl.sglang_http import SglangHttp
 
 GB = 1e9

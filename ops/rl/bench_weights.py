@@ -9,7 +9,6 @@ against a device copy of the same bytes. Prints one JSON object.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,31 +22,17 @@ from gpu.live_weights import LiveWeights
 from gpu.weight_group import WeightGroup
 from gpu.weight_receiver import WeightReceiver
 from gpu.weights import random_model
+from kernel.nats_server import free_port
 from ops.bench.shapes import SHAPES
+from ops.rl.http_updates import buckets
 
 GROUP = "weight_update_group"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def named_weights(model_name: str, seed: int) -> list[tuple[str, torch.Tensor]]:
     model = random_model(ModelConfig.from_dict(SHAPES[model_name]), torch.device("cuda"), torch.bfloat16, seed)
     live = LiveWeights(model)
     return [(name, live.read(name).contiguous()) for name in sorted(live.required)]
-
-
-def buckets(named, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    out, size = [[]], 0
-    for name, tensor in named:
-        if size and size + tensor.nbytes > bucket_bytes:
-            out, size = [*out, []], 0
-        out[-1].append((name, tensor))
-        size += tensor.nbytes
-    return out
 
 
 def trainer(args) -> None:

@@ -10,22 +10,16 @@ broadcast), and CUDA IPC from a trainer on the server's own device (`ipc_update`
 """
 
 import base64
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kernel.nats_server import free_port
 from ops.rl.sglang_http import SglangHttp
 from ops.rl.weight_push import WeightPusher, ipc_payload, update_request
 
 NamedTensors = list[tuple[str, torch.Tensor]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def buckets(named: NamedTensors, bucket_bytes: int) -> list[NamedTensors]:

@@ -4,18 +4,13 @@ a subprocess that the tests read from, and kill."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from kernel.nats_server import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Trainer:
