@@ -76,24 +76,18 @@ class MemoryOccupation:
             asleep = sorted(self._asked & {WEIGHTS, KV_CACHE})
             raise RuntimeError(f"the runner's {' and '.join(asleep)} memory is released: resume it before stepping")
 
-    def release(
-        self, tags: Iterable[str] | None = None, keep_weights: bool = True, weight_version: str | None = None
-    ) -> frozenset[str]:
+    def release(self, tags: Iterable[str] | None = None, keep_weights: bool = True) -> frozenset[str]:
         """Hands the memory of `tags` (None: all) back to the driver; returns `released`. Tags
-        released already are left as they are. `keep_weights`: the weights go to the host copy,
-        which `resume` restores; False drops them, and `resume` gives them memory uninitialised, for
-        a full update to fill before the next step. `weight_version`: the serving weights' version;
-        a host copy already of it (refreshed after the update that made them) is not taken again."""
+        released already are left as they are. `keep_weights`: the weights go to the host copy
+        (taken again only if the weights changed since it was), which `resume` restores; False
+        drops them, and `resume` gives them memory uninitialised, for a full update to fill before
+        the next step."""
         tags = memory_tags(tags)
         runner, host = self.runner, self.runner.host_weights
         fresh = tags - self._asked
         self._synchronize()  # no step in flight reads what is freed
-        if WEIGHTS in fresh and keep_weights:
-            # First, while nothing is released yet: the one step here that may fail (pinned memory).
-            current = weight_version is not None and host.copies is not None and host.version == weight_version
-            if not current:
-                host.refresh(weight_version or host.version or "")
-            host.wait()
+        if WEIGHTS in fresh and keep_weights and not host.current:
+            host.refresh()  # first, while nothing is released yet: the one step here that may fail (pinned memory)
         if fresh:
             runner.graphs = runner.prompt_graphs = None  # any tag moves or frees what the graphs read
         if KV_CACHE in fresh:

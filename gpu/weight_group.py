@@ -89,32 +89,25 @@ class WeightGroup:
         self._arrived(deadline)
         self.settle(deadline)
 
-    def receive_into(self, targets: list[torch.Tensor], flattened: bool, deadline: float) -> torch.Tensor | None:
-        """Receives the broadcasts of tensors shaped like `targets` (contiguous), in order (one
-        bucket of their bytes when `flattened`), into `targets`. On NCCL they land in the targets
-        themselves (a bucket is copied into them), ordered on the current stream: the host does not
-        wait (`settle` does). On gloo the host waits, until `deadline` at the latest, and the bytes
-        come through buffers of their own: a receive that outlives its deadline must not land in the
-        targets after they are restored. Returns the flattened bucket ([bytes] uint8), else None."""
+    def receive(
+        self, likes: list[torch.Tensor], flattened: bool, deadline: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Receives the broadcasts of tensors shaped like `likes`, in order (one bucket of their
+        bytes when `flattened`), into buffers of their own, never into `likes`: an update checks
+        what arrived before it writes a byte of the live weights. On NCCL the receive is ordered on
+        the current stream and the host does not wait (`settle` does); on gloo the host waits,
+        until `deadline` at the latest. Returns the received tensors and, when flattened, the
+        bucket they are views of ([bytes] uint8)."""
         if flattened:
-            bucket = torch.empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8, device=self.device)
+            bucket = torch.empty(sum(_nbytes(t) for t in likes), dtype=torch.uint8, device=self.device)
             self._broadcast(bucket)
             self._arrived(deadline)
-            for target, received in zip(targets, bucket_views(bucket, targets)):
-                target.copy_(received)
-            return bucket
-        if self._nccl:
-            for target in targets:
-                self._broadcast(target)
-            self._arrived(deadline)
-        else:
-            buffers = [torch.empty_like(target) for target in targets]
-            for buffer in buffers:
-                self._broadcast(buffer)
-            self._arrived(deadline)
-            for target, buffer in zip(targets, buffers):
-                target.copy_(buffer)
-        return None
+            return bucket_views(bucket, likes), bucket
+        buffers = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in likes]
+        for buffer in buffers:
+            self._broadcast(buffer)
+        self._arrived(deadline)
+        return buffers, None
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()

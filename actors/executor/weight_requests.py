@@ -4,8 +4,8 @@ trainer's group, reads of a weight, renames of the version, memory by tag.
 A request waits in a queue until the step loop runs it between two steps with no step in flight
 (`ExecutorActor._step_loop`), in a worker thread, so the bus and the heartbeats are served while a
 checkpoint loads. Nothing computes while the weights change, so every step's tokens come from one
-version's weights, the version its StepOutput names. A failed update was rolled back by the
-receiver (gpu/weight_receiver.py) before it raised: the old weights serve on under the old version.
+version's weights, the version its StepOutput names. A failed update left the old weights serving
+(gpu/weight_receiver.py: refused before a byte was written, or rolled back) under the old version.
 """
 
 import asyncio
@@ -51,8 +51,7 @@ class WeightRequests:
     def __init__(self, runner: ModelRunner, version: str, wake: Callable[[], None]) -> None:
         self.version = version
         self.memory = runner.memory  # gpu/memory_occupation.py: sleep and wake by tag
-        self.host = runner.host_weights  # one host copy: what a failed update restores, where weights sleep
-        self.receiver = WeightReceiver(runner.model, self.host, runner.device)
+        self.receiver = WeightReceiver(runner.model, runner.host_weights, runner.device)
         self._wake = wake  # the step loop's: it runs the queue once nothing is in flight
         self._queue: list[tuple[ExecutorWeightsRequest, asyncio.Future]] = []
 
@@ -88,7 +87,6 @@ class WeightRequests:
                         self.memory.resume({"weights"})
                     report = self._apply(source, full)
                     self.version = version
-                    self.host.refresh(version)  # the copy the next failed update restores follows
                     return WeightsApplied(version, report.tensors, report.bytes, report.seconds)
                 case SetVersion(version):
                     self.version = version
@@ -113,7 +111,7 @@ class WeightRequests:
                         group_name
                     )  # the one reply naming a group: the weight_sync actor knows which it asked
                 case ReleaseMemory(tags):
-                    return self._memory_state(self.memory.release(tags, weight_version=self.version))
+                    return self._memory_state(self.memory.release(tags))
                 case ResumeMemory(tags):
                     return self._memory_state(self.memory.resume(tags))
                 case GetMemory():

@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index or 0)  # the one GPU CUDA_VISIBLE_DEVICES leaves it
     {"broadcast": broadcast, "group": group, "ipc": ipc}[args.role](args, device)
 
 

@@ -150,7 +150,7 @@ async def test_two_updates_at_once_the_second_is_refused(refusing_server, served
             assert await asyncio.to_thread(trainer.said) == "paused"
             refused(await http.post("/update_weights_from_disk", json=disk), "one weight operation at a time")
             trainer.kill()
-            refused(await first, "old weights are restored")
+            refused(await first, "old weights serve on")
     finally:
         trainer.close()
     assert_serving(refusing_server.base_url, served)

@@ -89,15 +89,20 @@ def test_dropped_weights_take_no_host_copy_and_wait_for_an_update(runner):
 
 def test_a_current_host_copy_is_not_taken_again(runner):
     host = runner.host_weights
-    runner.memory.release(["weights"], weight_version="v1")
-    assert host.version == "v1"
+    runner.memory.release(["weights"])
+    assert host.current
     runner.memory.resume(["weights"])
     copies = [c.data_ptr() for c in host.copies]
     first = host.copies[0].clone()
     host.copies[0].zero_()  # were it copied again, the copy would be whole again
-    runner.memory.release(["weights"], weight_version="v1")
+    runner.memory.release(["weights"])
     assert [c.data_ptr() for c in host.copies] == copies and host.copies[0].count_nonzero() == 0
     host.copies[0].copy_(first)
+    runner.memory.resume(["weights"])
+    host.copies[0].zero_()
+    host.changed()  # an update wrote the weights: the next sleep copies them again
+    runner.memory.release(["weights"])
+    assert torch.equal(host.copies[0], first)
     runner.memory.resume(["weights"])
 
 

@@ -102,10 +102,11 @@ def test_a_checkpoint_cut_short_or_absent_is_refused(llama, llama_next, tmp_path
 
 
 def test_a_failed_update_returns_to_the_last_committed_weights(llama, llama_next, tmp_path):
-    """After an update the executor refreshes the host copy; a later failure restores that one."""
+    """A disk update takes the host copy first when the weights changed since it was taken, so a
+    failure restores the last committed weights, not those the copy held before."""
     runner, receiver = served(llama)
     receiver.apply_disk(llama_next)
-    receiver.host.refresh("1")
+    assert not receiver.host.current
     committed = logits(runner)
     with pytest.raises(WeightError):
         receiver.apply_disk(edited(llama, tmp_path / "bad", nan_in_last))
