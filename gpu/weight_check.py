@@ -55,11 +55,13 @@ def checksum_on_device(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def finite_on_device(tensor: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool on `tensor`'s device: no NaN and no infinity in it. The largest magnitude is
-    one reduction over the tensor (NaN propagates through it) with nothing materialised beside it."""
+    """A 0-dim bool on `tensor`'s device: no NaN and no infinity in it. Its least and largest values
+    come from one pass over it, in its own dtype (NaN propagates to both; an infinity is one of
+    them), with nothing materialised beside it."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
-    return torch.isfinite(torch.linalg.vector_norm(tensor, float("inf")))
+    least, largest = torch.aminmax(tensor)
+    return torch.isfinite(least) & torch.isfinite(largest)
 
 
 class DeferredChecks:

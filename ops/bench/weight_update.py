@@ -234,12 +234,13 @@ def run(args) -> Report:
     http = SglangHttp(server.base_url)
     options = ["--url", server.base_url, "--model", args.model, "--bucket-mb", str(args.bucket_mb)]
     try:
-        updates = [disk(http, checkpoint, args.repeats)]
+        updates = [disk(http, checkpoint, args.repeats)] if "disk" in args.transports else []
         gpu = "0" if device.type == "cuda" else None
-        group = trainer("group", gpu, *options, "--device", device.type, stdin=True)
+        group = trainer("group", gpu, *options, "--device", device.type, stdin=True)  # the streams' too
         try:
-            updates.append(group_updates(group, backend, bound, args.repeats))
-            if device.type == "cuda":
+            if "group" in args.transports:
+                updates.append(group_updates(group, backend, bound, args.repeats))
+            if device.type == "cuda" and "ipc" in args.transports:
                 updates.append(ipc_updates(trainer("ipc", "1", *options, "--repeats", str(args.repeats))))
             vocab = SHAPES[args.model]["vocab_size"]
             through = asyncio.run(streams(args, http, group, vocab)) if args.streams else []
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket-mb", type=int, default=1024, help="of each update request's flattened bucket")
     parser.add_argument("--bound-mb", type=int, default=1024, help="the bare broadcast's size")
     parser.add_argument("--repeats", type=int, default=3, help="whole updates per transport")
+    parser.add_argument("--transports", nargs="+", choices=("disk", "group", "ipc"), default=["disk", "group", "ipc"])
     parser.add_argument(
         "--streams", type=int, default=64, help="requests streaming through each mode's update (0: none)"
     )
