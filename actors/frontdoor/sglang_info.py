@@ -24,7 +24,6 @@ from schemas.weights import GetWeightVersion, WeightVersion
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's
 STATS_TIMEOUT_S = 5.0
-FIRST_VERSION = "default"  # SGLang's name for the weights a server starts with
 VERSION = "0.1.0"
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})  # SGLang's names
 
@@ -183,9 +182,6 @@ class SGLangInfo:
 
 
 async def serving_weights(bus: Bus, subjects: Subjects) -> WeightVersion | Error:
-    """What weights serve now, as the weight_sync actor tells. With none listening (a deployment
-    without one) nothing can have changed them: they are those the server started with."""
-    reply = await bus.request(subjects.admin_weights, GetWeightVersion(), WeightVersion, STATS_TIMEOUT_S)
-    if isinstance(reply, Error) and reply.code == "unavailable":
-        return WeightVersion(FIRST_VERSION)
-    return reply
+    """What weights serve now, as the weight_sync actor tells; while it restarts, a retriable
+    Error (503), never a guess: an update may have changed them."""
+    return await bus.request(subjects.admin_weights, GetWeightVersion(), WeightVersion, STATS_TIMEOUT_S)

@@ -4,7 +4,8 @@ GRPO step on the trainer's own copy of the model (transformers, float32 master w
 new weights into the server (its weight group over NCCL or gloo, or CUDA IPC: ops/rl/http_updates.py),
 and roll out again. It checks what a trainer relies on: every reply after update k carries version
 k, and the server's logprobs of the sampled tokens are the trainer's own on the same weights (teacher
-forcing: the proof the weights arrived whole), within `--tolerance`.
+forcing: the proof the weights arrived whole), within `--tolerance` (every token on a float32
+server, on average on a 16-bit one).
 
 On two GPUs, the server on GPU 1, the trainer on GPU 0 (NVLink multicast off in both):
 
@@ -31,8 +32,12 @@ from ops.rl.http_updates import GroupUpdates, NamedTensors, ipc_update
 from ops.rl.sglang_http import SglangHttp
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as in every process of a group
-TOLERANCE = {torch.float32: 1e-3}  # a 16-bit server rounds each weight: its logprobs differ more
-TOLERANCE_16_BIT = 0.25
+# A float32 server computes what the trainer does: every token's logprob agrees. A 16-bit server
+# rounds each weight and each sum, so a rare token's logprob can differ by tenths while the mean
+# stays a few hundredths (0.04 on an H200 in bfloat16); a lost update moves the mean by the step's
+# shift (`step_shift_mean`), so there the mean is what is judged.
+TOLERANCE = {torch.float32: 1e-3}
+TOLERANCE_16_BIT = 0.1
 
 
 class Iteration(msgspec.Struct):
@@ -45,6 +50,7 @@ class Iteration(msgspec.Struct):
     logprob_gap: float  # max |server's logprob - the trainer's| over the rollout's tokens, before the step
     logprob_gap_mean: float
     step_shift: float  # max |the trainer's logprob after the step - before|: what a lost update would show
+    step_shift_mean: float
     pushed_version: str
     pause_s: float  # the push, from the pause of generation to its continuation
     seconds: float
@@ -128,14 +134,17 @@ def train(args) -> list[Iteration]:
         old = batch.server_logprobs.to(device)
         logprobs = token_logprobs(model, batch.prompts, batch.tokens)
         gap = (logprobs.detach() - old).abs()
-        if gap.max() > tolerance:
-            raise AssertionError(f"the server's logprobs under {version!r} are off the trainer's by {gap.max():.2e}")
+        judged, what = (gap.max(), "at most") if served_dtype == torch.float32 else (gap.mean(), "on average")
+        if judged > tolerance:
+            raise AssertionError(
+                f"the server's logprobs under {version!r} are off the trainer's by {judged:.2e} {what}"
+            )
         loss = grpo_loss(logprobs, old, advantages, args.clip)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            shift = (token_logprobs(model, batch.prompts, batch.tokens) - logprobs.detach()).abs().max()
+            shift = (token_logprobs(model, batch.prompts, batch.tokens) - logprobs.detach()).abs()
         pushed = str(k)
         named = served_tensors(model, served_dtype)
         if group is not None:
@@ -151,7 +160,8 @@ def train(args) -> list[Iteration]:
             loss.item(),
             float(gap.max()),
             float(gap.mean()),
-            float(shift),
+            float(shift.max()),
+            float(shift.mean()),
             pushed,
             pause_s,
             time.perf_counter() - started,
