@@ -92,6 +92,11 @@ class PauseRoutes:
         return _answer(reply, status="paused")
 
     async def resume(self, _request: web.Request) -> web.Response:
+        """vLLM's: resuming what is not paused is no error there (clients call it to be sure), unlike
+        SGLang's /continue_generation."""
+        state = await self._ask(self.subjects.admin_pause_state, GetPause())
+        if isinstance(state, PauseState) and not state.paused:
+            return _answer(state, status="resumed")
         return _answer(await self._ask(self.subjects.admin_continue, ContinueGeneration()), status="resumed")
 
     async def is_paused(self, _request: web.Request) -> web.Response:

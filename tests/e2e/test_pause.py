@@ -112,10 +112,12 @@ async def test_vllm_wait_finishes_what_runs_and_holds_the_rest(server, wait):
 
 
 def test_continue_without_a_pause_and_bad_modes_are_400(server):
+    """SGLang's continue refuses what is not paused; vLLM's /resume answers it as vLLM does: 200."""
     url = server.base_url
     response = httpx.post(f"{url}/continue_generation", json={})
     assert response.status_code == 400 and "not paused" in response.json()["error"]["message"]
-    assert httpx.post(f"{url}/resume").status_code == 400
+    resumed = httpx.post(f"{url}/resume")
+    assert resumed.status_code == 200 and resumed.json()["status"] == "resumed", resumed.text
     response = httpx.post(f"{url}/pause_generation", json={"mode": "sideways"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "mode"
     assert httpx.post(f"{url}/pause", params={"mode": "retract"}).status_code == 400
