@@ -1,0 +1,292 @@
+"""The disk tier of the KV cache: block chains in files under root/<namespace>/, found by their
+blocks' hashes (actors/lib/block_hashes.py). The cache_tier actor owns one DiskStore: it reads
+chains into host slots on a hit and writes here the chains that leave the host tier (and sessions'
+chains). A file that fails a check is removed and its read ends short: a shorter hit, never wrong
+KV. The file format is actors/cache_tier/chain_file.py's.
+"""
+
+import errno
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import NamedTuple
+
+import structlog
+
+from actors.cache_tier import chain_file
+from actors.cache_tier.chain_file import ChainHeader, Malformed
+from actors.lib.block_hashes import extend_hashes, root_hash
+
+log = structlog.get_logger()
+NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a directory name: namespace_key's hex, or a test's
+
+
+class DiskStats(NamedTuple):
+    files: int
+    blocks: int
+    bytes: int  # the files' sizes, headers included
+    hits: int  # blocks longest_prefix found
+    misses: int  # blocks longest_prefix was asked for and did not find
+    corrupt: int  # files removed because a check failed (at start or on a read)
+
+
+class _Chain(NamedTuple):
+    hashes: list[bytes]
+    parent: bytes | None  # the hash of the block before the file's first
+    size_bytes: int
+
+
+class DiskStore:
+    """Chains of blocks of `block_bytes` each, at most `capacity_bytes` of files, least recently
+    used files deleted first. A read refreshes the files it reads, a put those of its chain; the
+    files nearer a prompt's start are refreshed last, so a chain's tail is deleted before its head
+    (a tail without its head is never found, the head alone still is).
+
+    Not thread-safe: one call at a time. The actor runs each call in a worker thread
+    (`await asyncio.to_thread(store.read, hashes, out)`) and awaits it before making the next, so
+    its event loop never waits on the disk and the index never has two writers. Several processes
+    may share a directory (writes are atomic renames); each keeps its own index, and a file another
+    one deleted is, to this one, a miss.
+    """
+
+    def __init__(self, root: Path, namespace: str, block_bytes: int, capacity_bytes: int) -> None:
+        if not NAMESPACE.match(namespace):
+            raise ValueError(f"namespace must be a plain directory name (letters, digits, _ or -), not {namespace!r}")
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, not {capacity_bytes}")
+        self.directory = Path(root) / namespace
+        self.namespace = namespace
+        self.block_bytes = block_bytes
+        self.capacity_bytes = capacity_bytes
+        self._files: OrderedDict[str, _Chain] = OrderedDict()  # least recently used first
+        self._blocks: dict[bytes, tuple[str, int]] = {}  # hash -> (file name, index in the file)
+        self._used_bytes = 0
+        self._hits = self._misses = self._corrupt = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._index()
+
+    def put(
+        self, hashes: list[bytes], token_ids: list[int], blocks: list[memoryview], parent: bytes | None = None
+    ) -> int:
+        """Stores a chain: blocks[i] holds the bytes of the block hashed hashes[i], whose tokens are
+        token_ids[i * block_size : (i + 1) * block_size]; `parent` is the hash of the block before
+        hashes[0] (None: the chain starts a prompt). Blocks already stored are skipped. Returns the
+        blocks written; a write the disk refuses (full, or any OSError) is logged and ends the put,
+        and later puts try again."""
+        if len(blocks) != len(hashes) or not hashes or len(token_ids) % len(hashes):
+            raise ValueError(
+                f"{len(hashes)} hashes need as many blocks ({len(blocks)}) and block_size tokens each ({len(token_ids)})"
+            )
+        for i, block in enumerate(blocks):
+            if memoryview(block).nbytes != self.block_bytes:
+                raise ValueError(f"blocks[{i}] has {memoryview(block).nbytes} bytes, not {self.block_bytes}")
+        block_size = len(token_ids) // len(hashes)
+        before = parent if parent is not None else root_hash(self.namespace)
+        if extend_hashes(before, token_ids, block_size) != list(hashes):
+            raise ValueError("hashes do not follow from parent and token_ids")
+        self._refresh(hashes)
+        written = 0
+        for start, stop in self._missing_runs(hashes):
+            run_parent = parent if start == 0 else hashes[start - 1]
+            run_tokens = list(token_ids[start * block_size : stop * block_size])
+            try:
+                if not self._write(hashes[start:stop], run_tokens, blocks[start:stop], run_parent):
+                    break
+            except OSError as error:
+                log.warning(
+                    "disk_tier_write_failed",
+                    directory=str(self.directory),
+                    errno=errno.errorcode.get(error.errno or 0, error.errno),
+                    error=str(error),
+                    blocks=stop - start,
+                )
+                break
+            written += stop - start
+        self._refresh(hashes)
+        return written
+
+    def longest_prefix(self, hashes: list[bytes]) -> int:
+        """How many leading blocks of the chain are on disk, from the index alone."""
+        found = 0
+        for block_hash in hashes:
+            if block_hash not in self._blocks:
+                break
+            found += 1
+        self._hits += found
+        self._misses += len(hashes) - found
+        return found
+
+    def read(self, hashes: list[bytes], out: list[memoryview]) -> int:
+        """Fills out[i] (writable, block_bytes each) with the block hashed hashes[i], for the leading
+        blocks on disk; returns how many. Every block is checked against its crc: the first that
+        fails (damaged, truncated, its file gone) ends the read, its file removed. out[i] past the
+        count returned may hold anything."""
+        if len(out) != len(hashes):
+            raise ValueError(f"out has {len(out)} views for {len(hashes)} hashes")
+        for i, view in enumerate(out):
+            if memoryview(view).nbytes != self.block_bytes:
+                raise ValueError(f"out[{i}] has {memoryview(view).nbytes} bytes, not {self.block_bytes}")
+        done = 0
+        while done < len(hashes) and (where := self._blocks.get(hashes[done])) is not None:
+            got, whole = self._read_run(where[0], where[1], hashes[done:], out[done:])
+            done += got
+            if not (whole and got):
+                break
+        self._refresh(hashes[:done])
+        return done
+
+    def stats(self) -> DiskStats:
+        return DiskStats(len(self._files), len(self._blocks), self._used_bytes, self._hits, self._misses, self._corrupt)
+
+    def clear(self) -> int:
+        """Deletes every chain of this namespace (other processes' too); returns the blocks freed."""
+        freed = len(self._blocks)
+        for name in list(self._files):
+            self._remove(name)
+        for entry in os.scandir(self.directory):
+            if not entry.is_dir(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
+        log.info("disk_tier_cleared", directory=str(self.directory), blocks=freed)
+        return freed
+
+    def _index(self) -> None:
+        """Rebuilds the index from the files' headers (no block is read); removes temp files and
+        every file that is not a whole chain of this namespace; least recently written first."""
+        found, removed = [], 0
+        for entry in os.scandir(self.directory):
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                mtime_ns, chain = self._check_file(entry)
+                found.append((mtime_ns, entry.name, chain))
+            except (Malformed, OSError) as error:
+                if not entry.name.endswith(chain_file.TEMP_SUFFIX):
+                    self._corrupt += 1
+                    log.warning("disk_tier_file_removed", file=entry.path, reason=str(error))
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        for _, name, chain in sorted(found, key=lambda f: f[:2]):
+            self._add(name, chain)
+        self._evict(0)  # the capacity may be smaller than the last run's
+        log.info(
+            "disk_tier_indexed",
+            directory=str(self.directory),
+            files=len(self._files),
+            blocks=len(self._blocks),
+            bytes=self._used_bytes,
+            removed=removed,
+        )
+
+    def _check_file(self, entry: os.DirEntry) -> tuple[int, _Chain]:
+        if entry.name.startswith(".") or not entry.name.endswith(chain_file.SUFFIX):
+            raise Malformed("not a chain file's name")
+        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            header, data_offset = chain_file.read_header(fd, self.namespace, self.block_bytes)
+            status = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if entry.name != chain_file.file_name(header.hashes):
+            raise Malformed("named after another block")
+        if status.st_size != data_offset + len(header.hashes) * self.block_bytes:
+            raise Malformed(f"{status.st_size} bytes, not the header's")
+        return status.st_mtime_ns, _Chain(header.hashes, header.parent, status.st_size)
+
+    def _read_run(self, name: str, first: int, hashes: list[bytes], out: list[memoryview]) -> tuple[int, bool]:
+        """Reads the blocks of file `name` that continue the chain from its block `first`: (blocks
+        read, whether the file held up)."""
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY)
+        except FileNotFoundError:
+            self._forget(name)  # deleted by another process sharing the directory
+            return 0, False
+        i = 0
+        try:
+            header, data_offset = chain_file.read_header(fd, self.namespace, self.block_bytes)
+            if header.hashes[first : first + 1] != hashes[:1]:
+                self._forget(name)  # replaced by another process with another run of the chain
+                return 0, False
+            for i, block_hash in enumerate(hashes):
+                index = first + i
+                if index == len(header.hashes) or header.hashes[index] != block_hash:
+                    return i, True
+                offset = data_offset + index * self.block_bytes
+                if not chain_file.read_block(fd, out[i], offset):
+                    raise Malformed(f"truncated in block {index}")
+                if chain_file.checksum(out[i]) != header.checksums[index]:
+                    raise Malformed(f"block {index} fails its crc")
+            return len(hashes), True
+        except (Malformed, OSError) as error:
+            self._corrupt += 1
+            log.warning("disk_tier_file_removed", file=name, reason=str(error), served_blocks=i)
+            self._remove(name)
+            return i, False
+        finally:
+            os.close(fd)
+
+    def _write(self, hashes: list[bytes], token_ids: list[int], blocks: list[memoryview], parent: bytes | None) -> bool:
+        checksums = [chain_file.checksum(memoryview(block).cast("B")) for block in blocks]
+        header = ChainHeader(self.namespace, self.block_bytes, parent, hashes, token_ids, checksums)
+        encoded = chain_file.encode_header(header)
+        size = chain_file.file_bytes(len(encoded), len(blocks), self.block_bytes)
+        if size > self.capacity_bytes:
+            log.warning("disk_tier_chain_too_large", bytes=size, capacity_bytes=self.capacity_bytes)
+            return False
+        self._evict(size)
+        name = chain_file.write_chain(self.directory, header, encoded, blocks).name
+        self._forget(name)  # a file of that name another process wrote, now replaced
+        self._add(name, _Chain(hashes, parent, size))
+        return True
+
+    def _missing_runs(self, hashes: list[bytes]) -> list[tuple[int, int]]:
+        """[start, stop) of each run of consecutive blocks not on disk yet."""
+        runs = []
+        for i, block_hash in enumerate(hashes):
+            if block_hash in self._blocks:
+                continue
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+        return runs
+
+    def _refresh(self, hashes: list[bytes]) -> None:
+        """Marks the files holding the chain, and those holding the blocks before it, used now:
+        the one nearest the prompt's start last, so it is the last of them to be evicted."""
+        names = list(dict.fromkeys(where[0] for h in hashes if (where := self._blocks.get(h)) is not None))
+        while names and (parent := self._files[names[0]].parent) in self._blocks:
+            name = self._blocks[parent][0]
+            if name in names:
+                break
+            names.insert(0, name)
+        for name in reversed(names):
+            self._files.move_to_end(name)
+
+    def _evict(self, incoming_bytes: int) -> None:
+        while self._files and self._used_bytes + incoming_bytes > self.capacity_bytes:
+            self._remove(next(iter(self._files)))
+
+    def _add(self, name: str, chain: _Chain) -> None:
+        self._files[name] = chain
+        self._used_bytes += chain.size_bytes
+        for i, block_hash in enumerate(chain.hashes):
+            self._blocks[block_hash] = (name, i)
+
+    def _forget(self, name: str) -> None:
+        chain = self._files.pop(name, None)
+        if chain is None:
+            return
+        self._used_bytes -= chain.size_bytes
+        for i, block_hash in enumerate(chain.hashes):
+            if self._blocks.get(block_hash) == (name, i):
+                del self._blocks[block_hash]
+
+    def _remove(self, name: str) -> None:
+        self._forget(name)
+        try:
+            (self.directory / name).unlink(missing_ok=True)
+        except OSError as error:
+            log.warning("disk_tier_remove_failed", file=name, error=str(error))
