@@ -174,6 +174,25 @@ class SleepWakeFigures(msgspec.Struct, kw_only=True):
     asleep_growth_bytes: int  # the most the memory held asleep grew over the first cycle's
 
 
+class KvTierCopyFigures(msgspec.Struct, kw_only=True):
+    """KV blocks between the GPU pool and host slots (`python -m ops.bench.kv_tier_copy`): saves and
+    loads of scattered block sets through gpu/kv_transfer.py, against one large pinned copy of the
+    same bytes between the same host memory and the device, measured in the same run. GB is 1e9 bytes."""
+
+    block_bytes: int  # one block of every layer: one slot
+    blocks: int  # per transfer
+    pool_blocks: int
+    host_slots: int
+    host_memory: str  # "segment" (a HostSegment in /dev/shm, registered) or "pinned" (torch's pinned memory)
+    save_gb_s: float  # medians over the transfers: GPU to host,
+    load_gb_s: float  # host to GPU
+    saves_gb_s: list[float]  # each transfer's, in order
+    loads_gb_s: list[float]
+    ceiling_save_gb_s: float  # the one large pinned copy, device to host (median)
+    ceiling_load_gb_s: float  # and host to device
+    same_blocks: bool  # every transfer's blocks, loaded back into other blocks, equal those saved
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -206,3 +225,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     weight_update: list[WeightUpdateFigures] | None = None
     update_streams: list[StreamsThroughUpdate] | None = None
     sleep_wake: SleepWakeFigures | None = None
+    kv_tier_copy: KvTierCopyFigures | None = None
