@@ -39,7 +39,8 @@ class KVTransfer:
     slot_bytes = KVCache.bytes_per_block of the pool's geometry; its rows may be further apart).
 
     The caller keeps a block and a slot out of other use until a copy between them is done: a saved
-    block until `Transfer.done()`, a slot being loaded until the step that follows the load."""
+    block until `Transfer.done()`, a slot being loaded until the step that follows the load. A device
+    synchronize (the pool's release for sleep does one) waits for this object's streams too."""
 
     def __init__(self, kv: KVCache, host_slots: torch.Tensor) -> None:
         layer = kv.layers[0]
@@ -144,10 +145,11 @@ class KVTransfer:
         # Checked here: an index out of range on the device is an assert that ends the CUDA context.
         if len(blocks) != len(slots):
             raise ValueError(f"blocks and slots must pair up, got {len(blocks)} blocks and {len(slots)} slots")
-        if any(not 0 <= b < self._kv.num_blocks for b in blocks) or len(set(blocks)) != len(blocks):
-            raise ValueError(f"blocks must be distinct pool blocks in [0, {self._kv.num_blocks}), got {blocks}")
-        if any(not 0 <= s < self.num_slots for s in slots) or len(set(slots)) != len(slots):
-            raise ValueError(f"slots must be distinct host slots in [0, {self.num_slots}), got {slots}")
+        for field, ids, count in (("blocks", blocks, self._kv.num_blocks), ("slots", slots, self.num_slots)):
+            wrong = [i for i in ids if not 0 <= i < count]
+            if wrong or len(set(ids)) != len(ids):
+                found = f"{wrong[:8]} out of range" if wrong else "repeats"
+                raise ValueError(f"{field} must be distinct ids in [0, {count}), got {found}")
         if self._staging is None:
             raise ValueError("this KVTransfer is closed")
 
