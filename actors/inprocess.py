@@ -96,7 +96,7 @@ class InProcessEngine:
         for command in self.batcher.schedule():
             self.batch.apply(command)
         inputs, plan = self.batch.plan_step(self.max_prefill_tokens)
-        self.runner.copy_blocks(self.batch.take_copies())
+        self.runner.copy_blocks([(c.source, c.target) for c in self.batch.take_copies()])  # no host tier: copies only
         started = time.perf_counter()
         launched = (self.runner.launch(inputs), plan) if inputs else None
         self.launch_s = time.perf_counter() - started if inputs else 0.0

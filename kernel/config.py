@@ -55,6 +55,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_num_seqs: AtLeastOne = 256
     max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
+    host_kv_blocks: AtLeastZero = 0
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
     weight_version: NonEmpty = "default"
@@ -152,6 +153,9 @@ HELP = {
     "within --public-prefix-window-s (README: what that reveals)",
     "public_prefix_window_s": "the window for --public-prefix-tenants",
     "prefix_caching": "keep computed KV blocks in the radix cache for later requests to reuse (--no-prefix-caching: off)",
+    "host_kv_blocks": "KV blocks the host tier keeps in shared memory (/dev/shm) beside the GPU pool: blocks the "
+    "prefix cache stores are copied there, and a prompt whose prefix left the GPU loads it back instead of "
+    "recomputing it (0: off; needs --prefix-caching)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
     "oldest pins become evictable like any cached prefix (default: half the KV cache)",
     "step_deadline_s": "a step of the executor not done within this is taken for hung: the executor reports itself "

@@ -46,6 +46,23 @@ class CopyBlock(msgspec.Struct, frozen=True, tag="copy"):
     target: int
 
 
+class SaveBlocks(msgspec.Struct, frozen=True, tag="save"):
+    """Copy KV blocks to host slots (the host tier), before the next step and beside it: block
+    `blocks[i]` to slot `slots[i]`. The scheduler keeps the blocks from reuse until a later
+    `StepOutput.saved_slots` names the slots; cached blocks are read-only, so the copy races nothing."""
+
+    blocks: list[int]
+    slots: list[int]
+
+
+class LoadBlocks(msgspec.Struct, frozen=True, tag="load"):
+    """Copy host slots back into KV blocks before the next step: slot `slots[i]` to block `blocks[i]`
+    (confirmed-saved slots only); the sequences started after it read them as a cached prefix."""
+
+    slots: list[int]
+    blocks: list[int]
+
+
 class DropSequence(msgspec.Struct, frozen=True, tag="drop"):
     """Forget a sequence: aborted, preempted, or finished by a stop string."""
 
@@ -64,7 +81,7 @@ class HoldStepping(msgspec.Struct, frozen=True, tag="hold"):
     hold: bool
 
 
-Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | DropSequence | HoldStepping
+Command = StartSequence | PrefillChunk | GrantBlocks | CopyBlock | SaveBlocks | LoadBlocks | DropSequence | HoldStepping
 
 
 class Commands(msgspec.Struct, frozen=True):
@@ -107,6 +124,8 @@ class StepOutput(msgspec.Struct, frozen=True):
     dropped: list[str] = []
     weight_version: str = "default"  # of the weights that computed this step's tokens
     out_of_memory: OutOfMemory | None = None  # the next step failed so; set on an output's last part
+    saved_slots: list[int] = []  # host slots whose SaveBlocks copy is done since the last output (last part)
+    unsaved_slots: list[int] = []  # host slots whose save was abandoned (the pool was released first)
 
 
 class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):
@@ -127,3 +146,4 @@ class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
     device: str
     dtype: str
     weight_version: str = "default"  # of the weights it serves now
+    host_kv_slots: int = 0  # the host tier's slots (one block of every layer each); 0: no host tier

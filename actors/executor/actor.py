@@ -16,7 +16,8 @@ import uuid
 
 import torch
 
-from actors.executor.running_batch import PlannedInput, RunningBatch
+from actors.executor.kv_moves import KVMoves
+from actors.executor.running_batch import KVMove, PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
@@ -30,6 +31,8 @@ from schemas.weights import ExecutorWeightsRequest
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.
 SLOW_LAUNCH_S = 1.0
+# With saves to the host tier under way and nothing to step, how often the loop looks for their end.
+SAVE_POLL_S = 0.002
 
 
 def pick_device(requested: str) -> str:
@@ -63,6 +66,7 @@ class ExecutorActor(Actor):
         self.batch = RunningBatch(
             self.runner.block_size, self.max_model_len, self.runner.eos_token_ids, self.runner.vocab_size
         )
+        self.moves = KVMoves(self.runner, cfg.host_kv_blocks, self.config.supervision.data_dir)
         self.scheduler_id: str | None = None
         self.new_epoch = False
         self.pending: list[Commands] = []
@@ -106,6 +110,7 @@ class ExecutorActor(Actor):
             device=str(self.runner.device),
             dtype=str(self.runner.dtype).removeprefix("torch."),
             weight_version=self.weights.version,
+            host_kv_slots=self.moves.num_slots,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:
@@ -137,6 +142,7 @@ class ExecutorActor(Actor):
                 # A restarted scheduler resubmits what it wants; what the old one started is stale.
                 if self.scheduler_id is not None:
                     self.batch.drop_all()
+                    self.moves.forget()
                 self.scheduler_id = message.scheduler_id
             for command in message.commands:
                 self.batch.apply(command)
@@ -147,19 +153,23 @@ class ExecutorActor(Actor):
         while True:
             if in_flight is None:
                 if self.weights.waiting:  # nothing in flight: the weights may change now
+                    self.moves.wait()  # the saves read the pool, which the requests may release
                     await self.weights.run_waiting()
                     self.work.set()  # the batch steps on where it stopped
-                await self.work.wait()
+                await self._wait_for_work()
             self.work.clear()
             if self.new_epoch:
                 self.new_epoch, self.scheduler_id = False, None
                 self.batch.drop_all()  # the step in flight books nothing: its sequences are gone
                 self.batch.take_dropped()  # the scheduler forgets them too: nothing to confirm
+                self.moves.forget()
             executor_id = self.executor_id  # outputs of this step belong to the epoch it started in
             self._apply_pending()
             if self.weights.waiting or self.weights.asleep:
                 # Launch nothing more: the step in flight is the last before the weight requests, and
                 # released memory is read by no step until it is resumed (whose request wakes this loop).
+                # Saves are made now, while the pool holds their KV, or never (abandoned).
+                self.moves.apply(self.batch.take_saves())
                 inputs, plan, copies = [], [], []
             else:
                 inputs, plan = self.batch.plan_step(self.memory.prefill_budget)
@@ -179,20 +189,38 @@ class ExecutorActor(Actor):
                 self.batch.forget_all()  # after booking the step before: its tokens are whole
             updates += self.batch.take_aborted()
             dropped = self.batch.take_dropped()
-            if updates or dropped or out_of_memory:
+            saved = self.moves.take_saved()
+            if updates or dropped or out_of_memory or any(saved):
                 self.step_count += 1
-                await self._publish_step(executor_id, updates, dropped, out_of_memory)
+                await self._publish_step(executor_id, updates, dropped, out_of_memory, saved)
                 # nats-py's flusher task writes it: let it run now, before the next launch keeps the
                 # host busy (this loop on a GPU, the GIL on the CPU), or the tokens wait until it ends.
                 await asyncio.sleep(0)
 
+    async def _wait_for_work(self) -> None:
+        """Until the next commands; with saves under way, no longer than SAVE_POLL_S, so their end
+        is reported though nothing steps."""
+        if not self.moves.saving:
+            await self.work.wait()
+            return
+        try:
+            await asyncio.wait_for(self.work.wait(), SAVE_POLL_S)
+        except TimeoutError:
+            pass
+
     async def _publish_step(
-        self, executor_id: str, updates: list[SequenceUpdate], dropped: list[str], out_of_memory: OutOfMemory | None
+        self,
+        executor_id: str,
+        updates: list[SequenceUpdate],
+        dropped: list[str],
+        out_of_memory: OutOfMemory | None,
+        saved: tuple[list[int], list[int]] = ([], []),
     ) -> None:
         """Publishes the step's output in as many messages as the bus needs, in order: the updates
         halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
         the logprobs name), one update's prompt logprobs halved too; the drops and a failed step's
-        report go with the last part (every token they drew is in it or before it). The weights
+        report go with the last part (every token they drew is in it or before it), as do the host
+        slots saved or abandoned since the last output. The weights
         change only with no step in flight, so those that launched the booked step serve now."""
         version = self.weights.version
         await self.bus.publish_in_parts(
@@ -205,6 +233,8 @@ class ExecutorActor(Actor):
                 dropped if last else [],
                 version,
                 out_of_memory=out_of_memory if last else None,
+                saved_slots=saved[0] if last else [],
+                unsaved_slots=saved[1] if last else [],
             ),
             limit_bytes=self.bus.max_payload_bytes // 2,
             halves=halves_of,
@@ -212,7 +242,7 @@ class ExecutorActor(Actor):
 
     async def _step(
         self,
-        copies: list[tuple[int, int]],
+        copies: list[KVMove],
         inputs: list[SequenceInput],
         plan: list[PlannedInput],
         previous: PendingStep | None,
@@ -237,7 +267,7 @@ class ExecutorActor(Actor):
         return launched, tokens, None
 
     async def _launch_then_collect(
-        self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None
+        self, copies: list[KVMove], inputs: list[SequenceInput], previous: PendingStep | None
     ) -> tuple[PendingStep | None, list[int | None] | None]:
         """Enqueues the next step behind the one in flight, then waits for that one's tokens, so
         the GPU has work queued while the host books and publishes.
@@ -274,11 +304,11 @@ class ExecutorActor(Actor):
         return step.tokens()
 
     def _launch_then_wait(
-        self, copies: list[tuple[int, int]], inputs: list[SequenceInput], previous: PendingStep | None
+        self, copies: list[KVMove], inputs: list[SequenceInput], previous: PendingStep | None
     ) -> tuple[PendingStep | None, list[int | None] | None]:
         """In a worker thread: launches, then blocks until the previous step's tokens are on the host."""
         return self._launch(copies, inputs), previous.tokens() if previous else None
 
-    def _launch(self, copies: list[tuple[int, int]], inputs: list[SequenceInput]) -> PendingStep | None:
-        self.runner.copy_blocks(copies)
+    def _launch(self, copies: list[KVMove], inputs: list[SequenceInput]) -> PendingStep | None:
+        self.moves.apply(copies)
         return self.runner.launch(inputs) if inputs else None

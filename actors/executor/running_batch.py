@@ -32,10 +32,14 @@ from schemas.step import (
     DropSequence,
     GrantBlocks,
     HoldStepping,
+    LoadBlocks,
     PrefillChunk,
+    SaveBlocks,
     SequenceUpdate,
     StartSequence,
 )
+
+KVMove = CopyBlock | SaveBlocks | LoadBlocks  # between KV blocks and host slots, before the next step
 
 
 @dataclass
@@ -81,7 +85,7 @@ class RunningBatch:
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
         self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
-        self.copies: list[tuple[int, int]] = []  # KV blocks to copy before the next step: (source, target)
+        self.copies: list[KVMove] = []  # KV to move before the next step, in command order (kv_moves.py)
         self.held = False  # an in-place pause: plan no step; every sequence keeps its KV and its place
         # Sequences `forget_all` forgot, until the scheduler's drop of each: the outputs booked for them,
         # so that an abort among those drops still ends its request after every token it drew.
@@ -118,8 +122,8 @@ class RunningBatch:
             case GrantBlocks(request_id, block_ids):
                 if request_id in self.sequences:
                     self.sequences[request_id].block_table += block_ids
-            case CopyBlock(source, target):
-                self.copies.append((source, target))
+            case CopyBlock() | SaveBlocks() | LoadBlocks():
+                self.copies.append(command)
             case DropSequence(request_id, abort):
                 seq = self.sequences.pop(request_id, None)
                 self._forget(seq)
@@ -150,9 +154,15 @@ class RunningBatch:
         if seq is not None and seq.rules is not None and seq.rules.slot >= 0:
             self.rule_slots.give_back(seq.rules.slot)
 
-    def take_copies(self) -> list[tuple[int, int]]:
+    def take_copies(self) -> list[KVMove]:
         copies, self.copies = self.copies, []
         return copies
+
+    def take_saves(self) -> list[SaveBlocks]:
+        """The saves not yet made, taken out of the moves (before the pool may be released)."""
+        saves = [move for move in self.copies if isinstance(move, SaveBlocks)]
+        self.copies = [move for move in self.copies if not isinstance(move, SaveBlocks)]
+        return saves
 
     def take_dropped(self) -> list[str]:
         dropped, self.dropped = self.dropped, []

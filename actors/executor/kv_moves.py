@@ -1,0 +1,96 @@
+"""The executor's KV moves before a step, in the order the scheduler sent them: copies inside the
+pool (a forked choice's block), saves of blocks to the host tier's slots and loads back.
+
+The host tier's memory is one shared-memory segment (actors/cache_tier/host_segment.py) named after
+the data dir and the KV geometry, so a restarted executor maps the same one (v1: the scheduler
+forgets what it holds all the same). A save runs on the transfer's own streams and is reported once
+done (`take_saved`), so the scheduler keeps the block from reuse until then; a load is ordered
+before the next step, which reads it.
+"""
+
+import hashlib
+import os
+
+from actors.cache_tier.host_segment import HostSegment
+from actors.executor.running_batch import KVMove
+from gpu.kv_cache import KVCache
+from gpu.kv_transfer import KVTransfer, Transfer
+from gpu.runner import ModelRunner
+from schemas.step import CopyBlock, LoadBlocks, SaveBlocks
+
+
+def segment_prefix(data_dir: str) -> str:
+    """The start of the host segments' names of one data dir (tests glob /dev/shm for it)."""
+    digest = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
+    return f"kvhost-{digest}-"
+
+
+class KVMoves:
+    """Applies `KVMove`s to `runner`'s pool; with `host_slots` > 0, over a host tier of that many
+    slots (one block of every layer each)."""
+
+    def __init__(self, runner: ModelRunner, host_slots: int, data_dir: str) -> None:
+        self.runner = runner
+        self.num_slots = host_slots
+        self.segment: HostSegment | None = None
+        self.transfer: KVTransfer | None = None
+        self._saving: list[tuple[Transfer, list[int]]] = []  # in order of issue: (copy, its slots)
+        self._abandoned: list[int] = []  # slots whose save will never be made (the pool was released)
+        if host_slots <= 0:
+            return
+        kv: KVCache = runner.kv
+        layer = kv.layers[0]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
+        slot_bytes = len(kv.layers) * layer[0].numel() * layer.element_size()
+        self.segment = HostSegment.create(f"{segment_prefix(data_dir)}{slot_bytes}", host_slots, slot_bytes)
+        self.transfer = KVTransfer(kv, self.segment.slots())
+
+    @property
+    def saving(self) -> bool:
+        """Whether saves are under way, to be reported when done."""
+        return bool(self._saving)
+
+    def apply(self, moves: list[KVMove]) -> None:
+        """Makes `moves` in order; consecutive copies go to the pool together."""
+        copies: list[tuple[int, int]] = []
+        for move in moves:
+            if not isinstance(move, CopyBlock) and copies:
+                self.runner.copy_blocks(copies)
+                copies = []
+            match move:
+                case CopyBlock(source, target):
+                    copies.append((source, target))
+                case SaveBlocks(blocks, slots):
+                    self._save(blocks, slots)
+                case LoadBlocks(slots, blocks):
+                    self._host_tier(move).load(slots, blocks)
+        self.runner.copy_blocks(copies)
+
+    def _save(self, blocks: list[int], slots: list[int]) -> None:
+        if self.runner.kv.released:
+            self._abandoned += slots  # the pool's content is gone: nothing true to save
+        else:
+            self._saving.append((self._host_tier(SaveBlocks(blocks, slots)).save(blocks, slots), slots))
+
+    def _host_tier(self, move: KVMove) -> KVTransfer:
+        if self.transfer is None:
+            raise ValueError(f"{type(move).__name__}: this executor has no host tier (--host-kv-blocks 0)")
+        return self.transfer
+
+    def take_saved(self) -> tuple[list[int], list[int]]:
+        """(slots saved, slots abandoned) since the last call; saves finish in the order issued."""
+        saved: list[int] = []
+        while self._saving and self._saving[0][0].done():
+            saved += self._saving.pop(0)[1]
+        abandoned, self._abandoned = self._abandoned, []
+        return saved, abandoned
+
+    def wait(self) -> None:
+        """Blocks until every save under way is done (before the pool may be released)."""
+        for transfer, _ in self._saving:
+            transfer.wait()
+
+    def forget(self) -> None:
+        """A new scheduler, or a new epoch: the saves under way are nobody's to report."""
+        self.wait()  # their copies still read blocks a new owner may reuse
+        self._saving.clear()
+        self._abandoned.clear()
