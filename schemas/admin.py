@@ -36,6 +36,12 @@ class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
     hit_tokens: int  # prompt tokens served from the cache, since start
     queried_tokens: int  # prompt tokens looked up, since start
     hit_rate: float  # hit_tokens / queried_tokens
+    # The host tier (--host-kv-blocks): its slots, those holding or saving a block, and since start
+    # the blocks loaded from it instead of recomputed, and those a first lookup found on neither tier.
+    host_slots: int = 0
+    host_used_slots: int = 0
+    host_hit_blocks: int = 0
+    host_miss_blocks: int = 0
 
 
 class PublishPrefix(msgspec.Struct, frozen=True, tag="publish_prefix"):

@@ -118,12 +118,16 @@ class SchedulerActor(Actor):
                 engine.max_prefill_tokens,
                 prefix_caching=engine.prefix_caching,
                 tenancy=TenancyPolicy(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
+                host_slots=info.host_kv_slots,
+                kv_fingerprint=f"{engine.model_name}|{info.dtype}",
             )
         else:
             self.log.warning(
                 "executor_changed", old=self.executor_id, new=info.executor_id, requeued=len(self.batcher.sequences)
             )
-            self.batcher.reset_executor(info.num_blocks, info.block_size, info.max_model_len, info.vocab_size)
+            self.batcher.reset_executor(
+                info.num_blocks, info.block_size, info.max_model_len, info.vocab_size, info.host_kv_slots
+            )
         budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
         if self.sessions is None:

@@ -47,9 +47,14 @@ class ContinuousBatcher:
         lookahead_tokens: int | None = None,
         prefix_caching: bool = True,
         tenancy: TenancyPolicy | None = None,
+        host_slots: int = 0,
+        kv_fingerprint: str = "",
     ) -> None:
         self.requests = RequestTable(max_model_len, vocab_size)
-        self.kv = KVManager(num_blocks, block_size, prefix_caching, tenancy or TenancyPolicy())
+        self.kv_fingerprint = kv_fingerprint  # the model and KV dtype: what the host tier's blocks belong to
+        self.kv = KVManager(
+            num_blocks, block_size, prefix_caching, tenancy or TenancyPolicy(), host_slots, kv_fingerprint
+        )
         self.prefill = PrefillPlanner(max_prefill_tokens)
         self.drops = DropLedger()
         # How many sequences may run: max_num_seqs, halved when the executor runs out of memory.
@@ -146,15 +151,22 @@ class ContinuousBatcher:
         else:  # the executor forgot every sequence it ran, after the tokens above
             self.retract_running()
             self.running_limit.out_of_memory(output.out_of_memory.sequences)
+        self.kv.saved(output.saved_slots, output.unsaved_slots)
+        self._commands += self.kv.take_commands()
         return finished
 
-    def reset_executor(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
+    def reset_executor(
+        self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int, host_slots: int = 0
+    ) -> None:
         """A new executor knows nothing: every started request goes back to the queue and is
-        recomputed from its prompt and the tokens it already produced."""
+        recomputed from its prompt and the tokens it already produced. The host tier's books start
+        empty too (v1), though its segment may hold the old executor's blocks."""
         # What admins published outlives the executor: the policy keeps it as tokens, whatever the new block size.
         old = self.kv.cache
-        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy)
+        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy, host_slots, self.kv_fingerprint)
         self.kv.cache.generation = old.generation  # the count of weights seen goes on, in a tree empty as the pool
+        if self.kv.host is not None:
+            self.kv.host.new_generation(old.generation)
         for seq in self.requests.requeue_all(max_model_len, vocab_size):
             self.kv.forget(seq)
         self.lookahead_tokens = 2 * block_size
@@ -201,6 +213,7 @@ class ContinuousBatcher:
                 budget -= self._send_chunk(seq, budget)
             else:
                 break  # first come, first served: nothing overtakes a request short of blocks
+        self._commands += self.kv.take_commands()
         commands, self._commands = self._commands, []
         return commands
 
@@ -235,7 +248,9 @@ class ContinuousBatcher:
         elif self.kv.start(seq):
             computed = seq.cached.num_tokens
         else:
+            self._commands += self.kv.take_commands()  # loads into the tree, though this one waits
             return False
+        self._commands += self.kv.take_commands()  # loads of its prefix from the host: before its start
         self.requests.start(seq)
         seq.start_run(computed)
         # A penalty counts the prompt (the repetition penalty) and the outputs before a preemption.
@@ -266,6 +281,7 @@ class ContinuousBatcher:
         self._commands.append(DropSequence(seq.request_id, abort))
         self.drops.sent(seq.request_id)
         self.kv.release(seq)
+        self._commands += self.kv.take_commands()
 
     def _preempt(self, seq: Sequence) -> None:
         self.preemptions += 1

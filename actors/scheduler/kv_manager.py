@@ -1,14 +1,18 @@
 """The KV blocks of the scheduler's sequences: the block pool and the radix cache behind one
 object. It gives a starting sequence the cached prefix it may read and fresh blocks for the rest,
-grows decoding ones, forks choices, and leaves computed blocks to the cache."""
+grows decoding ones, forks choices, and leaves computed blocks to the cache. With a host tier
+(host_tier.py), the blocks that go into the cache are written through to host slots, and a start
+whose prefix continues on the host past the GPU's loads those blocks back instead of recomputing
+them; the KV moves this asks of the executor wait in `take_commands`."""
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.host_tier import HostTier
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import MatchResult, Node
 from actors.scheduler.sequence import Sequence
 from schemas.admin import CacheReport, PrefixPublished
-from schemas.step import CopyBlock
+from schemas.step import Command, CopyBlock, LoadBlocks, SaveBlocks
 
 # The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
 NO_PREFIX = MatchResult(Node((), [], None), [], 0)
@@ -24,24 +28,45 @@ class KVManager:
     writes have no other holder until they go into the cache. An allocation takes all it asks for
     or nothing, and evicts only cached prefixes that no sequence locks. A sequence's KV goes into
     the cache only under the generation it was computed in (`seq.kv_generation`): KV of older
-    weights, even continued under new ones, is never cached again.
+    weights, even continued under new ones, is never cached again. A block being saved to the
+    host holds one more pool reference, until the executor reports the save done.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool, tenancy: TenancyPolicy) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool,
+        tenancy: TenancyPolicy,
+        host_slots: int = 0,
+        fingerprint: str = "",
+    ) -> None:
         self.pool = BlockPool(num_blocks)
         self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, tenancy=tenancy)
         self.block_size = block_size
+        # The host tier only ever holds what the radix cache stores: nothing without it.
+        self.host = HostTier(host_slots, block_size, fingerprint) if host_slots > 0 and prefix_caching else None
+        self._commands: list[Command] = []  # saves and loads for the executor, in the order made
+
+    def take_commands(self) -> list[Command]:
+        """The KV moves asked since the last call, to go before any command that follows them."""
+        commands, self._commands = self._commands, []
+        return commands
 
     def start(self, seq: Sequence) -> bool:
         """Gives `seq` the cached prefix of its tokens that it may read, locked, and fresh blocks
         for the rest and one token more; False, holding nothing, if those cannot be had. The first
         start of a request counts as its lookup in the hit figures; readmissions do not."""
         tokens = seq.prompt_ids + seq.output_ids
-        if not seq.looked_up:
+        first = not seq.looked_up
+        if first:
             self.cache.record_lookup(tokens, seq.tenant)
             seq.looked_up = True
-        cached = self.cache.match(self.lookup_tokens(seq), seq.tenant)
+        lookup = self.lookup_tokens(seq)
+        cached = self.cache.match(lookup, seq.tenant)
         self.cache.lock(cached.node)  # so that allocating cannot evict it
+        if self.host is not None:
+            cached = self._load_from_host(seq, lookup, cached, first)
         own = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if own is None:
             self.cache.unlock(cached.node)
@@ -95,6 +120,7 @@ class KVManager:
             return
         tokens = seq.prefill_ids[: full * self.block_size]
         self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
+        self._write_through(seq, tokens, seq.blocks[:full])
         # match leaves the last token it is given uncached: give one past the stored blocks.
         stored = self.cache.match(tokens + [0], seq.tenant)
         if stored.blocks != seq.blocks[: len(stored.blocks)]:
@@ -113,6 +139,7 @@ class KVManager:
             full = min(seq.computed_len // self.block_size, len(seq.blocks))
             tokens = (seq.prompt_ids + seq.output_ids)[: full * self.block_size]
             self.cache.insert(tokens, seq.blocks[:full], tenant=seq.tenant)
+            self._write_through(seq, tokens, seq.blocks[:full])
         self.cache.unlock(seq.cached.node)
         self.pool.release(seq.blocks)
         seq.blocks, seq.cached = [], None
@@ -129,6 +156,7 @@ class KVManager:
         usage = self.cache.usage()
         in_use = len({b for seq in running for b in seq.blocks})
         hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
+        host = self.host.stats() if self.host is not None else None
         return CacheReport(
             self.pool.num_blocks,
             usage.free_blocks,
@@ -140,6 +168,10 @@ class KVManager:
             usage.hit_tokens,
             usage.queried_tokens,
             hit_rate,
+            host_slots=host.slots if host else 0,
+            host_used_slots=host.used if host else 0,
+            host_hit_blocks=host.hits if host else 0,
+            host_miss_blocks=host.misses if host else 0,
         )
 
     def publish(self, tokens: list[int]) -> PrefixPublished:
@@ -154,7 +186,49 @@ class KVManager:
         """New weights: no cached KV is matched again, nor is the KV that running sequences
         computed so far ever cached; returns how many blocks were freed now (the rest go as
         their readers finish)."""
-        return self.cache.new_generation()
+        freed = self.cache.new_generation()
+        if self.host is not None:
+            self.host.new_generation(self.cache.generation)
+        return freed
+
+    def saved(self, slots: list[int], abandoned: list[int]) -> None:
+        """The executor reports these host saves done, or abandoned: their blocks are free of them."""
+        if self.host is not None:
+            self.pool.release(self.host.saved(slots) + self.host.unsaved(abandoned))
+
+    def _write_through(self, seq: Sequence, tokens: list[int], blocks: list[int]) -> None:
+        """Asks the executor to copy to host slots the blocks just cached (`blocks`, the KV of
+        `tokens`) that the host lacks; each keeps a pool reference until its copy is done."""
+        if self.host is None or not blocks:
+            return
+        hashes = self.host.hashes(seq, tokens, len(blocks))
+        saving, slots = self.host.to_save(hashes, blocks)
+        if saving:
+            self.pool.retain(saving)
+            self._commands.append(SaveBlocks(saving, slots))
+
+    def _load_from_host(self, seq: Sequence, lookup: list[int], cached: MatchResult, first: bool) -> MatchResult:
+        """`cached`, locked, continued with the blocks after it that the host holds: they get GPU
+        blocks, a LoadBlocks ahead of the sequence's start, and a place in the tree; returns the
+        longer match, locked instead (or `cached` as it was, if nothing continues it)."""
+        whole = (len(lookup) - 1) // self.block_size  # the blocks a match may cover: never the last token
+        have = len(cached.blocks)
+        if whole <= have:
+            return cached
+        hashes = self.host.hashes(seq, lookup, whole)
+        slots = self.host.match(hashes[have:], count_misses=first)
+        blocks = self._allocate(len(slots)) if slots else None
+        if blocks is None:
+            return cached
+        self._commands.append(LoadBlocks(slots, blocks))
+        covered = (have + len(slots)) * self.block_size
+        self.cache.insert(lookup[:covered], cached.blocks + blocks, tenant=seq.tenant)
+        self.pool.release(blocks)  # the tree holds its own reference on those it stored
+        longer = self.cache.match(lookup, seq.tenant)
+        self.cache.lock(longer.node)
+        self.cache.unlock(cached.node)
+        self.host.hits += len(longer.blocks) - have
+        return longer
 
     def _allocate(self, count: int) -> list[int] | None:
         """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None

@@ -33,6 +33,9 @@ class Sequence:
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running
     kv_generation: int = 0  # the cache generation (the weights) its blocks' KV was computed under
     looked_up: bool = False  # its prompt was matched against the cache once: later matches are not counted
+    # The host tier's hashes of its leading whole blocks (host_tier.py), and the namespace they are under.
+    block_hashes: list[bytes] = field(default_factory=list)
+    hashed_under: str = ""
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.
