@@ -103,3 +103,15 @@ def test_without_a_host_tier_nothing_is_hashed_or_sent():
     finish(kv, seq)
     assert kv.take_commands() == [] and seq.block_hashes == []
     assert kv.report([]).host_slots == 0
+
+
+def test_after_new_weights_the_old_host_blocks_are_never_loaded():
+    kv = KVManager(6, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m")
+    first = sequence("first", list(range(13)))
+    assert kv.start(first)
+    finish(kv, first)
+    confirm(kv)
+    kv.new_generation()  # frees the GPU's cached blocks too
+    assert kv.start(again := sequence("again", list(range(13)) + [7]))
+    assert kv.take_commands() == [] and again.cached.num_tokens == 0
+    assert kv.report([again]).host_used_slots == 0
