@@ -172,6 +172,7 @@ def test_help_groups_the_same_flags_by_component():
             "--max-num-seqs",
             "--max-prefill-tokens",
             "--prefix-caching",
+            "--host-kv-blocks",
             "--session-budget-tokens",
             "--step-deadline-s",
             "--weight-version",
