@@ -68,7 +68,14 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
         ),
         "scheduler": Grant(
             # origins: the end of a waiting request aborted with its output kept
-            publish=[s.executor_commands, s.executor_describe, s.origin("*"), s.heartbeat("scheduler")],
+            # snapshot: every change to a session, and the restore at start
+            publish=[
+                s.executor_commands,
+                s.executor_describe,
+                s.origin("*"),
+                s.snapshot_sessions,
+                s.heartbeat("scheduler"),
+            ],
             subscribe=[
                 s.scheduler,
                 s.scheduler_weights,
@@ -85,7 +92,13 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.admin_weights,
                 s.heartbeat("frontdoor"),
                 s.heartbeat("gateway"),
+                s.heartbeat("snapshot"),  # a restarted snapshot actor gets every session again
             ],
+            answers_requests=True,
+        ),
+        "snapshot": Grant(
+            publish=[s.heartbeat("snapshot")],
+            subscribe=[s.snapshot_sessions],
             answers_requests=True,
         ),
         "weight_sync": Grant(

@@ -94,6 +94,10 @@ class Subjects:
     def scheduler_weights(self) -> str:  # WeightsCommitted -> CacheGeneration (from weight_sync)
         return self._("scheduler", "weights")
 
+    @property
+    def snapshot_sessions(self) -> str:  # schemas/snapshot.py: the scheduler's saves, drops and restores, in order
+        return self._("snapshot", "sessions")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

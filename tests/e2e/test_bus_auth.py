@@ -22,7 +22,7 @@ from schemas.errors import Error
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 from tests.e2e.nats_probe import PROBE, Connection
 
-ACTORS = ("executor", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+ACTORS = ("executor", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
 
 
 def credentials(server, user: str) -> bus_auth.BusCredentials:
@@ -89,6 +89,7 @@ def test_credential_files_are_private(server):
         "gateway.json",
         "nats-server.conf",
         "scheduler.json",
+        "snapshot.json",
         "supervisor.json",
         "tokenizer.json",
         "weight_sync.json",

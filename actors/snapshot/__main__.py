@@ -1,0 +1,4 @@
+from actors.snapshot.actor import SnapshotActor
+from kernel.actor import main
+
+main(SnapshotActor)
