@@ -4,7 +4,9 @@ and the sessions table.
 It wraps a `ContinuousBatcher`: submits, aborts and step outputs go in, executor commands come
 out, published as one message per scheduling round without waiting for a reply. Beside it a
 `SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache,
-and a `SchedulerAdmin` (admin.py) answers the admin conversations and the commit of new weights.
+`DurableSessions` (durable_sessions.py) answers for it and keeps the snapshot actor's copy on disk
+up to date, and a `SchedulerAdmin` (admin.py) answers the admin conversations and the commit of
+new weights.
 """
 
 import asyncio
@@ -14,6 +16,7 @@ from collections import defaultdict
 from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.durable_sessions import DurableSessions
 from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
@@ -33,16 +36,7 @@ from schemas.requests import (
     Submit,
     Tenant,
 )
-from schemas.session import (
-    AsTenant,
-    BeginTurn,
-    CloseSession,
-    OpenSession,
-    PublicSessionRequest,
-    RecordTurn,
-    SessionReply,
-    SessionRequest,
-)
+from schemas.session import AsTenant, BeginTurn, PublicSessionRequest, RecordTurn, SessionReply, SessionRequest
 from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
 from schemas.weights import CacheGeneration, WeightsCommitted
 
@@ -64,6 +58,7 @@ class SchedulerActor(Actor):
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
         self.sessions: SessionTable | None = None
+        self.durable = DurableSessions(self.bus, self.subjects, self.log)
         self.admin: SchedulerAdmin | None = None  # the admin conversations, once an executor is known
         self.weight_version = "default"  # the executor's, for the ends of requests it never ran
         await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
@@ -79,6 +74,7 @@ class SchedulerActor(Actor):
         self.origins = Liveness()
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
+        await self.bus.subscribe(self.subjects.heartbeat("snapshot"), Heartbeat, self._on_snapshot_heartbeat)
         self.spawn(self._abort_orphans(), "abort_orphans")
         self.spawn(self._expire_sessions(), "expire_sessions")
         self.spawn(self._find_executor(), "find_executor")
@@ -86,7 +82,7 @@ class SchedulerActor(Actor):
 
     @property
     def ready(self) -> bool:
-        return self.batcher is not None
+        return self.batcher is not None and self.durable.restored.is_set()
 
     async def _find_executor(self, resync: bool = False) -> None:
         """Asks until an executor answers; later restarts announce themselves on the info subject."""
@@ -103,6 +99,7 @@ class SchedulerActor(Actor):
         self.origins.forgive_silence()  # their beats were lost with the bus, not their processes
         if self.batcher is not None:
             self.spawn(self._find_executor(resync=True), "resync_executor")
+            self.spawn(self.durable.send_all(self.sessions), "resend_sessions")
 
     async def _on_executor_info(self, info: ExecutorInfo, _reply_to: str | None) -> None:
         if info.executor_id == self.executor_id:
@@ -133,6 +130,7 @@ class SchedulerActor(Actor):
         if self.sessions is None:
             self.sessions = SessionTable(self.batcher.kv.cache, budget)
             self.admin = SchedulerAdmin(self.batcher, self.sessions, self.log)
+            self.spawn(self.durable.restore(self.sessions), "restore_sessions")
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
         self.executor_id = info.executor_id
@@ -170,9 +168,9 @@ class SchedulerActor(Actor):
                 await self._aborted(aborted, keep_output=True)
                 return Aborted([seq.request_id for seq in aborted])
             case AsTenant(tenant, request):  # an HTTP client's, with the tenant of its key
-                return self._session(request, tenant)
+                return await self._session(request, tenant)
             case BeginTurn() | RecordTurn():
-                return self._session(message, message.tenant)
+                return await self._session(message, message.tenant)
 
     async def _aborted(self, aborted: list[Sequence], keep_output: bool) -> None:
         """After aborts: with `keep_output`, ends those that were not on the executor (whose end
@@ -197,28 +195,19 @@ class SchedulerActor(Actor):
     ) -> SessionReply:
         """A client's, on the public subject. `key_tenant`: with API keys, the subject's last token,
         which `user` only narrows; without them `user` names the tenant."""
-        return self._session(message, request_tenant(key_tenant, message.user))
+        return await self._session(message, request_tenant(key_tenant, message.user))
 
-    def _session(self, message: PublicSessionRequest | BeginTurn | RecordTurn, tenant: Tenant) -> SessionReply:
+    async def _session(self, message: PublicSessionRequest | BeginTurn | RecordTurn, tenant: Tenant) -> SessionReply:
         if self.sessions is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
-        match message:
-            case OpenSession():
-                opened = self.sessions.open(message, tenant)
-                self.log.info("session_opened", session_id=opened.session_id, capacity_tokens=opened.capacity_tokens)
-                return opened
-            case CloseSession():
-                reply = self.sessions.close(message, tenant)
-                if not isinstance(reply, Error):
-                    self.log.info("session_closed", session_id=message.session_id)
-                return reply
-            case BeginTurn():
-                return self.sessions.begin_turn(message)
-            case RecordTurn():
-                return self.sessions.record_turn(message)
+        return await self.durable.answer(self.sessions, message, tenant)
 
     async def _on_origin_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
         self.origins.observe(beat)
+
+    async def _on_snapshot_heartbeat(self, beat: Heartbeat, _reply_to: str | None) -> None:
+        if self.sessions is not None:
+            await self.durable.snapshot_heard(self.sessions, beat)
 
     async def _abort_orphans(self) -> None:
         """A dead origin's clients are gone with it: free what their requests hold."""
@@ -244,6 +233,7 @@ class SchedulerActor(Actor):
             if self.sessions is not None:
                 for session_id in self.sessions.expire(lambda turn_id: turn_id in self.batcher.sequences):
                     self.log.info("session_expired", session_id=session_id)
+                await self.durable.send_changes(self.sessions)
 
     async def _on_admin(self, message: AdminRequest, _reply_to: str | None) -> AdminReply | Error:
         if self.admin is None:

@@ -6,6 +6,12 @@ with them, so its prefill matches them in the cache and computes only what is ne
 is open, the cached blocks of its leaf turns stay locked (pinned), within the session's capacity
 and a budget all sessions share; past those the oldest pins are let go, and their blocks are
 evicted like any cached prefix when blocks run short (a later turn recomputes what is gone).
+
+The table is the one owner of the sessions; the snapshot actor keeps a copy on disk. Every change
+to what must outlive the scheduler (a session opened, a turn recorded, a session closed or
+expired) is collected for the actor to send on (`take_changes`), and a scheduler that starts
+`restore`s what was saved: the conversations, without pins. Times are wall-clock seconds, so idle
+timeouts run on across restarts.
 """
 
 import time
@@ -53,7 +59,7 @@ class Session:
     tenant: Tenant  # who opened it: the tenant its turns run as, whose cached prefixes they read
     capacity_tokens: int
     idle_timeout_s: float
-    last_used: float
+    last_used: float  # wall-clock seconds since the epoch
     turns: dict[str, Turn] = field(default_factory=dict)  # in the order recorded: the last is the latest
     pins: list[Pin] = field(default_factory=list)  # oldest first; one per leaf turn at most
     running: set[str] = field(default_factory=set)  # turns begun and not recorded yet
@@ -66,12 +72,13 @@ class SessionTable:
     `budget_tokens` (a block pinned by two sessions counts for both). A session is known only to
     the tenant that opened it: to anyone else it does not exist."""
 
-    def __init__(self, cache: RadixCache, budget_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cache: RadixCache, budget_tokens: int, clock: Callable[[], float] = time.time) -> None:
         self.cache = cache
         self.budget_tokens = budget_tokens
-        self.clock = clock
+        self.clock = clock  # the wall clock, which a restart keeps (a step of it moves the idle deadlines)
         self.sessions: dict[str, Session] = {}
         self._by_turn: dict[str, Session] = {}  # every turn, recorded or running, of an open session
+        self._changed: set[str] = set()  # sessions opened, changed or closed since `take_changes`
 
     def attach(self, cache: RadixCache, budget_tokens: int) -> None:
         """A new executor came with a new, empty cache: the old pins went with the old one."""
@@ -83,6 +90,22 @@ class SessionTable:
     def pinned_tokens(self) -> int:
         return sum(s.pinned_tokens for s in self.sessions.values())
 
+    # -- what outlives the scheduler --------------------------------------------------------
+
+    def take_changes(self) -> tuple[list[Session], list[str]]:
+        """The sessions opened or changed since the last call, and the ids of those closed since."""
+        changed, self._changed = self._changed, set()
+        saved = [self.sessions[i] for i in sorted(changed) if i in self.sessions]
+        return saved, sorted(i for i in changed if i not in self.sessions)
+
+    def restore(self, sessions: list[Session]) -> None:
+        """Takes back sessions a scheduler before this one saved. They have no pins: the cache
+        they were pinned in went with that scheduler's executor, or was emptied by a restart."""
+        for session in sessions:
+            if session.session_id not in self.sessions:
+                self.sessions[session.session_id] = session
+                self._by_turn |= dict.fromkeys(session.turns, session)
+
     # -- the conversation ------------------------------------------------------------------
 
     def open(self, message: OpenSession, tenant: Tenant) -> SessionOpened:
@@ -92,6 +115,7 @@ class SessionTable:
         idle_timeout_s = message.idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S
         session = Session(uuid.uuid4().hex, tenant, capacity, idle_timeout_s, self.clock())
         self.sessions[session.session_id] = session
+        self._changed.add(session.session_id)
         return SessionOpened(session.session_id, capacity, idle_timeout_s)
 
     def close(self, message: CloseSession, tenant: Tenant) -> SessionClosed | Error:
@@ -135,6 +159,7 @@ class SessionTable:
             self._drop_after(session, parent)
         session.turns[turn_id] = turn = Turn(turn_id, parent, list(message.token_ids))
         self._by_turn[turn_id] = session
+        self._changed.add(session.session_id)
         self._pin(session, turn)
         if parent is not None:
             self._unpin(session, parent)  # the new turn's tokens start with the parent's: its pin covers them
@@ -249,6 +274,7 @@ class SessionTable:
         for turn_id in [*session.turns, *session.running]:
             self._by_turn.pop(turn_id, None)
         del self.sessions[session.session_id]
+        self._changed.add(session.session_id)
 
     def _drop_after(self, session: Session, parent: str | None) -> None:
         """Drops the turns that descend from `parent` (every turn, for None), and their pins."""
