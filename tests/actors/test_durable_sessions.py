@@ -1,0 +1,54 @@
+"""The scheduler's side of durable sessions on a real nats-server, with a real snapshot actor that
+comes up late: a turn asked while the sessions are being restored waits for them, and gets the
+saved conversation rather than not_found; a session opened afterwards reaches the disk."""
+
+import argparse
+import asyncio
+import time
+
+import structlog
+
+from actors.scheduler.durable_sessions import DurableSessions
+from actors.snapshot.actor import SESSIONS_DIR, SnapshotActor
+from actors.snapshot.session_store import SessionStore
+from kernel.bus import Bus
+from kernel.config import BusConfig, KernelConfig, SupervisionConfig
+from kernel.subjects import Subjects
+from schemas.session import BeginTurn, OpenSession, SessionOpened, TurnTokens
+from schemas.snapshot import SessionRecord, TurnRecord
+from tests.actors.test_sessions import ALICE, make
+
+
+async def test_a_turn_asked_while_restoring_waits_for_the_saved_session(nats_url, tmp_path):
+    tokens = list(range(100, 130))
+    saved = SessionRecord("s1", ALICE, 64, 600.0, time.time(), [TurnRecord("t1", None, 0, tokens)])
+    SessionStore(tmp_path / SESSIONS_DIR).save(saved)
+    _, _, table, _ = make()
+    scheduler_bus = await Bus.connect(nats_url, "scheduler")
+    durable = DurableSessions(scheduler_bus, Subjects(), structlog.get_logger())
+    restoring = asyncio.create_task(durable.restore(table))
+    begun = asyncio.create_task(durable.answer(table, BeginTurn("s1", ALICE, "t2"), ALICE))
+    await asyncio.sleep(0.5)
+    assert not begun.done() and not restoring.done()  # no snapshot actor yet: the restore asks again
+
+    config = KernelConfig(bus=BusConfig(nats_url=nats_url), supervision=SupervisionConfig(data_dir=str(tmp_path)))
+    snapshot_bus = await Bus.connect(nats_url, "snapshot")
+    snapshot = SnapshotActor(config, snapshot_bus, argparse.Namespace())
+    stop = asyncio.Event()
+    running = asyncio.create_task(snapshot.run_until_stopped(stop))
+    try:
+        assert await asyncio.wait_for(begun, 30) == TurnTokens("s1", "t1", tokens)
+        await restoring
+        opened = await durable.answer(table, OpenSession(), ALICE)
+        assert isinstance(opened, SessionOpened)
+        path = tmp_path / SESSIONS_DIR / f"{opened.session_id}.session"
+        for _ in range(300):
+            if path.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert path.exists()
+    finally:
+        stop.set()
+        await running
+        await snapshot_bus.close()
+        await scheduler_bus.close()
