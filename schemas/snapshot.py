@@ -18,7 +18,9 @@ from schemas.requests import Tenant
 SessionId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 
 
-class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# The records live in files across builds: fields a newer build adds are ignored by an older one
+# (never forbidden), and fields at their defaults are left out.
+class TurnRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One turn. Its tokens are the conversation up to its end (its prompt and the output its client
     got); they nearly always start with its parent's, so only the rest is kept: the turn's tokens
     are the parent's first `shared_tokens`, then `token_ids`."""
@@ -37,7 +39,7 @@ class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     recurrent_state_key: bytes | None = None
 
 
-class SessionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class SessionRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     session_id: SessionId
     tenant: Tenant  # who opened it: only its requests may use it
     capacity_tokens: int

@@ -92,15 +92,23 @@ class DurableSessions:
         """Every held session, and which are held: after changes may have been lost."""
         if not self.restored.is_set():
             return  # the restore reads the disk whole; nothing changed before it ends
-        await self.bus.publish(self.subject, SessionsHeld(sorted(table.sessions)))
+        try:
+            await self.bus.publish(self.subject, SessionsHeld(sorted(table.sessions)))
+        except PayloadTooLarge as exc:
+            # Past some 30,000 sessions under NATS's default 1 MB: a session whose drop was lost
+            # then stays on disk, and comes back after a restart until its idle timeout.
+            self.log.warning("sessions_held_not_sent", sessions=len(table.sessions), error=str(exc))
         for session in table.sessions.values():
             await self._save(session)
 
     async def _save(self, session: Session) -> None:
         try:
             await self.bus.publish(self.subject, SaveSession(session_record(session)))
-        except PayloadTooLarge as exc:  # it lives on here, but would not outlive this scheduler
+        except PayloadTooLarge as exc:
+            # It lives on here but will not outlive this scheduler: an older record of it must not
+            # come back after a restart, where its next turn would continue an earlier one.
             self.log.warning("session_not_saved", session_id=session.session_id, error=str(exc))
+            await self.bus.publish(self.subject, DropSession(session.session_id))
 
     async def _read_saved(self) -> list[SessionRecord] | None:
         loop = asyncio.get_running_loop()

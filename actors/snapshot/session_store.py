@@ -64,7 +64,9 @@ class SessionStore:
         log.info("session_store_opened", root=str(root), sessions=len(self._ids()), partial_removed=len(partial))
 
     def save(self, record: SessionRecord) -> bool:
-        """Writes `record` over the session's file; False (and a warning) if the disk refused it."""
+        """Writes `record` over the session's file. If the disk refuses it: a warning, the older
+        record deleted too (a restart must not bring back a session without its latest turns,
+        whose next turn would continue an earlier one), and False."""
         path = self._path(record.session_id)
         partial = path.with_name(path.name + PARTIAL_SUFFIX)
         try:
@@ -75,9 +77,10 @@ class SessionStore:
                 os.fsync(f.fileno())
             os.replace(partial, path)
             self._sync_folder()
-        except OSError as exc:  # the disk is full, or gone read-only: the session lives on in the scheduler
+        except OSError as exc:  # the disk is full, say: the session lives on in the scheduler alone
             log.warning("session_not_saved", session_id=record.session_id, error=str(exc))
             partial.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             return False
         return True
 

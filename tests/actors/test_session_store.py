@@ -2,9 +2,12 @@
 deleted, unreadable ones set aside without costing the others, and what a crash mid-write leaves
 is cleaned up."""
 
+import hashlib
 import shutil
 
-from actors.snapshot.session_store import MAGIC, UNREADABLE_DIR, SessionStore, encode_file
+import msgspec
+
+from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, UNREADABLE_DIR, SessionStore, decode_file, encode_file
 from schemas.requests import Tenant
 from schemas.snapshot import SessionRecord, TurnRecord
 
@@ -94,7 +97,27 @@ def test_keep_only_drops_every_other_session(tmp_path):
     assert [r.session_id for r in restore_all(sessions)] == ["b"]
 
 
-def test_a_write_the_disk_refuses_is_reported_not_raised(tmp_path):
+def test_a_write_the_disk_refuses_is_reported_and_the_older_record_goes(tmp_path):
     sessions = store(tmp_path)
-    shutil.rmtree(tmp_path / "sessions")  # the folder went (an unmounted disk)
-    assert not sessions.save(record("a"))
+    sessions.save(record("a"))
+    # The temporary file cannot be made: it is a link into a folder that does not exist.
+    (tmp_path / "sessions" / "a.session.partial").symlink_to(tmp_path / "gone" / "a")
+    assert not sessions.save(record("a", tokens=20))
+    assert restore_all(sessions) == []  # not the older record, which lacks the latest turns
+    assert sessions.save(record("a", tokens=20))  # the disk takes writes again
+    assert restore_all(sessions) == [record("a", tokens=20)]
+
+
+class TurnRecordOfANewerBuild(msgspec.Struct, frozen=True):
+    turn_id: str
+    parent: str | None
+    shared_tokens: int
+    token_ids: list[int]
+    speculative_draft: list[int] = []  # a field this build does not know
+
+
+def test_a_record_of_a_newer_build_reads_without_the_fields_it_added(tmp_path):
+    newer = {**msgspec.structs.asdict(record("a")), "turns": [TurnRecordOfANewerBuild("t1", None, 0, [1, 2], [3])]}
+    body = msgspec.msgpack.encode(newer)
+    data = MAGIC + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest() + body
+    assert decode_file(data).turns == [TurnRecord("t1", None, 0, [1, 2])]
