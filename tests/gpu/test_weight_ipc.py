@@ -39,7 +39,9 @@ def test_a_nan_or_a_wrong_name_leaves_the_old_weights(llama, llama_next):
     weights = weights_of(runner)
     named = checkpoint_tensors(llama_next)
     named[-1][1].view(-1)[5] = float("inf")
-    with pytest.raises(WeightError, match=f"^{named[-1][0]} has NaN or infinite values; nothing was written: the old weights serve on"):
+    with pytest.raises(
+        WeightError, match=f"^{named[-1][0]} has NaN or infinite values; nothing was written: the old weights serve on"
+    ):
         receiver.apply_ipc([ipc_payload(named, True)], True)
     with pytest.raises(WeightError, match="^model.layers.2.mlp.up_proj.weight is not a weight of the served model"):
         receiver.apply_ipc([ipc_payload([("model.layers.2.mlp.up_proj.weight", torch.zeros(3))], False)], False)
