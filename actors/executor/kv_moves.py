@@ -63,7 +63,8 @@ class KVMoves:
                     self._save(blocks, slots)
                 case LoadBlocks(slots, blocks):
                     self._host_tier(move).load(slots, blocks)
-        self.runner.copy_blocks(copies)
+        if copies:  # asleep, only saves come here (abandoned): the pool is not to be touched
+            self.runner.copy_blocks(copies)
 
     def _save(self, blocks: list[int], slots: list[int]) -> None:
         if self.runner.kv.released:
