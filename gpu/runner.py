@@ -177,9 +177,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """(source, target) block pairs, copied in the KV pool before the next step reads them."""
-        self.memory.check_resident()
+        """(source, target) block pairs, copied in the KV pool before the next step reads them; none
+        touch nothing, and may be asked for while the pool is released."""
         if copies:
+            self.memory.check_resident()
             sources, targets = zip(*copies)
             self.kv.copy_blocks(list(sources), list(targets))
 

@@ -62,19 +62,18 @@ class KVMoves:
                 case SaveBlocks(blocks, slots):
                     self._save(blocks, slots)
                 case LoadBlocks(slots, blocks):
-                    self._host_tier(move).load(slots, blocks)
-        if copies:  # asleep, only saves come here (abandoned): the pool is not to be touched
-            self.runner.copy_blocks(copies)
+                    self._host_tier("LoadBlocks").load(slots, blocks)
+        self.runner.copy_blocks(copies)
 
     def _save(self, blocks: list[int], slots: list[int]) -> None:
         if self.runner.kv.released:
             self._abandoned += slots  # the pool's content is gone: nothing true to save
         else:
-            self._saving.append((self._host_tier(SaveBlocks(blocks, slots)).save(blocks, slots), slots))
+            self._saving.append((self._host_tier("SaveBlocks").save(blocks, slots), slots))
 
-    def _host_tier(self, move: KVMove) -> KVTransfer:
+    def _host_tier(self, command: str) -> KVTransfer:
         if self.transfer is None:
-            raise ValueError(f"{type(move).__name__}: this executor has no host tier (--host-kv-blocks 0)")
+            raise ValueError(f"{command}: this executor has no host tier (--host-kv-blocks 0)")
         return self.transfer
 
     def take_saved(self) -> tuple[list[int], list[int]]:
