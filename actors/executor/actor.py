@@ -31,8 +31,6 @@ from schemas.weights import ExecutorWeightsRequest
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.
 SLOW_LAUNCH_S = 1.0
-# With saves to the host tier under way and nothing to step, how often the loop looks for their end.
-SAVE_POLL_S = 0.002
 
 
 def pick_device(requested: str) -> str:
@@ -156,7 +154,7 @@ class ExecutorActor(Actor):
                     self.moves.wait()  # the saves read the pool, which the requests may release
                     await self.weights.run_waiting()
                     self.work.set()  # the batch steps on where it stopped
-                await self._wait_for_work()
+                await self.moves.idle(self.work)
             self.work.clear()
             if self.new_epoch:
                 self.new_epoch, self.scheduler_id = False, None
@@ -196,17 +194,6 @@ class ExecutorActor(Actor):
                 # nats-py's flusher task writes it: let it run now, before the next launch keeps the
                 # host busy (this loop on a GPU, the GIL on the CPU), or the tokens wait until it ends.
                 await asyncio.sleep(0)
-
-    async def _wait_for_work(self) -> None:
-        """Until the next commands; with saves under way, no longer than SAVE_POLL_S, so their end
-        is reported though nothing steps."""
-        if not self.moves.saving:
-            await self.work.wait()
-            return
-        try:
-            await asyncio.wait_for(self.work.wait(), SAVE_POLL_S)
-        except TimeoutError:
-            pass
 
     async def _publish_step(
         self,

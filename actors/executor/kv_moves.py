@@ -8,6 +8,7 @@ done (`take_saved`), so the scheduler keeps the block from reuse until then; a l
 before the next step, which reads it.
 """
 
+import asyncio
 import hashlib
 import os
 
@@ -17,6 +18,9 @@ from gpu.kv_cache import KVCache
 from gpu.kv_transfer import KVTransfer, Transfer
 from gpu.runner import ModelRunner
 from schemas.step import CopyBlock, LoadBlocks, SaveBlocks
+
+# With saves under way and nothing to step, how often the executor's loop looks for their end.
+SAVE_POLL_S = 0.002
 
 
 def segment_prefix(data_dir: str) -> str:
@@ -43,11 +47,6 @@ class KVMoves:
         slot_bytes = len(kv.layers) * layer[0].numel() * layer.element_size()
         self.segment = HostSegment.create(f"{segment_prefix(data_dir)}{slot_bytes}", host_slots, slot_bytes)
         self.transfer = KVTransfer(kv, self.segment.slots())
-
-    @property
-    def saving(self) -> bool:
-        """Whether saves are under way, to be reported when done."""
-        return bool(self._saving)
 
     def apply(self, moves: list[KVMove]) -> None:
         """Makes `moves` in order; consecutive copies go to the pool together."""
@@ -83,6 +82,17 @@ class KVMoves:
             saved += self._saving.pop(0)[1]
         abandoned, self._abandoned = self._abandoned, []
         return saved, abandoned
+
+    async def idle(self, work: asyncio.Event) -> None:
+        """Waits for `work` (the next commands); with saves under way, no longer than SAVE_POLL_S,
+        so that their end is reported though nothing steps."""
+        if not self._saving:
+            await work.wait()
+            return
+        try:
+            await asyncio.wait_for(work.wait(), SAVE_POLL_S)
+        except TimeoutError:
+            pass
 
     def wait(self) -> None:
         """Blocks until every save under way is done (before the pool may be released)."""
