@@ -171,12 +171,13 @@ class WeightReceiver:
 
     def _receive_and_drop(self, group: WeightGroup, specs: list[TensorSpec], flattened: bool, deadline: float) -> None:
         """Takes the broadcasts of an update refused before any write, keeping the group in step."""
-        scratch = lambda spec: torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        # Shapes and dtypes only (no memory): `receive` allocates what the broadcasts land in.
+        like = lambda spec: torch.empty(spec.shape, dtype=spec.dtype, device="meta")
         try:
             if flattened:
-                group.receive([scratch(spec) for spec in specs], True, deadline)
+                group.receive([like(spec) for spec in specs], True, deadline)
             for spec in [] if flattened else specs:  # one at a time: the memory of one tensor at once
-                group.receive([scratch(spec)], False, deadline)
+                group.receive([like(spec)], False, deadline)
             group.settle(deadline)
         except GroupError:
             self._groups.pop(group.name, None)
