@@ -64,6 +64,31 @@ def finite_on_device(tensor: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(least) & torch.isfinite(largest)
 
 
+def adjacent_runs(named: list[tuple[str, torch.Tensor]]) -> list[tuple[list[str], torch.Tensor]]:
+    """The tensors grouped into runs that lie back to back in one storage with one dtype, each run
+    as one 1-d view over all of it: what one finite check covers at once (the tensors of a flattened
+    bucket form one run, or a few where the dtype changes), instead of a check per tensor."""
+    runs: list[tuple[list[str], torch.Tensor]] = []
+    for name, tensor in named:
+        if runs and _follows(runs[-1][1], tensor):
+            names, run = runs[-1]
+            runs[-1] = (names + [name], torch.as_strided(run, (run.numel() + tensor.numel(),), (1,)))
+        else:
+            runs.append(([name], tensor.reshape(-1)))
+    return runs
+
+
+def _follows(run: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` starts where the 1-d `run` ends, in its storage and dtype."""
+    return (
+        tensor.dtype == run.dtype
+        and tensor.is_contiguous()
+        and run.is_contiguous()
+        and tensor.untyped_storage().data_ptr() == run.untyped_storage().data_ptr()
+        and tensor.data_ptr() == run.data_ptr() + run.numel() * run.element_size()
+    )
+
+
 class DeferredChecks:
     """The checks of one update, enqueued as its tensors arrive and read back by `verify` in one
     sync. A failed finite check of a group of tensors (a bucket) is traced to the tensor then."""

@@ -27,7 +27,7 @@ from gpu.host_weights import HostWeights
 from gpu.ipc_tensors import open_payload
 from gpu.live_weights import LiveWeights, TensorSpec, parse_dtype
 from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
-from gpu.weight_check import DeferredChecks, WeightError, checksum
+from gpu.weight_check import DeferredChecks, WeightError, adjacent_runs, checksum
 from gpu.weight_group import GroupError, WeightGroup, dtype_runs
 from gpu.weights import checkpoint_files
 
@@ -162,8 +162,8 @@ class WeightReceiver:
         self.live.check(specs, full)
         self._check_fillable(full)
         checks = DeferredChecks()
-        for spec, tensor in opened:
-            checks.finite([spec.name], tensor)
+        for names, values in adjacent_runs([(spec.name, tensor) for spec, tensor in opened]):
+            checks.finite(names, values)
         self._write_checked(specs, [tensor for _, tensor in opened], checks, full)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # done with the trainer's memory

@@ -106,8 +106,11 @@ class WeightTransactions:
             if paused_here:
                 await self._resume()
             return applied
-        self.versions.commit(version, model_path)
-        await self._commit_to_cache(WeightsCommitted(version, keep_cache=not options.flush_cache))
+        # The book's file and the scheduler's cache at once: a trainer sends an update per bucket.
+        await asyncio.gather(
+            asyncio.to_thread(self.versions.commit, version, model_path),
+            self._commit_to_cache(WeightsCommitted(version, keep_cache=not options.flush_cache)),
+        )
         if paused_here:
             await self._resume()
         pause_s = time.perf_counter() - paused_at if paused_here else 0.0

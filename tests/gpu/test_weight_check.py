@@ -89,3 +89,24 @@ def test_a_bucket_is_checked_in_runs_of_one_dtype():
     assert [members for members, _ in runs] == [[0, 1], [2], [3], [4]]
     assert [values.dtype for _, values in runs] == [torch.float32, torch.bfloat16, torch.float32, torch.float32]
     assert sum(values.numel() for _, values in runs) == sum(t.numel() for t in like)
+
+
+def test_tensors_back_to_back_in_one_storage_are_checked_as_one_run():
+    """A flattened bucket's views: neighbours of one dtype become one view; a dtype change, a gap
+    or another storage starts a new run; every name stays with its run."""
+    bucket = torch.zeros(64, dtype=torch.uint8)
+    first, second = bucket[0:16].view(torch.bfloat16), bucket[16:32].view(torch.bfloat16)
+    other_dtype, after_gap = bucket[32:40].view(torch.float32), bucket[48:64].view(torch.float32)
+    elsewhere = torch.zeros(4, dtype=torch.float32)
+    runs = weight_check.adjacent_runs(
+        [("a", first), ("b", second), ("c", other_dtype), ("d", after_gap), ("e", elsewhere)]
+    )
+    assert [names for names, _ in runs] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert runs[0][1].numel() == 16 and runs[0][1].data_ptr() == first.data_ptr()
+    second[3] = float("nan")
+    checks = DeferredChecks()
+    for names, values in runs:
+        checks.finite(names, values)
+    lookup = {"a": first, "b": second, "c": other_dtype, "d": after_gap, "e": elsewhere}
+    with pytest.raises(WeightError, match="^b has NaN"):
+        checks.verify(lookup.__getitem__)
