@@ -1,6 +1,6 @@
 """One weight update as a transaction, run by the weight_sync actor: pause generation as asked,
-load the new weights into the executor, commit the version, start a new generation of the prefix
-cache (unless the update keeps it), resume. One at a time: a second update while one runs is
+load the new weights into the executor while the prefix cache starts a new generation (unless the
+update keeps it), commit the version, resume. One at a time: a second update while one runs is
 refused. A failed load leaves the old weights serving (the executor restored them) under the old
 version, and the trainer gets the executor's Error.
 
@@ -98,19 +98,22 @@ class WeightTransactions:
         if isinstance(paused, Error):
             return paused
         paused_here, num_paused = paused
-        applied = await self.peers.executor(ApplyWeights(update_id, source, version, full), APPLY_TIMEOUT_S)
+        # Generation is paused: no KV is computed until the resume, so the cache may start its new
+        # generation while the executor loads (a trainer sends an update per bucket: one bus round
+        # trip fewer each). A failed load has then only cost the cache its old entries.
+        applied, _ = await asyncio.gather(
+            self.peers.executor(ApplyWeights(update_id, source, version, full), APPLY_TIMEOUT_S),
+            self._commit_to_cache(WeightsCommitted(version, keep_cache=not options.flush_cache)),
+        )
         if isinstance(applied, Error):
             applied = await self._outcome_unknown(applied, version)
         if isinstance(applied, Error):
             log.warning("weights_update_failed", error=applied.message, serving=self.versions.version)
+            await self._commit_to_cache(WeightsCommitted(self.versions.version, keep_cache=True))  # its name back
             if paused_here:
                 await self._resume()
             return applied
-        # The book's file and the scheduler's cache at once: a trainer sends an update per bucket.
-        await asyncio.gather(
-            asyncio.to_thread(self.versions.commit, version, model_path),
-            self._commit_to_cache(WeightsCommitted(version, keep_cache=not options.flush_cache)),
-        )
+        await asyncio.to_thread(self.versions.commit, version, model_path)
         if paused_here:
             await self._resume()
         pause_s = time.perf_counter() - paused_at if paused_here else 0.0
