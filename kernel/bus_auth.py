@@ -74,6 +74,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.executor_describe,
                 s.origin("*"),
                 s.snapshot_sessions,
+                s.cache_tier,
                 s.heartbeat("scheduler"),
             ],
             subscribe=[
@@ -93,7 +94,13 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.heartbeat("frontdoor"),
                 s.heartbeat("gateway"),
                 s.heartbeat("snapshot"),  # a restarted snapshot actor gets every session again
+                s.heartbeat("cache_tier"),  # a restarted cache_tier moves none of the slots the last one had
             ],
+            answers_requests=True,
+        ),
+        "cache_tier": Grant(
+            publish=[s.heartbeat("cache_tier")],
+            subscribe=[s.cache_tier],
             answers_requests=True,
         ),
         "snapshot": Grant(

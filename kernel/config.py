@@ -56,6 +56,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
     host_kv_blocks: AtLeastZero = 0
+    disk_kv_gb: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    disk_kv_dir: NonEmpty | None = None
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
     weight_version: NonEmpty = "default"
@@ -156,6 +158,10 @@ HELP = {
     "host_kv_blocks": "KV blocks the host tier keeps in shared memory (/dev/shm) beside the GPU pool: blocks the "
     "prefix cache stores are copied there, and a prompt whose prefix left the GPU loads it back instead of "
     "recomputing it (0: off; needs --prefix-caching)",
+    "disk_kv_gb": "gigabytes of block files the disk tier keeps under --disk-kv-dir: blocks the host tier must make "
+    "room for, and sessions' blocks, are written there, and a prompt whose prefix is on disk reads it back "
+    "instead of recomputing it, also after a restart (0: off; needs --host-kv-blocks)",
+    "disk_kv_dir": "the disk tier's directory (default: kv-blocks under --data-dir)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
     "oldest pins become evictable like any cached prefix (default: half the KV cache)",
     "step_deadline_s": "a step of the executor not done within this is taken for hung: the executor reports itself "

@@ -98,6 +98,10 @@ class Subjects:
     def snapshot_sessions(self) -> str:  # schemas/snapshot.py: the scheduler's saves, drops and restores, in order
         return self._("snapshot", "sessions")
 
+    @property
+    def cache_tier(self) -> str:  # schemas/cache.py: the scheduler's spills and fetches of the disk tier
+        return self._("cache_tier", "requests")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -29,7 +29,7 @@ from schemas.health import Heartbeat
 
 # Start order; shutdown goes the other way, so the door closes before the engine stops.
 # The snapshot actor comes before the scheduler, which restores its sessions from it, and stops after it.
-ACTORS = ("executor", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+ACTORS = ("executor", "cache_tier", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
 STOP_TIMEOUT_S = 10.0
 LIVENESS_CHECK_S = 0.5
 

@@ -42,6 +42,9 @@ class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
     host_used_slots: int = 0
     host_hit_blocks: int = 0
     host_miss_blocks: int = 0
+    # The disk tier (--disk-kv-gb), since start: blocks read back into the host tier, and blocks it stored.
+    disk_fetched_blocks: int = 0
+    disk_spilled_blocks: int = 0
 
 
 class PublishPrefix(msgspec.Struct, frozen=True, tag="publish_prefix"):

@@ -147,3 +147,7 @@ class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
     dtype: str
     weight_version: str = "default"  # of the weights it serves now
     host_kv_slots: int = 0  # the host tier's slots (one block of every layer each); 0: no host tier
+    host_segment: str = ""  # the host tier's shared-memory segment, which the cache_tier maps by name
+    # actors/lib/block_hashes.py's name of the weights served now: the checkpoint's at start, another
+    # after each update. Cached KV is filed under it, so none computed under other weights is served.
+    weights_fingerprint: str = ""

@@ -22,6 +22,7 @@ from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
 from actors.executor.weight_requests import WeightRequests
+from actors.lib.block_hashes import weights_fingerprint
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
@@ -73,7 +74,8 @@ class ExecutorActor(Actor):
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
         # A restart loads the model from --model again, whatever updates came since: that version.
-        self.weights = WeightRequests(self.runner, cfg.weight_version, self.work.set)
+        fingerprint = weights_fingerprint(cfg.model, str(self.runner.dtype))
+        self.weights = WeightRequests(self.runner, cfg.weight_version, fingerprint, self.work.set)
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.subscribe(self.subjects.executor_weights, ExecutorWeightsRequest, self.weights.ask)
@@ -109,6 +111,8 @@ class ExecutorActor(Actor):
             dtype=str(self.runner.dtype).removeprefix("torch."),
             weight_version=self.weights.version,
             host_kv_slots=self.moves.num_slots,
+            host_segment=self.moves.segment.name if self.moves.segment is not None else "",
+            weights_fingerprint=self.weights.fingerprint,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from actors.lib.block_hashes import updated_fingerprint
 from gpu.runner import ModelRunner
 from gpu.weight_check import WeightError
 from gpu.weight_receiver import UpdateReport, WeightReceiver
@@ -48,8 +49,9 @@ GROUP_JOIN_TIMEOUT_S = 300.0
 class WeightRequests:
     """Requests queued by `ask`, run by `run_waiting`. `version`: of the weights serving now."""
 
-    def __init__(self, runner: ModelRunner, version: str, wake: Callable[[], None]) -> None:
+    def __init__(self, runner: ModelRunner, version: str, fingerprint: str, wake: Callable[[], None]) -> None:
         self.version = version
+        self.fingerprint = fingerprint  # of the weights served now (actors/lib/block_hashes.py)
         self.memory = runner.memory  # gpu/memory_occupation.py: sleep and wake by tag
         self.receiver = WeightReceiver(runner.model, runner.host_weights, runner.device)
         self._wake = wake  # the step loop's: it runs the queue once nothing is in flight
@@ -82,11 +84,12 @@ class WeightRequests:
     def _run(self, message: ExecutorWeightsRequest) -> ExecutorWeightsReply | Error:
         try:
             match message:
-                case ApplyWeights(source=source, version=version, full=full):
+                case ApplyWeights(update_id=update_id, source=source, version=version, full=full):
                     if "weights" in self.memory.released:  # asleep: the update writes where they wake
                         self.memory.resume({"weights"})
                     report = self._apply(source, full)
                     self.version = version
+                    self.fingerprint = updated_fingerprint(self.fingerprint, update_id)
                     return WeightsApplied(version, report.tensors, report.bytes, report.seconds)
                 case SetVersion(version):
                     self.version = version

@@ -16,6 +16,7 @@ from collections import defaultdict
 from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.disk_link import DiskLink
 from actors.scheduler.durable_sessions import DurableSessions
 from actors.scheduler.sequence import Sequence, State
 from actors.scheduler.sessions import SessionTable
@@ -75,6 +76,10 @@ class SchedulerActor(Actor):
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
         await self.bus.subscribe(self.subjects.heartbeat("snapshot"), Heartbeat, self._on_snapshot_heartbeat)
+        self.disk_link = DiskLink(
+            self.bus, self.subjects, lambda: self.batcher and self.batcher.kv.disk, self.spawn, self._schedule, self.log
+        )
+        await self.bus.subscribe(self.subjects.heartbeat("cache_tier"), Heartbeat, self.disk_link.heard)
         self.spawn(self._abort_orphans(), "abort_orphans")
         self.spawn(self._expire_sessions(), "expire_sessions")
         self.spawn(self._find_executor(), "find_executor")
@@ -116,14 +121,21 @@ class SchedulerActor(Actor):
                 prefix_caching=engine.prefix_caching,
                 tenancy=TenancyPolicy(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
                 host_slots=info.host_kv_slots,
-                kv_fingerprint=f"{engine.model_name}|{info.dtype}",
+                kv_fingerprint=f"{info.weights_fingerprint}|{info.dtype}",
+                disk_segment=info.host_segment if engine.disk_kv_gb > 0 else "",
             )
         else:
             self.log.warning(
                 "executor_changed", old=self.executor_id, new=info.executor_id, requeued=len(self.batcher.sequences)
             )
             self.batcher.reset_executor(
-                info.num_blocks, info.block_size, info.max_model_len, info.vocab_size, info.host_kv_slots
+                info.num_blocks,
+                info.block_size,
+                info.max_model_len,
+                info.vocab_size,
+                info.host_kv_slots,
+                f"{info.weights_fingerprint}|{info.dtype}",
+                info.host_segment if self.config.engine.disk_kv_gb > 0 else "",
             )
         budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
@@ -279,6 +291,7 @@ class SchedulerActor(Actor):
             commands += self.batcher.schedule()
         if commands:
             await self._send(commands)
+        self.disk_link.send()
 
     async def _send(self, commands: list[Command]) -> None:
         """Publishes `commands` to the executor. A round over the bus's payload limit (one can carry

@@ -49,11 +49,19 @@ class ContinuousBatcher:
         tenancy: TenancyPolicy | None = None,
         host_slots: int = 0,
         kv_fingerprint: str = "",
+        disk_segment: str = "",
     ) -> None:
         self.requests = RequestTable(max_model_len, vocab_size)
-        self.kv_fingerprint = kv_fingerprint  # the model and KV dtype: what the host tier's blocks belong to
+        # The weights and KV dtype (what the tiers' blocks belong to), and the host segment the
+        # disk tier moves blocks through ("": no disk tier).
         self.kv = KVManager(
-            num_blocks, block_size, prefix_caching, tenancy or TenancyPolicy(), host_slots, kv_fingerprint
+            num_blocks,
+            block_size,
+            prefix_caching,
+            tenancy or TenancyPolicy(),
+            host_slots,
+            kv_fingerprint,
+            disk_segment,
         )
         self.prefill = PrefillPlanner(max_prefill_tokens)
         self.drops = DropLedger()
@@ -156,17 +164,27 @@ class ContinuousBatcher:
         return finished
 
     def reset_executor(
-        self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int, host_slots: int = 0
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        vocab_size: int,
+        host_slots: int = 0,
+        kv_fingerprint: str = "",
+        disk_segment: str = "",
     ) -> None:
         """A new executor knows nothing: every started request goes back to the queue and is
         recomputed from its prompt and the tokens it already produced. The host tier's books start
-        empty too (v1), though its segment may hold the old executor's blocks."""
+        empty too (v1), though its segment may hold the old executor's blocks; the slots the disk
+        tier is moving stay out of use until it answers."""
         # What admins published outlives the executor: the policy keeps it as tokens, whatever the new block size.
-        old = self.kv.cache
-        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy, host_slots, self.kv_fingerprint)
+        old_kv, old = self.kv, self.kv.cache
+        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy, host_slots, kv_fingerprint, disk_segment)
         self.kv.cache.generation = old.generation  # the count of weights seen goes on, in a tree empty as the pool
         if self.kv.host is not None:
             self.kv.host.new_generation(old.generation)
+        if self.kv.disk is not None and old_kv.disk is not None:
+            self.kv.disk.carry_over(old_kv.disk)
         for seq in self.requests.requeue_all(max_model_len, vocab_size):
             self.kv.forget(seq)
         self.lookahead_tokens = 2 * block_size
@@ -207,7 +225,7 @@ class ContinuousBatcher:
             and len(self.requests.running) < self.running_limit.limit
         ):
             seq = waiting[skipped]
-            if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv):
+            if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv) or self.kv.waits_for_disk(seq):
                 skipped += 1
             elif self._admit(seq):
                 budget -= self._send_chunk(seq, budget)

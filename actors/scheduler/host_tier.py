@@ -1,15 +1,22 @@
 """The scheduler's books of the host tier: which of the executor's host slots hold which block.
 
 The executor holds the memory (actors/executor/kv_moves.py); this object decides what goes where.
-A block is named by its chained hash (actors/lib/block_hashes.py) under a namespace of the weights'
-generation, the model and dtype, the block size and the tenant, so a match never serves KV of
-other weights or of another tenant's private prefix (v1: public prefixes are not shared across
-tenants here). A slot is free, saving (a SaveBlocks sent, not yet reported done), or indexed
-(saved: matchable), the indexed ones in least-recently-used order. Only indexed slots are
-matched, so a load never reads a slot whose copy is not whole. v1: the books start empty with
-each executor and each scheduler process, and with new weights.
+A block is named by its chained hash (actors/lib/block_hashes.py) under a namespace of the weights
+(their fingerprint, and the cache generation with this process's nonce after an update), the dtype,
+the block size and the tenant, so a match never serves KV of other weights or of another tenant's
+private prefix (v1: public prefixes are not shared across tenants here). A slot is free, saving (a
+SaveBlocks sent, not yet reported done), or indexed (saved: matchable), the indexed ones in
+least-recently-used order. Only indexed slots are matched, so a load never reads a slot whose copy
+is not whole.
+
+With a disk tier (the cache_tier actor, schemas/cache.py) every indexed block is also written to
+disk, oldest first (`take_spill`), and a slot may be reused only once the disk tier is done with
+it: until then it is "spilling". A fetch from disk reserves free slots ("fetching") that become
+indexed when the disk tier has filled them. The books start empty with each executor and each
+scheduler process; what the disk holds outlives both.
 """
 
+import uuid
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
@@ -21,49 +28,73 @@ LAYOUT = "paged-v1"  # the executor's slot layout: one block of every layer, [la
 
 class HostStats(NamedTuple):
     slots: int
-    used: int  # indexed or saving
+    used: int  # indexed, saving or fetching
     hits: int  # blocks loaded from the host instead of recomputed
     misses: int  # blocks a first lookup found neither on the GPU nor on the host
 
 
-class HostTier:
-    """Invariants: every slot is exactly one of free, saving or indexed; a hash is indexed or
-    saving in at most one slot. A saving slot names the pool block its copy reads, which the
-    caller keeps from reuse until `saved` or `unsaved` returns it."""
+class Spill(NamedTuple):
+    """A block for the disk tier: its slot, hash, the hash before it in its chain, its tokens."""
 
-    def __init__(self, num_slots: int, block_size: int, fingerprint: str) -> None:
+    slot: int
+    block_hash: bytes
+    parent: bytes
+    token_ids: list[int]
+
+
+class HostTier:
+    """Invariants: every slot is exactly one of free, saving, indexed or fetching; a hash is indexed
+    or saving in at most one slot. A saving slot names the pool block its copy reads, which the
+    caller keeps from reuse until `saved` or `unsaved` returns it. With a disk tier, an indexed slot
+    is evicted only once the disk tier has had it (`spilled`)."""
+
+    def __init__(self, num_slots: int, block_size: int, fingerprint: str, disk: bool = False) -> None:
         if num_slots <= 0:
             raise ValueError(f"num_slots must be positive, got {num_slots}")
         self.num_slots = num_slots
         self.block_size = block_size
-        self.fingerprint = fingerprint  # the model and KV dtype the executor serves
+        self.fingerprint = fingerprint  # the weights and KV dtype the executor serves
+        self.disk = disk
+        self.nonce = uuid.uuid4().hex  # this process's: generations after the first are its own
         self._free: deque[int] = deque(range(num_slots))
         self._index: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
         # slot -> (its hash, or None once cleared: freed when done; the pool block it reads)
         self._saving: dict[int, tuple[bytes | None, int]] = {}
         self._saving_hashes: set[bytes] = set()
+        self._chains: dict[int, Spill] = {}  # saving or indexed slots the disk tier has not had yet
+        self._unspilled: OrderedDict[int, None] = OrderedDict()  # indexed, for the disk tier, oldest first
+        self._spilling: set[int] = set()  # the disk tier reads them now
+        self._fetching: set[int] = set()  # the disk tier writes them now
         self.hits = self.misses = 0
         self.key = ""
         self.new_generation(0)
 
     def new_generation(self, generation: int) -> None:
-        """New weights: nothing held so far is matched again; saves under way are freed when done."""
-        self.key = namespace_key(f"{self.fingerprint}@{generation}", self.fingerprint, "-", self.block_size, LAYOUT)
-        self._free.extend(self._index.values())
+        """New weights: nothing held so far is matched again; saves under way are freed when done,
+        and the disk tier's moves when it is done with them. Generation 0 is the checkpoint's own
+        weights, whose blocks the disk tier keeps across restarts."""
+        weights = self.fingerprint if generation == 0 else f"{self.fingerprint}@{generation}/{self.nonce}"
+        self.key = namespace_key(weights, self.fingerprint, "-", self.block_size, LAYOUT)
+        self._free.extend(slot for slot in self._index.values() if slot not in self._spilling)
         self._index.clear()
+        self._unspilled.clear()
+        self._chains.clear()
         self._saving = {slot: (None, block) for slot, (_, block) in self._saving.items()}
         self._saving_hashes.clear()
+
+    def root(self, seq: Sequence) -> bytes:
+        """The hash before the first block of `seq`'s tokens: its tenant's chains start there."""
+        tenant = seq.tenant
+        return root_hash(f"{self.key}/{tenant.name}/{tenant.user}/{tenant.cache_salt}")
 
     def hashes(self, seq: Sequence, tokens: list[int], count: int) -> list[bytes]:
         """The hashes of the first `count` whole blocks of `tokens`, a prefix of `seq`'s prompt and
         outputs; hashed once per sequence and namespace, extended as it grows."""
-        tenant = seq.tenant
-        key = f"{self.key}/{tenant.name}/{tenant.user}/{tenant.cache_salt}"
-        if seq.hashed_under != key:
-            seq.hashed_under, seq.block_hashes = key, []
+        if seq.hashed_under != self.key:
+            seq.hashed_under, seq.block_hashes = self.key, []
         have = seq.block_hashes
         if len(have) < count:
-            parent = have[-1] if have else root_hash(key)
+            parent = have[-1] if have else self.root(seq)
             bs = self.block_size
             have += extend_hashes(parent, tokens[len(have) * bs : count * bs], bs)
         return have[:count]
@@ -82,33 +113,35 @@ class HostTier:
             self.misses += len(hashes) - len(slots)
         return slots
 
-    def to_save(self, hashes: list[bytes], blocks: list[int]) -> tuple[list[int], list[int]]:
-        """Slots for the blocks (holding the KV hashed `hashes`) that the host lacks: (blocks, slots)
-        to save, each slot now saving. Slots come free, else from the least recently used indexed
-        blocks; with none left the rest are not saved."""
+    def to_save(
+        self, hashes: list[bytes], blocks: list[int], tokens: list[int], root: bytes
+    ) -> tuple[list[int], list[int]]:
+        """Slots for the blocks (holding the KV hashed `hashes`, of `tokens`, whose chain starts at
+        `root`) that the host lacks: (blocks, slots) to save, each slot now saving. Slots come free,
+        else from the least recently used evictable blocks; with none left the rest are not saved."""
         saving_blocks, slots = [], []
-        for h, block in zip(hashes, blocks, strict=True):
+        bs = self.block_size
+        for i, (h, block) in enumerate(zip(hashes, blocks, strict=True)):
             if h in self._index:
                 self._index.move_to_end(h)
                 continue
             if h in self._saving_hashes:
                 continue
-            if self._free:
-                slot = self._free.popleft()
-            elif self._index:
-                slot = self._index.popitem(last=False)[1]
-            else:
-                break  # every slot is saving
+            slot = self._take_slot()
+            if slot is None:
+                break  # every slot is saving, or waits for the disk tier
             self._saving[slot] = (h, block)
             self._saving_hashes.add(h)
+            if self.disk:
+                self._chains[slot] = Spill(slot, h, hashes[i - 1] if i else root, tokens[i * bs : (i + 1) * bs])
             saving_blocks.append(block)
             slots.append(slot)
         return saving_blocks, slots
 
     def saved(self, slots: list[int]) -> list[int]:
-        """The executor made these saves: their blocks become matchable; returns the pool blocks
-        they read, now free of the save. Slots not saving (of an executor or a scheduler before) are
-        ignored."""
+        """The executor made these saves: their blocks become matchable (and wait for the disk tier);
+        returns the pool blocks they read, now free of the save. Slots not saving (of an executor or
+        a scheduler before) are ignored."""
         blocks = []
         for slot in slots:
             if (entry := self._saving.pop(slot, None)) is None:
@@ -116,10 +149,13 @@ class HostTier:
             h, block = entry
             blocks.append(block)
             if h is None:
+                self._chains.pop(slot, None)
                 self._free.append(slot)
             else:
                 self._saving_hashes.discard(h)
                 self._index[h] = slot
+                if slot in self._chains:
+                    self._unspilled[slot] = None
         return blocks
 
     def unsaved(self, slots: list[int]) -> list[int]:
@@ -130,9 +166,84 @@ class HostTier:
                 continue
             h, block = entry
             self._saving_hashes.discard(h)
+            self._chains.pop(slot, None)
             self._free.append(slot)
             blocks.append(block)
         return blocks
 
+    # -- the disk tier ------------------------------------------------------------------------
+
+    def take_spill(self, limit: int) -> list[Spill]:
+        """Up to `limit` indexed blocks the disk tier has not had, oldest first: spilling now."""
+        taken = []
+        while self._unspilled and len(taken) < limit:
+            slot, _ = self._unspilled.popitem(last=False)
+            self._spilling.add(slot)
+            taken.append(self._chains[slot])
+        return taken
+
+    def spilled(self, slots: list[int]) -> None:
+        """The disk tier is done reading these slots (whether the disk took them or not)."""
+        indexed = set(self._index.values())
+        for slot in slots:
+            if slot in self._spilling:
+                self._spilling.discard(slot)
+                self._chains.pop(slot, None)
+                if slot not in indexed:  # its namespace went meanwhile
+                    self._free.append(slot)
+
+    def reserve(self, count: int) -> list[int]:
+        """Up to `count` slots for the disk tier to fill: fetching now."""
+        slots = []
+        while len(slots) < count and (slot := self._take_slot()) is not None:
+            slots.append(slot)
+        self._fetching.update(slots)
+        return slots
+
+    def fetched(self, slots: list[int], hashes: list[bytes], count: int, key: str) -> int:
+        """The disk tier filled slots[:count] with the blocks hashed hashes[:count] (under
+        namespace `key`): they become indexed (the disk has them already); the other slots are free
+        again. Returns how many were indexed (none if the namespace changed meanwhile)."""
+        indexed = 0
+        for i, slot in enumerate(slots):
+            self._fetching.discard(slot)
+            if i < count and key == self.key and hashes[i] not in self._index and hashes[i] not in self._saving_hashes:
+                self._index[hashes[i]] = slot
+                indexed += 1
+            else:
+                self._free.append(slot)
+        return indexed
+
+    def adopt_in_flight(self, old: "HostTier") -> None:
+        """The slots that `old` (the books of an executor before, over the same segment) has the
+        disk tier moving: out of use here too until it answers."""
+        moving = (old._fetching | old._spilling) & set(self._free)
+        self._free = deque(slot for slot in self._free if slot not in moving)
+        self._fetching |= old._fetching & moving
+        self._spilling |= old._spilling & moving
+
+    def disk_tier_restarted(self) -> None:
+        """The disk tier that was reading or writing slots is gone: fetches are void, spills are
+        sent again."""
+        self._free.extend(self._fetching)
+        self._fetching.clear()
+        indexed = set(self._index.values())
+        for slot in self._spilling:
+            if slot in indexed and slot in self._chains:
+                self._unspilled[slot] = None
+            else:
+                self._free.append(slot)
+        self._spilling.clear()
+
     def stats(self) -> HostStats:
         return HostStats(self.num_slots, self.num_slots - len(self._free), self.hits, self.misses)
+
+    def _take_slot(self) -> int | None:
+        """A free slot, else the least recently used indexed one that may be evicted, evicted now."""
+        if self._free:
+            return self._free.popleft()
+        for h, slot in self._index.items():
+            if slot not in self._unspilled and slot not in self._spilling:
+                del self._index[h]
+                return slot
+        return None

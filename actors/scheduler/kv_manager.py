@@ -7,6 +7,7 @@ them; the KV moves this asks of the executor wait in `take_commands`."""
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.disk_tier import DiskTier
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import MatchResult, Node
@@ -40,12 +41,19 @@ class KVManager:
         tenancy: TenancyPolicy,
         host_slots: int = 0,
         fingerprint: str = "",
+        disk_segment: str = "",
     ) -> None:
         self.pool = BlockPool(num_blocks)
         self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, tenancy=tenancy)
         self.block_size = block_size
         # The host tier only ever holds what the radix cache stores: nothing without it.
-        self.host = HostTier(host_slots, block_size, fingerprint) if host_slots > 0 and prefix_caching else None
+        self.host = (
+            HostTier(host_slots, block_size, fingerprint, disk=bool(disk_segment))
+            if host_slots > 0 and prefix_caching
+            else None
+        )
+        # The disk tier behind the host tier: `disk_segment` names the executor's host segment.
+        self.disk = DiskTier(self.host, self.cache, disk_segment) if self.host is not None and disk_segment else None
         self._commands: list[Command] = []  # saves and loads for the executor, in the order made
 
     def take_commands(self) -> list[Command]:
@@ -75,6 +83,10 @@ class KVManager:
         seq.blocks, seq.cached = cached.blocks + own, cached
         seq.kv_generation = self.cache.generation
         return True
+
+    def waits_for_disk(self, seq: Sequence) -> bool:
+        """Whether `seq` waits for its prefix to come from the disk tier before its start."""
+        return self.disk is not None and self.disk.waits(seq, self.lookup_tokens(seq))
 
     @staticmethod
     def lookup_tokens(seq: Sequence) -> list[int]:
@@ -172,6 +184,8 @@ class KVManager:
             host_used_slots=host.used if host else 0,
             host_hit_blocks=host.hits if host else 0,
             host_miss_blocks=host.misses if host else 0,
+            disk_fetched_blocks=self.disk.fetched_blocks if self.disk else 0,
+            disk_spilled_blocks=self.disk.spilled_blocks if self.disk else 0,
         )
 
     def publish(self, tokens: list[int]) -> PrefixPublished:
@@ -202,7 +216,7 @@ class KVManager:
         if self.host is None or not blocks:
             return
         hashes = self.host.hashes(seq, tokens, len(blocks))
-        saving, slots = self.host.to_save(hashes, blocks)
+        saving, slots = self.host.to_save(hashes, blocks, tokens, self.host.root(seq))
         if saving:
             self.pool.retain(saving)
             self._commands.append(SaveBlocks(saving, slots))

@@ -36,6 +36,8 @@ class Sequence:
     # The host tier's hashes of its leading whole blocks (host_tier.py), and the namespace they are under.
     block_hashes: list[bytes] = field(default_factory=list)
     hashed_under: str = ""
+    disk_looked_up: bool = False  # the disk tier was asked for its prefix once (disk_tier.py)
+    fetching: bool = False  # it waits for that answer
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.

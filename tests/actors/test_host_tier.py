@@ -10,6 +10,7 @@ from schemas.requests import Tenant
 from schemas.step import LoadBlocks, SaveBlocks
 
 BS = 4
+TOKENS, ROOT = list(range(2 * BS)), b"r" * 16  # what the blocks hold: the disk tier's concern
 
 
 def sequence(name: str, prompt: list[int], tenant: Tenant = Tenant()) -> Sequence:
@@ -33,13 +34,13 @@ def confirm(kv: KVManager) -> list:
 def test_slots_are_free_saving_or_indexed_and_only_indexed_ones_match():
     host = HostTier(2, BS, "model|float32")
     a, b, c = b"a" * 16, b"b" * 16, b"c" * 16
-    assert host.to_save([a, b], [10, 11]) == ([10, 11], [0, 1])
+    assert host.to_save([a, b], [10, 11], TOKENS, ROOT) == ([10, 11], [0, 1])
     assert host.match([a], count_misses=True) == []  # saving: not whole yet
-    assert host.to_save([c], [12]) == ([], [])  # every slot saving: nothing evicted
+    assert host.to_save([c], [12], TOKENS, ROOT) == ([], [])  # every slot saving: nothing evicted
     assert host.saved([0, 1]) == [10, 11]
     assert host.match([a, b, c], count_misses=True) == [0, 1]
     assert host.stats() == (2, 2, 0, 2)  # hits are counted by the KV manager
-    assert host.to_save([c], [12]) == ([12], [0])  # a, the least recently used, makes room
+    assert host.to_save([c], [12], TOKENS, ROOT) == ([12], [0])  # a, the least recently used, makes room
     assert host.match([a], count_misses=False) == []
     assert host.unsaved([0]) == [12] and host.stats().used == 1
     assert host.saved([7]) == []  # never asked of this scheduler: ignored
@@ -49,9 +50,9 @@ def test_new_weights_match_nothing_held_and_free_saves_when_done():
     host = HostTier(2, BS, "m")
     seq = sequence("s", list(range(9)))
     hashes = host.hashes(seq, seq.prompt_ids, 2)
-    host.to_save(hashes[:1], [5])
+    host.to_save(hashes[:1], [5], seq.prompt_ids, host.root(seq))
     host.saved([0])
-    host.to_save(hashes[1:], [6])
+    host.to_save(hashes[1:], [6], seq.prompt_ids[BS:], hashes[0])
     host.new_generation(1)
     assert host.hashes(seq, seq.prompt_ids, 2) != hashes  # a new namespace
     assert host.saved([1]) == [6] and host.match(hashes, count_misses=False) == []

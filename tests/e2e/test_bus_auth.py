@@ -22,7 +22,7 @@ from schemas.errors import Error
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 from tests.e2e.nats_probe import PROBE, Connection
 
-ACTORS = ("executor", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+ACTORS = ("executor", "cache_tier", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
 
 
 def credentials(server, user: str) -> bus_auth.BusCredentials:
@@ -83,6 +83,7 @@ def test_credential_files_are_private(server):
     assert stat.S_IMODE(bus_dir.stat().st_mode) == 0o700
     files = sorted(p.name for p in bus_dir.iterdir())
     assert files == [
+        "cache_tier.json",
         "client.json",
         "executor.json",
         "frontdoor.json",

@@ -86,7 +86,7 @@ def test_prefix_caching_can_be_turned_off(own_server):
 
 def test_sigterm_stops_everything_in_order(tmp_path):
     server = start_server(tmp_path / "data", "--num-kv-blocks", "32")
-    actors = ("executor", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+    actors = ("executor", "cache_tier", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
     pids = {name: server.child_pid(name) for name in actors}
     nats_pid = server.find("nats_started")[-1]["pid"]
     assert server.stop() == 0

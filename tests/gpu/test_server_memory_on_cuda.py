@@ -6,8 +6,11 @@ CPU, where the memory is the process's own, shown here with the driver's account
   takes it again and the greedy tokens are transformers' as before.
 - `--host-kv-blocks`: a prefix the GPU pool evicted comes back from the host segment, copied by
   gpu/kv_transfer.py on its own streams, and draws transformers' tokens.
+- `--disk-kv-gb`: a prefix gone from the pool and the host comes back from the disk tier (the
+  cache_tier actor reads it into host slots, the executor loads them), with transformers' tokens.
 """
 
+import asyncio
 import random
 
 import httpx
@@ -88,4 +91,31 @@ async def test_a_prefix_evicted_from_the_pool_comes_back_from_the_host(tiered, m
     again = await generate_over_http(tiered.base_url, prompts[0], 8)  # its blocks left the pool
     after = httpx.get(f"{tiered.base_url}/admin/cache", timeout=10).json()
     assert after["host_hit_blocks"] - before["host_hit_blocks"] >= len(prompts[0]) // BLOCK_SIZE - 1
+    assert again == first[0] == hf_greedy(model_dir, prompts[0], 8)
+
+
+@pytest.fixture(scope="module")
+def disk_tiered(tmp_path_factory, model_dir):
+    data_dir = tmp_path_factory.mktemp("disk-tier-cuda")
+    flags = ("--num-kv-blocks", str(POOL_BLOCKS), "--host-kv-blocks", str(POOL_BLOCKS + 8), "--disk-kv-gb", "1")
+    running = serve(data_dir, model_dir, *flags)
+    yield running
+    running.stop()
+    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
+        segment.unlink()
+
+
+async def test_a_prefix_gone_from_the_pool_and_the_host_comes_back_from_disk(disk_tiered, model_dir, hf_greedy):
+    rng = random.Random(11)
+    length = POOL_BLOCKS * BLOCK_SIZE // 3 + 5
+    prompts = [[rng.randrange(10, 1000) for _ in range(length)] for _ in range(5)]
+    first = [await generate_over_http(disk_tiered.base_url, p, 8) for p in prompts]
+    for _ in range(100):  # the spills run in the background
+        report = httpx.get(f"{disk_tiered.base_url}/admin/cache", timeout=10).json()
+        if report["disk_spilled_blocks"] >= report["host_used_slots"]:
+            break
+        await asyncio.sleep(0.1)
+    again = await generate_over_http(disk_tiered.base_url, prompts[0], 8)
+    after = httpx.get(f"{disk_tiered.base_url}/admin/cache", timeout=10).json()
+    assert after["disk_fetched_blocks"] >= len(prompts[0]) // BLOCK_SIZE - 1
     assert again == first[0] == hf_greedy(model_dir, prompts[0], 8)

@@ -8,7 +8,17 @@ from kernel import bus_auth
 from kernel import config as config_module
 from kernel.actor import Actor, main
 
-ACTOR_USERS = {"executor", "snapshot", "scheduler", "tokenizer", "gateway", "frontdoor", "weight_sync", "supervisor"}
+ACTOR_USERS = {
+    "executor",
+    "cache_tier",
+    "snapshot",
+    "scheduler",
+    "tokenizer",
+    "gateway",
+    "frontdoor",
+    "weight_sync",
+    "supervisor",
+}
 
 
 def mode(path) -> int:

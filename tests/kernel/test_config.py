@@ -173,6 +173,8 @@ def test_help_groups_the_same_flags_by_component():
             "--max-prefill-tokens",
             "--prefix-caching",
             "--host-kv-blocks",
+            "--disk-kv-gb",
+            "--disk-kv-dir",
             "--session-budget-tokens",
             "--step-deadline-s",
             "--weight-version",

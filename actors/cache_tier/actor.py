@@ -1,0 +1,92 @@
+"""The cache_tier actor: the disk tier of the KV cache. It moves blocks between the host tier's
+slots (the shared-memory segment the executor made, mapped here by name) and block-chain files on
+disk (disk_store.py), as the scheduler asks (schemas/cache.py): spills of blocks the host must make
+room for or that sessions keep, and fetches of a prompt's chain before its prefill.
+
+Thin: each request runs to its end on a worker thread before the next, so the disk never sees two
+writers from here and the loop never waits on the disk. The scheduler keeps a request's slots from
+any other use until the reply; a restarted cache_tier announces itself by its heartbeat, and the
+scheduler frees what the last one was moving.
+
+Namespaces (one per state of the weights) are directories under `--disk-kv-dir`; the two most
+recently used stay open and the files of an older one are deleted when a third comes (an RL run
+makes a namespace per update: only the served weights' and the previous ones' blocks are worth
+keeping). With `--disk-kv-gb 0` every request is answered with an Error.
+"""
+
+import asyncio
+from collections import OrderedDict
+from pathlib import Path
+
+from actors.cache_tier.disk_store import DiskStore
+from actors.cache_tier.host_segment import HostSegment
+from kernel.actor import Actor
+from schemas.cache import BlocksFetched, BlocksSpilled, CacheTierRequest, FetchBlocks, SpillBlocks
+from schemas.errors import Error
+
+OPEN_NAMESPACES = 2
+DEFAULT_DIR = "kv-blocks"
+
+
+class CacheTierActor(Actor):
+    """Spills host slots to the disk tier and fetches disk chains into host slots."""
+
+    name = "cache_tier"
+
+    async def start(self) -> None:
+        engine = self.config.engine
+        self.capacity_bytes = int(engine.disk_kv_gb * 1e9)
+        self.root = Path(engine.disk_kv_dir or Path(self.config.supervision.data_dir) / DEFAULT_DIR)
+        self.stores: OrderedDict[str, DiskStore] = OrderedDict()  # least recently used first
+        self.segment: HostSegment | None = None
+        await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
+        self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
+
+    async def _on_request(
+        self, message: CacheTierRequest, _reply_to: str | None
+    ) -> BlocksSpilled | BlocksFetched | Error:
+        if self.capacity_bytes <= 0:
+            return Error("unavailable", "this server has no disk tier (--disk-kv-gb 0)")
+        try:
+            return await asyncio.to_thread(self._handle, message)
+        except (OSError, ValueError) as exc:  # a segment that is gone or not one: the request fails, the tier serves on
+            self.log.warning("disk_tier_request_failed", request=type(message).__name__, error=str(exc))
+            return Error("unavailable", f"the disk tier cannot serve this request: {exc}", retriable=True)
+
+    def _handle(self, message: CacheTierRequest) -> BlocksSpilled | BlocksFetched:
+        slots = self._slots(message.segment)
+        store = self._store(message.namespace, slots.shape[1])
+        match message:
+            case SpillBlocks(slots=taken, hashes=hashes, parents=parents, token_ids=tokens):
+                block_size = len(tokens) // len(hashes) if hashes else 0
+                stored = []
+                for i, (slot, block_hash, parent) in enumerate(zip(taken, hashes, parents, strict=True)):
+                    block = memoryview(slots[slot].numpy())
+                    own = tokens[i * block_size : (i + 1) * block_size]
+                    if store.put([block_hash], own, [block], parent) or store.longest_prefix([block_hash]):
+                        stored.append(block_hash)
+                return BlocksSpilled(stored)
+            case FetchBlocks(slots=taken, hashes=hashes):
+                on_disk = store.longest_prefix(hashes)
+                out = [memoryview(slots[slot].numpy()) for slot in taken[:on_disk]]
+                return BlocksFetched(store.read(hashes[:on_disk], out) if on_disk else 0)
+
+    def _slots(self, name: str):
+        """The host segment's slots, uint8 [num_slots, slot_bytes]; mapped again if the executor
+        made another (a restarted one with another geometry)."""
+        if self.segment is None or self.segment.name != name:
+            if self.segment is not None:
+                self.segment.close()
+            self.segment = HostSegment.attach(name)
+        return self.segment.slots()
+
+    def _store(self, namespace: str, block_bytes: int) -> DiskStore:
+        store = self.stores.get(namespace)
+        if store is None or store.block_bytes != block_bytes:
+            store = DiskStore(self.root, namespace, block_bytes, self.capacity_bytes)
+            self.stores[namespace] = store
+            if len(self.stores) > OPEN_NAMESPACES:
+                old_namespace, old = self.stores.popitem(last=False)
+                self.log.info("disk_tier_namespace_dropped", namespace=old_namespace, blocks=old.clear())
+        self.stores.move_to_end(namespace)
+        return store

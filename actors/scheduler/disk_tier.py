@@ -1,0 +1,121 @@
+"""The scheduler's side of the disk tier (the cache_tier actor; schemas/cache.py): what it asks
+and what it does with the answers, bus-free. The actor sends `take_requests()` and hands each reply
+to `replied`.
+
+- Spills: every block the host tier indexes is written to disk too, oldest first, one request at a
+  time of up to SPILL_BATCH blocks; the host tier evicts a block only once the disk tier had it.
+  So what leaves the host is on disk, and a session's blocks are there when the server restarts.
+- Fetches: a waiting request whose prefix continues past what the GPU and the host hold asks the
+  disk tier for the rest, once, before its admission: its blocks are read into reserved host slots,
+  and the admission then loads them as any host hit. The request waits for the answer, not longer
+  than FETCH_DEADLINE_S (then it goes on with the shorter hit); others are admitted meanwhile.
+"""
+
+from dataclasses import dataclass
+
+from actors.scheduler.host_tier import HostTier
+from actors.scheduler.radix_cache import RadixCache
+from actors.scheduler.sequence import Sequence
+from schemas.cache import BlocksFetched, BlocksSpilled, CacheTierReply, CacheTierRequest, FetchBlocks, SpillBlocks
+from schemas.errors import Error
+
+SPILL_BATCH = 64  # blocks per spill request
+MAX_FETCH = 1024  # blocks per fetch request
+FETCH_DEADLINE_S = 2.0  # a request waits no longer for its fetch
+ANSWER_TIMEOUT_S = 60.0  # the disk tier's answer to any request
+
+
+@dataclass
+class PendingFetch:
+    seq: Sequence
+    request: FetchBlocks
+
+
+class DiskTier:
+    """Owns the disk tier's moves of `host`'s slots and the requests that wait for a fetch."""
+
+    def __init__(self, host: HostTier, cache: RadixCache, segment: str) -> None:
+        self.host = host
+        self.cache = cache
+        self.segment = segment
+        self._fetches: dict[str, PendingFetch] = {}  # request id -> its fetch in flight
+        self._requests: list[tuple[str | None, CacheTierRequest]] = []
+        self._spilling = False
+        self.fetched_blocks = self.spilled_blocks = 0
+
+    def waits(self, seq: Sequence, lookup: list[int]) -> bool:
+        """Whether `seq` waits for a fetch from disk (started now, the first time it is asked, if
+        the disk may hold more of `lookup`, its matchable tokens, than the GPU and the host)."""
+        if seq.fetching or seq.disk_looked_up:
+            return seq.fetching
+        seq.disk_looked_up = True
+        whole = (len(lookup) - 1) // self.host.block_size  # a match never covers the last token
+        on_gpu = len(self.cache.match(lookup, seq.tenant).blocks)
+        hashes = self.host.hashes(seq, lookup, whole)
+        on_host = len(self.host.match(hashes[on_gpu:], count_misses=False))
+        rest = hashes[on_gpu + on_host :][:MAX_FETCH]
+        slots = self.host.reserve(len(rest)) if rest else []
+        if not slots:
+            return False
+        request = FetchBlocks(self.segment, self.host.key, slots, rest[: len(slots)])
+        self._fetches[seq.request_id] = PendingFetch(seq, request)
+        self._requests.append((seq.request_id, request))
+        seq.fetching = True
+        return True
+
+    def take_requests(self) -> list[tuple[str | None, CacheTierRequest]]:
+        """The requests to send now, each with the request id it is for (None: a spill)."""
+        if not self._spilling and (spills := self.host.take_spill(SPILL_BATCH)):
+            self._spilling = True
+            tokens = [t for spill in spills for t in spill.token_ids]
+            request = SpillBlocks(
+                self.segment,
+                self.host.key,
+                [s.slot for s in spills],
+                [s.block_hash for s in spills],
+                [s.parent for s in spills],
+                tokens,
+            )
+            self._requests.append((None, request))
+        requests, self._requests = self._requests, []
+        return requests
+
+    def replied(self, request_id: str | None, request: CacheTierRequest, reply: CacheTierReply) -> None:
+        """The disk tier's answer. An Error of its own: nothing was stored or read. No answer in
+        time: it may still be moving the slots, which stay out of use until it answers or restarts."""
+        unanswered = isinstance(reply, Error) and reply.code == "timeout"
+        match request:
+            case SpillBlocks(slots=slots):
+                self._spilling = False
+                if not unanswered:
+                    self.host.spilled(slots)
+                if isinstance(reply, BlocksSpilled):
+                    self.spilled_blocks += len(reply.stored)
+            case FetchBlocks(segment=segment, slots=slots, hashes=hashes, namespace=key):
+                if not unanswered:
+                    # Read into another executor's segment (one of another geometry): not these slots.
+                    ours = isinstance(reply, BlocksFetched) and segment == self.segment
+                    count = reply.count if ours else 0
+                    self.fetched_blocks += self.host.fetched(slots, hashes, count, key)
+                self.deadline_passed(request_id)
+
+    def deadline_passed(self, request_id: str | None) -> bool:
+        """`request_id` stops waiting for its fetch (answered, or too late: a shorter hit); returns
+        whether it was waiting."""
+        pending = self._fetches.pop(request_id, None) if request_id else None
+        if pending is not None:
+            pending.seq.fetching = False
+        return pending is not None
+
+    def carry_over(self, old: "DiskTier") -> None:
+        """Takes over the moves `old` (of an executor before) has under way, so that their slots
+        stay out of use until the disk tier answers, and the requests waiting for them wait on."""
+        self.host.adopt_in_flight(old.host)
+        self._fetches, self._spilling = old._fetches, old._spilling
+
+    def restarted(self) -> None:
+        """A new cache_tier: the old one's moves are void (their slots freed or spilled again)."""
+        self.host.disk_tier_restarted()
+        self._spilling = False
+        for request_id in list(self._fetches):
+            self.deadline_passed(request_id)

@@ -1,0 +1,64 @@
+"""The disk tier of the KV cache: the scheduler's conversation with the cache_tier actor on
+`<ns>.cache_tier.requests`.
+
+The scheduler keeps the books of the host tier (actors/scheduler/host_tier.py): which host slot
+holds which block. The cache_tier actor moves bytes between those slots (a shared-memory segment
+the executor made, which it maps by name) and block-chain files on disk (actors/cache_tier/
+disk_store.py). Blocks are named by their chained hashes (actors/lib/block_hashes.py) inside a
+namespace: a directory of the disk tier, one per state of the weights.
+
+The scheduler gives the cache_tier the slots of each move and keeps them from any other use until
+the reply, or until a cache_tier of another `instance_id` announces itself (the one that was
+reading or writing them is gone).
+"""
+
+import msgspec
+
+from schemas.errors import Error
+
+Namespace = str  # 32 hex characters: namespace_key's
+
+
+class SpillBlocks(msgspec.Struct, frozen=True, tag="spill_blocks"):
+    """Write the blocks in `slots` to disk: slots[i] holds the block hashed hashes[i], whose tokens
+    are token_ids[i * block_size:(i + 1) * block_size] and whose chain's previous block is
+    parents[i] (None: the first block of a prompt). Each block is its own chain file: the blocks
+    spilled together need not follow one another."""
+
+    segment: str  # the host segment's name (the executor's ExecutorInfo.host_segment)
+    namespace: Namespace
+    slots: list[int]
+    hashes: list[bytes]
+    parents: list[bytes | None]
+    token_ids: list[int]
+
+
+class BlocksSpilled(msgspec.Struct, frozen=True, tag="blocks_spilled"):
+    """The slots are free of the cache_tier; `stored` are the hashes the disk holds now (a full or
+    failing disk stores fewer)."""
+
+    stored: list[bytes]
+
+
+class FetchBlocks(msgspec.Struct, frozen=True, tag="fetch_blocks"):
+    """Read the longest run of `hashes` that the disk holds, from the first, into `slots` (as many
+    as hashes); a block that fails its checksum ends the run there."""
+
+    segment: str
+    namespace: Namespace
+    slots: list[int]
+    hashes: list[bytes]
+
+
+class BlocksFetched(msgspec.Struct, frozen=True, tag="blocks_fetched"):
+    count: int  # slots[:count] hold hashes[:count]; the other slots are free of the cache_tier
+
+
+class CacheTierStarted(msgspec.Struct, frozen=True, tag="cache_tier_started"):
+    """Published by a cache_tier when it starts: the slots an earlier one was moving are free."""
+
+    instance_id: str
+
+
+CacheTierRequest = SpillBlocks | FetchBlocks
+CacheTierReply = BlocksSpilled | BlocksFetched | Error

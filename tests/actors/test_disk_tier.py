@@ -1,0 +1,81 @@
+"""The disk tier's books (disk_tier.py, host_tier.py), bus-free: every indexed host block is spilled,
+oldest first, and evicted only once the disk tier had it; a request whose prefix the disk may hold
+waits for its fetch, which lands in host slots the admission then loads; slots the disk tier is
+moving stay out of use until it answers or restarts."""
+
+from actors.scheduler.cache_tenancy import TenancyPolicy
+from actors.scheduler.host_tier import HostTier
+from actors.scheduler.kv_manager import KVManager
+from actors.scheduler.sequence import Sequence
+from schemas.cache import BlocksFetched, BlocksSpilled, FetchBlocks, SpillBlocks
+from schemas.errors import Error
+from schemas.generate import SamplingParams
+from schemas.step import LoadBlocks
+
+BS = 4
+
+
+def sequence(name: str, prompt: list[int]) -> Sequence:
+    return Sequence(name, list(prompt), SamplingParams(max_tokens=8), "origin", 0)
+
+
+def test_indexed_blocks_are_spilled_oldest_first_and_evicted_only_after():
+    host = HostTier(2, BS, "m", disk=True)
+    seq = sequence("s", list(range(12)))
+    hashes = host.hashes(seq, seq.prompt_ids, 2)
+    host.to_save(hashes, [5, 6], seq.prompt_ids, host.root(seq))
+    host.saved([0, 1])
+    other = host.hashes(sequence("t", list(range(50, 62))), list(range(50, 62)), 1)
+    assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([], [])  # no block had the disk yet
+    spills = host.take_spill(8)
+    assert [(s.slot, s.block_hash, s.token_ids) for s in spills] == [
+        (0, hashes[0], [0, 1, 2, 3]),
+        (1, hashes[1], [4, 5, 6, 7]),
+    ]
+    assert spills[0].parent == host.root(seq) and spills[1].parent == hashes[0]
+    assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([], [])  # spilling: still in use
+    host.spilled([0, 1])
+    assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([7], [0])  # the oldest makes room
+    assert host.match(hashes, count_misses=False) == []
+
+
+def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(13)))  # three whole blocks matchable
+    assert kv.waits_for_disk(seq)
+    ((request_id, fetch),) = kv.disk.take_requests()
+    assert request_id == "s" and isinstance(fetch, FetchBlocks) and len(fetch.hashes) == 3
+    assert fetch.hashes == kv.host.hashes(seq, seq.prompt_ids, 3) and fetch.segment == "kvhost-x"
+    assert kv.waits_for_disk(seq)  # until the answer
+    kv.disk.replied(request_id, fetch, BlocksFetched(2))  # the third failed its check: a shorter hit
+    assert not kv.waits_for_disk(seq)  # asked once
+    assert kv.start(seq)
+    (load,) = [c for c in kv.take_commands() if isinstance(c, LoadBlocks)]
+    assert load.slots == fetch.slots[:2] and seq.cached.num_tokens == 2 * BS
+    assert kv.host.stats().used == 2  # the slot of the block that did not come is free again
+
+
+def test_slots_of_an_unanswered_move_stay_out_of_use_until_the_disk_tier_restarts():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=2, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(9)))
+    assert kv.waits_for_disk(seq)
+    ((request_id, fetch),) = kv.disk.take_requests()
+    kv.disk.replied(request_id, fetch, Error("timeout", "no answer", retriable=True))
+    assert not seq.fetching and kv.host.stats().used == 2  # it goes on; the slots stay taken
+    kv.disk.restarted()
+    assert kv.host.stats().used == 0
+
+
+def test_a_spill_the_disk_refused_still_frees_its_slots_for_eviction():
+    host = HostTier(1, BS, "m", disk=True)
+    seq = sequence("s", list(range(5)))
+    hashes = host.hashes(seq, seq.prompt_ids, 1)
+    host.to_save(hashes, [3], seq.prompt_ids, host.root(seq))
+    host.saved([0])
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=1, fingerprint="m", disk_segment="kvhost-x")
+    kv.host = kv.disk.host = host
+    ((_, spill),) = kv.disk.take_requests()
+    assert isinstance(spill, SpillBlocks) and spill.hashes == hashes
+    kv.disk.replied(None, spill, BlocksSpilled([]))  # the disk was full
+    assert kv.disk.spilled_blocks == 0 and host.take_spill(8) == []
+    assert host.to_save([b"x" * 16], [4], list(range(4)), b"r" * 16) == ([4], [0])
