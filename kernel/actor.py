@@ -1,7 +1,8 @@
 """What every actor shares: start-up from flags, a bus connection, heartbeats, owned tasks,
 and a graceful stop on SIGTERM.
 
-An actor subclass names itself, subscribes in `start`, and cleans up in `stop`. Its background
+An actor subclass names itself, subscribes in `start`, and cleans up in `stop`. Once started, it
+answers NATS's service discovery as service `name` (kernel/bus_service.py). Its background
 tasks go through `spawn`, so an exception in one is never lost: it stops the actor with an
 error, and the supervisor restarts it (let it crash).
 """
@@ -10,6 +11,7 @@ import argparse
 import asyncio
 import atexit
 import gc
+import importlib.metadata
 import os
 import signal
 import sys
@@ -30,6 +32,7 @@ from kernel.subjects import Subjects
 from schemas.health import Heartbeat
 
 HEARTBEAT_INTERVAL_S = 1.0
+SERVICE_VERSION = importlib.metadata.version("kernel-llm")  # what NATS's service discovery reports
 
 
 class Actor:
@@ -97,7 +100,13 @@ class Actor:
 
     async def run_until_stopped(self, stop_requested: asyncio.Event) -> None:
         await self.start()
-        freeze_startup_objects()
+        freeze_startup_objects()  # before the registration below awaits and lets the tasks `start` spawned run
+        await self.bus.serve_as_service(
+            self.name,
+            SERVICE_VERSION,
+            (type(self).__doc__ or self.name).strip().splitlines()[0],
+            {"instance": self.instance_id, "pid": str(os.getpid()), "namespace": self.config.bus.namespace},
+        )
         self.spawn(self._heartbeat_loop(), "heartbeat")
         window_s = window_s_for(self.config.bus.busy_poll_ms, self.config.engine.device) if self.polls_bus else 0.0
         if window_s > 0:

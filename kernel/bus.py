@@ -3,9 +3,12 @@
 Actors hand it msgspec Structs and get Structs back. Anything that goes wrong on the wire (a
 message that does not decode, no responder, a timeout) comes back as a typed `Error`, never as
 a nats exception, so callers handle one kind of failure; a subscription the server cannot confirm
-raises `BusUnavailable`.
+raises `BusUnavailable`. Each subscription is also an endpoint of the process's NATS micro service
+(kernel/bus_service.py), with its counts.
 """
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -15,6 +18,7 @@ import nats.errors
 import structlog
 
 from kernel.bus_auth import BusCredentials
+from kernel.bus_service import Endpoint, start_service
 from kernel.busy_poll import BusyPoll
 from schemas.errors import Error
 from schemas.health import Heartbeat
@@ -63,10 +67,14 @@ class PayloadTooLarge(Exception):
 
 
 class Subscription:
-    def __init__(self, nats_subscription) -> None:
+    def __init__(self, nats_subscription, endpoint: Endpoint, endpoints: list[Endpoint]) -> None:
         self._sub = nats_subscription
+        self._endpoint = endpoint
+        self._endpoints = endpoints
 
     async def close(self) -> None:
+        if self._endpoint in self._endpoints:
+            self._endpoints.remove(self._endpoint)
         try:
             await self._sub.unsubscribe()
         except nats.errors.Error:
@@ -78,6 +86,7 @@ class Bus:
         self._nc = None
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
         self._busy_poll: BusyPoll | None = None
+        self._endpoints: list[Endpoint] = []  # one per subscription, in the order they were made
 
     @classmethod
     async def connect(cls, url: str, name: str, credentials: BusCredentials | None = None) -> "Bus":
@@ -241,7 +250,10 @@ class Bus:
     ) -> Subscription:
         """`call` gets the message, the reply subject and the subject it came on."""
 
+        endpoint = Endpoint(subject, queue, message_type)
+
         async def on_message(msg) -> None:
+            started_ns = time.perf_counter_ns()
             reply_to = msg.reply or None
             try:
                 message = decode(msg.data, message_type)
@@ -250,6 +262,7 @@ class Bus:
                 await self._reply(
                     reply_to, Error("invalid_request", f"could not decode message: {exc}", param=field_at_fault(exc))
                 )
+                endpoint.record(started_ns, f"could not decode message: {exc}")
                 return
             self._note_traffic(message)
             try:
@@ -257,14 +270,18 @@ class Bus:
             except Exception as exc:
                 log.exception("handler_failed", subject=subject)
                 await self._reply(reply_to, Error("internal", f"{type(exc).__name__}: {exc}", retriable=True))
+                endpoint.record(started_ns, f"{type(exc).__name__}: {exc}")
                 return
             if result is not None:
                 await self._reply(reply_to, result)
+            endpoint.record(started_ns, result.message if type(result) is Error else None)
 
         try:
-            subscription = Subscription(await self._nc.subscribe(subject, queue=queue, cb=on_message))
+            nats_subscription = await self._nc.subscribe(subject, queue=queue, cb=on_message)
         except nats.errors.Error as exc:
             raise BusUnavailable(f"cannot subscribe to {subject}: {exc}") from exc
+        self._endpoints.append(endpoint)
+        subscription = Subscription(nats_subscription, endpoint, self._endpoints)
         try:
             # nats-py writes a flush's PING to the socket at once, while the SUB waits in its buffer for
             # the flusher task, so the first PONG may come before the server has the SUB. The flusher
@@ -275,6 +292,52 @@ class Bus:
             await subscription.close()  # else the client would restore it on reconnecting, unknown to the caller
             raise BusUnavailable(f"the server did not confirm the subscription to {subject}: {exc}") from exc
         return subscription
+
+    async def gather(
+        self, subject: str, message: msgspec.Struct, reply_type: Any, expected: int, timeout_s: float
+    ) -> list[Any] | Error:
+        """Sends `message` to every listener of `subject` (not a queue group) and returns their
+        replies, decoded (an undecodable one is logged and left out): at once when `expected` have
+        come, else those that came within `timeout_s`. An `Error` if it could not be sent."""
+        if expected <= 0:
+            return []
+        replies: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_reply(msg) -> None:
+            replies.put_nowait(msg.data)
+
+        try:
+            data = self._encode_within_limit(subject, message)
+            inbox = await self._nc.subscribe(self._nc.new_inbox(), cb=on_reply)
+        except (nats.errors.Error, PayloadTooLarge) as exc:
+            return Error("unavailable", f"cannot ask on {subject}: {exc}", retriable=True)
+        answers = []
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            await self._nc.publish(subject, data, reply=inbox.subject)
+            while len(answers) < expected:
+                try:
+                    data = await asyncio.wait_for(replies.get(), deadline - asyncio.get_running_loop().time())
+                except TimeoutError:
+                    break
+                try:
+                    answers.append(decode(data, reply_type | Error))
+                except msgspec.DecodeError as exc:
+                    log.warning("undecodable_reply", subject=subject, error=str(exc))
+        except nats.errors.Error as exc:
+            return Error("unavailable", f"cannot ask on {subject}: {exc}", retriable=True)
+        finally:
+            try:
+                await inbox.unsubscribe()
+            except nats.errors.Error:
+                pass  # the connection is already gone, and the subscription with it
+        return answers
+
+    async def serve_as_service(self, name: str, version: str, description: str, metadata: dict[str, str]) -> None:
+        """Answers NATS's service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) as an instance
+        of service `name`, its endpoints every subscription of this bus, as they are at each request,
+        with their counts. Stops with the connection."""
+        await start_service(self._nc, self._endpoints, name, version, description, metadata)
 
     async def reply(self, reply_to: str, message: msgspec.Struct) -> None:
         """Sends `message` to a requester; one too large for the bus becomes an `Error` that says so,

@@ -23,6 +23,8 @@ SERVER_CONFIG = "nats-server.conf"
 CLIENT_INBOX = "_INBOX"  # nats-py's default inbox prefix, the `client` user's
 TENANT = "tenant"  # tenant users are `tenant.<name>`, so no tenant name can be an actor's
 ADMIN = "admin"
+# NATS micro services' PING, INFO and STATS, which every actor answers (kernel/bus_service.py)
+SERVICE_DISCOVERY = "$SRV.>"
 
 
 class BusCredentials(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -50,6 +52,12 @@ def tenant_user(tenant: str) -> str:
     return f"{TENANT}.{tenant}"
 
 
+def discovery(actor: str) -> list[str]:
+    """What an actor subscribes to to answer NATS's service discovery: each verb for every service,
+    for its kind, and for its own instance."""
+    return ["$SRV.*", f"$SRV.*.{actor}", f"$SRV.*.{actor}.*"]
+
+
 def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = False) -> dict[str, Grant]:
     """What each user may publish and subscribe to: the one table to extend with a new actor.
     Every user may also subscribe to its own inbox (see `inbox_prefix`). `tenants`: the tenants of
@@ -63,7 +71,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
     table = {
         "executor": Grant(
             publish=[s.step_outputs, s.executor_info, s.heartbeat("executor")],
-            subscribe=[s.executor_commands, s.executor_describe, s.executor_weights],
+            subscribe=[s.executor_commands, s.executor_describe, s.executor_weights, *discovery("executor")],
             answers_requests=True,
         ),
         "scheduler": Grant(
@@ -95,17 +103,18 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.heartbeat("gateway"),
                 s.heartbeat("snapshot"),  # a restarted snapshot actor gets every session again
                 s.heartbeat("cache_tier"),  # a restarted cache_tier moves none of the slots the last one had
+                *discovery("scheduler"),
             ],
             answers_requests=True,
         ),
         "cache_tier": Grant(
             publish=[s.heartbeat("cache_tier")],
-            subscribe=[s.cache_tier],
+            subscribe=[s.cache_tier, *discovery("cache_tier")],
             answers_requests=True,
         ),
         "snapshot": Grant(
             publish=[s.heartbeat("snapshot")],
-            subscribe=[s.snapshot_sessions],
+            subscribe=[s.snapshot_sessions, *discovery("snapshot")],
             answers_requests=True,
         ),
         "weight_sync": Grant(
@@ -122,19 +131,27 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.executor_describe,
                 s.heartbeat("weight_sync"),
             ],
-            subscribe=[s.admin_weights, s.executor_info],
+            subscribe=[s.admin_weights, s.executor_info, *discovery("weight_sync")],
             answers_requests=True,
         ),
         "tokenizer": Grant(
             publish=[s.scheduler, s.origin("*"), s.heartbeat("tokenizer")],
-            subscribe=[s.tokenizer, s.tokenizer_untrack, s.step_outputs],
+            subscribe=[s.tokenizer, s.tokenizer_untrack, s.step_outputs, *discovery("tokenizer")],
             answers_requests=True,
         ),
         "gateway": Grant(
             # A stream is many replies, sent again to a new inbox on resume and after a bus outage
             # (which forgets one-reply grants): the gateway may publish to every client's (tenant's) inbox.
             publish=[s.tokenizer, s.tokenizer_untrack, s.scheduler, s.heartbeat("gateway"), public_inboxes],
-            subscribe=[generate, s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
+            # steps: requests without text; metrics: the frontdoor's /metrics asks every origin
+            subscribe=[
+                generate,
+                s.origin("*"),
+                s.all_heartbeats,
+                s.step_outputs,
+                s.metrics_origins,
+                *discovery("gateway"),
+            ],
             answers_requests=True,
         ),
         "frontdoor": Grant(
@@ -150,9 +167,13 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.admin_continue,
                 s.admin_pause_state,
                 s.admin_weights,  # the weight routes and the version in the info routes (weight_sync answers)
+                s.executor_describe,  # /metrics: the executor's steps and weight version
+                s.metrics_origins,  # /metrics: every origin's request figures
                 s.heartbeat("frontdoor"),
             ],
-            subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs],  # steps: requests without text
+            # steps: requests without text; metrics: every frontdoor is an origin /metrics asks
+            subscribe=[s.origin("*"), s.all_heartbeats, s.step_outputs, s.metrics_origins, *discovery("frontdoor")],
+            answers_requests=True,
         ),
         "supervisor": Grant(publish=[], subscribe=[s.all_heartbeats]),
     }
@@ -162,9 +183,11 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             for t in sorted(tenants)
         }
     else:  # as over HTTP, the admin subjects are open without keys until an admin key closes them
-        table["client"] = Grant(publish=[s.generate, s.sessions] + ([] if admin else [admin_subjects]), subscribe=[])
+        # Service discovery shows every actor's subjects and counts: open or closed with the admin subjects.
+        admin_only = [] if admin else [admin_subjects, SERVICE_DISCOVERY]
+        table["client"] = Grant(publish=[s.generate, s.sessions, *admin_only], subscribe=[])
     if admin:
-        table[ADMIN] = Grant(publish=[admin_subjects], subscribe=[])
+        table[ADMIN] = Grant(publish=[admin_subjects, SERVICE_DISCOVERY], subscribe=[])
     return table
 
 

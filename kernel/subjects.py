@@ -102,6 +102,10 @@ class Subjects:
     def cache_tier(self) -> str:  # schemas/cache.py: the scheduler's spills and fetches of the disk tier
         return self._("cache_tier", "requests")
 
+    @property
+    def metrics_origins(self) -> str:  # ReadRequestFigures -> RequestFigures, from every origin (frontdoors, gateways)
+        return self._("metrics", "origins")
+
     def origin(self, origin_id: str) -> str:
         return self._("origin", origin_id)
 

@@ -70,7 +70,7 @@ def test_permissions_follow_the_namespace(tmp_path):
 
 def test_the_client_may_only_request_the_public_subjects_and_read_replies(tmp_path):
     client = users(bus_auth.prepare(tmp_path, "llm"))["client"]["permissions"]
-    assert client["publish"] == {"allow": ["llm.generate", "llm.sessions", "llm.admin.>"]}
+    assert client["publish"] == {"allow": ["llm.generate", "llm.sessions", "llm.admin.>", "$SRV.>"]}
     assert client["subscribe"] == {"allow": ["_INBOX.>"]}
     assert "allow_responses" not in client
     assert bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "client")).inbox_prefix == "_INBOX"
@@ -105,10 +105,22 @@ def test_with_keys_each_tenant_gets_a_user_of_its_own_subjects_and_inbox_instead
 def test_an_admin_key_gives_the_admin_subjects_to_an_admin_user_alone(tmp_path):
     entries = users(bus_auth.prepare(tmp_path, "llm", admin=True))
     assert entries["client"]["permissions"]["publish"] == {"allow": ["llm.generate", "llm.sessions"]}
-    assert entries["admin"]["permissions"]["publish"] == {"allow": ["llm.admin.>"]}
+    assert entries["admin"]["permissions"]["publish"] == {"allow": ["llm.admin.>", "$SRV.>"]}
     assert entries["admin"]["permissions"]["subscribe"] == {"allow": ["llm.inbox.admin.>"]}
     keyed = users(bus_auth.prepare(tmp_path, "llm", tenants={"alpha"}, admin=True))
     assert [u for u, e in keyed.items() if "llm.admin.>" in e["permissions"]["publish"].get("allow", [])] == ["admin"]
+
+
+def test_every_actor_answers_service_discovery_and_every_origin_its_request_figures(tmp_path):
+    """Stock NATS tooling asks `$SRV.<verb>`, `$SRV.<verb>.<kind>` and `$SRV.<verb>.<kind>.<id>`."""
+    entries = users(bus_auth.prepare(tmp_path, "llm"))
+    for actor in ACTOR_USERS - {"supervisor"}:
+        permissions = entries[actor]["permissions"]
+        assert {"$SRV.*", f"$SRV.*.{actor}", f"$SRV.*.{actor}.*"} <= set(permissions["subscribe"]["allow"])
+        assert permissions["allow_responses"] is True
+    for origin in ("frontdoor", "gateway"):
+        assert "llm.metrics.origins" in entries[origin]["permissions"]["subscribe"]["allow"]
+    assert "llm.metrics.origins" in entries["frontdoor"]["permissions"]["publish"]["allow"]
 
 
 def test_a_user_left_out_of_the_table_loses_its_file(tmp_path):
