@@ -151,3 +151,4 @@ class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
     # actors/lib/block_hashes.py's name of the weights served now: the checkpoint's at start, another
     # after each update. Cached KV is filed under it, so none computed under other weights is served.
     weights_fingerprint: str = ""
+    steps: int = 0  # steps with news (each published as a StepOutput) since it started

@@ -113,6 +113,7 @@ class ExecutorActor(Actor):
             host_kv_slots=self.moves.num_slots,
             host_segment=self.moves.segment.name if self.moves.segment is not None else "",
             weights_fingerprint=self.weights.fingerprint,
+            steps=self.step_count,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:

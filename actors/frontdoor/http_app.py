@@ -2,9 +2,9 @@
 
 OpenAI's chat and completions are served by `openai_serving`, SGLang's native `/generate` and
 `/abort_request` by `sglang_serving`, the health, info and load routes SGLang's clients poll by
-`sglang_info`, pausing generation by `pause_routes`, live weights by `weight_routes` and sleep, wake
-and cache flushes by `memory_routes`; the admin and session routes here are plain requests to the
-scheduler.
+`sglang_info`, pausing generation by `pause_routes`, live weights by `weight_routes`, sleep, wake
+and cache flushes by `memory_routes`, and Prometheus' `/metrics` by `metrics`; the admin and
+session routes here are plain requests to the scheduler.
 """
 
 import time
@@ -17,6 +17,7 @@ from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.http_errors import error_response, errors_as_json
 from actors.frontdoor.memory_routes import MemoryRoutes
+from actors.frontdoor.metrics import Metrics
 from actors.frontdoor.openai_responses import models_response
 from actors.frontdoor.openai_serving import OpenAIServing
 from actors.frontdoor.openapi import openapi_document
@@ -78,11 +79,13 @@ class HttpApi:
         self.pause = PauseRoutes(bus, subjects)
         self.weights = WeightRoutes(bus, subjects)
         self.memory = MemoryRoutes(bus, subjects)
+        self.metrics = Metrics(pipeline, bus, subjects, facts.model_name)
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json, self.identify], client_max_size=self.max_body_bytes)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health/ready", self.ready)
+        app.router.add_get("/metrics", self.metrics.scrape)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)

@@ -10,7 +10,8 @@ from kernel import tenants
 from schemas.errors import Error
 from schemas.requests import Tenant
 
-PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/health_generate", "/openapi.json"})
+# `/metrics` carries no tenant's data (no figure is by tenant), and Prometheus scrapes it as vLLM's.
+PUBLIC_PATHS = frozenset({"/health", "/health/ready", "/health_generate", "/openapi.json", "/metrics"})
 # Admin routes outside /admin/, under the names SGLang's and vLLM's clients call: pausing, live
 # weights, sleep and wake, cache flushes. `/get_weight_version` is not among them: every reply
 # carries the version anyway.

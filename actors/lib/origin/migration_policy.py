@@ -96,3 +96,7 @@ class MigrationPolicy:
     def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
         """Of `actors`, those with no live instance that can serve now, each with why."""
         return self._liveness.not_ready(actors)
+
+    def live_instances(self, actors: tuple[str, ...]) -> int:
+        """How many instances of `actors` are alive, by their heartbeats."""
+        return sum(1 for instance in self._liveness.instances.values() if instance.actor in actors)

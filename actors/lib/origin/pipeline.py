@@ -25,6 +25,7 @@ from actors.lib.origin.intake import choice_records, refusal
 from actors.lib.origin.migration_policy import MISSED_START, STALL_S, STALLED, MigrationPolicy
 from actors.lib.origin.migrations import Migrations
 from actors.lib.origin.request_book import RequestBook
+from actors.lib.origin.request_figures import OriginFigures
 from actors.lib.origin.request_stream import RequestGroup, RequestStream
 from actors.lib.origin.session_turns import SessionTurnGroup, continue_conversation
 from kernel.bus import Bus, BusUnavailable
@@ -32,6 +33,7 @@ from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.generate import GenerateRequest
 from schemas.health import Heartbeat
+from schemas.metrics import ReadRequestFigures, RequestFigures
 from schemas.requests import Accepted, OutputBatch, Tenant
 from schemas.session import BeginTurn, RecordTurn
 from schemas.step import StepOutput
@@ -39,6 +41,7 @@ from schemas.tokenizer import Encoded
 
 log = structlog.get_logger()
 LIVENESS_CHECK_S = 0.5
+ORIGINS = ("frontdoor", "gateway")  # the actors whose processes are origins
 
 
 class RequestPipeline:
@@ -59,6 +62,7 @@ class RequestPipeline:
         self._origin_subject = subjects.origin(origin_id)
         self._request_timeout_s = request_timeout_s
         self._book = RequestBook()
+        self.figures = OriginFigures(origin_id)
         self._policy = MigrationPolicy(max_migrations)
         self._downstream = Downstream(bus, subjects, self._origin_subject)
         self._migrations = Migrations(self._downstream, self._policy, retry_for_s=request_timeout_s)
@@ -69,6 +73,7 @@ class RequestPipeline:
     async def start(self) -> None:
         await self._bus.subscribe(self._origin_subject, OutputBatch, self._on_outputs)
         await self._bus.subscribe(self._subjects.all_heartbeats, Heartbeat, self._on_heartbeat)
+        await self._bus.subscribe(self._subjects.metrics_origins, ReadRequestFigures, self._on_read_figures)
         self._bus.on_reconnect(self._after_bus_outage)
 
     @property
@@ -79,6 +84,15 @@ class RequestPipeline:
     def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
         """Of `actors`, those with no live instance that can serve now, each with why."""
         return self._policy.not_ready(actors)
+
+    @property
+    def live_origins(self) -> int:
+        """The origin processes alive now (this one among them once its first heartbeat is back):
+        how many answers a `ReadRequestFigures` on the bus can get."""
+        return self._policy.live_instances(ORIGINS)
+
+    async def _on_read_figures(self, _message: ReadRequestFigures, _reply_to: str | None) -> RequestFigures:
+        return self.figures.snapshot(self.in_flight)
 
     async def encode(self, request: GenerateRequest) -> Encoded | Error:
         """The prompt's tokens, as a request's would be."""
@@ -109,7 +123,7 @@ class RequestPipeline:
     ) -> RequestGroup | Error:
         """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
         as a request of its own; the caller must `close()` the group it gets."""
-        created = time.time()
+        created, arrived = time.time(), time.monotonic()
         if error := refusal(request):
             return error
         if request.cache_salt:  # it narrows the tenant's cached prefixes to those of the same salt
@@ -140,7 +154,7 @@ class RequestPipeline:
                 self._record_turn,
             )
         for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant, created):
-            stream = RequestStream(record, self._request_timeout_s, self.release)
+            stream = RequestStream(record, self._request_timeout_s, self.release, self.figures.clock(arrived))
             self._book.open(stream)
             group.choices.append(stream)
             try:
@@ -149,6 +163,7 @@ class RequestPipeline:
                 await group.close()
                 raise
             if isinstance(reply, Error):
+                stream.clock.forget()  # refused: it never ran
                 await group.close()
                 return reply
         log.info("request_submitted", request_id=request_id, prompt_tokens=len(group.prompt_ids), choices=request.n)

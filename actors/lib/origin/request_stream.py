@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from actors.lib.logprobs import LogprobsRun, slice_logprobs
+from actors.lib.origin.request_figures import RequestClock
 from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.requests import RequestOutput, Tenant
@@ -68,8 +69,9 @@ class RequestRecord:
 class RequestStream:
     """Outputs of one accepted request, in order. Iterate until one carries a finish_reason."""
 
-    def __init__(self, record: RequestRecord, timeout_s: float, on_close) -> None:
+    def __init__(self, record: RequestRecord, timeout_s: float, on_close, clock: RequestClock | None = None) -> None:
         self.record = record
+        self.clock = clock  # counts its times and tokens into the origin's figures (None: counted nowhere)
         self.finished = False  # the client has read the end, or left
         self.completed = False  # the end has come from upstream (the client may not have read it yet)
         self.ended = asyncio.Event()  # set once completed
@@ -125,8 +127,12 @@ class RequestStream:
         record.logprobs.extend(output.logprobs)
         if output.cached_tokens is not None:
             record.cached_tokens = output.cached_tokens
+        if self.clock is not None and output.token_ids:
+            self.clock.tokens(len(output.token_ids), len(record.prompt_ids))
         if output.finish_reason is not None:
             self.completed, self.finish_reason, record.matched_stop = True, output.finish_reason, output.matched_stop
+            if self.clock is not None:
+                self.clock.end(output.finish_reason, len(record.prompt_ids), len(record.delivered_ids))
             self.ended.set()
         self._queue.put_nowait(output)
         early_end = self._early_end
@@ -192,6 +198,10 @@ class RequestStream:
 
     async def close(self) -> None:
         """Ends the request; aborts it downstream if it has not finished."""
+        if self.clock is not None and not self.completed:
+            # No end came: its client left ("abort"), or read a failure or a timeout ("error").
+            reason = "abort" if self.running else "error"
+            self.clock.end(reason, len(self.record.prompt_ids), len(self.record.delivered_ids))
         await self._on_close(self)
 
 
