@@ -32,7 +32,18 @@ from kernel.subjects import Subjects
 from schemas.health import Heartbeat
 
 HEARTBEAT_INTERVAL_S = 1.0
-SERVICE_VERSION = importlib.metadata.version("kernel-llm")  # what NATS's service discovery reports
+
+
+def _service_version() -> str:
+    """What NATS's service discovery reports: the installed package's version; a source tree run
+    without installing it (a copy on a GPU host) reports a placeholder rather than failing."""
+    try:
+        return importlib.metadata.version("kernel-llm")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+source"
+
+
+SERVICE_VERSION = _service_version()
 
 
 class Actor:

@@ -193,6 +193,24 @@ class KvTierCopyFigures(msgspec.Struct, kw_only=True):
     same_blocks: bool  # every transfer's blocks, loaded back into other blocks, equal those saved
 
 
+class KvTierFigures(msgspec.Struct, kw_only=True):
+    """The KV tiers against recompute through the whole server (`python -m ops.bench.kv_tiers`): the
+    same requests on a server with the host and disk tiers and on one without, in turn."""
+
+    kv_blocks: int  # the GPU pool, both servers
+    working_set_tokens: int  # of the multi-turn chats
+    multi_turn_tokens_s_on: float  # prompt and output tokens per second, rounds after the first
+    multi_turn_tokens_s_off: float
+    host_hit_ttft_s: list[float]  # a prefix the pool evicted and the host holds, each repeat
+    fresh_ttft_s: list[float]  # a prompt as long never seen, same server
+    cold_tokens_s_on: float  # random prompts, never a hit
+    cold_tokens_s_off: float
+    restart_ttft_s: float  # a prompt computed before a whole-server restart, page cache dropped
+    restart_recompute_ttft_s: float  # one as long never seen, after the restart
+    restart_fetched_blocks: int  # read back from the disk tier after the restart
+    restart_same_tokens: bool  # greedy output after the restart equals the one before
+
+
 class RunIdentity(msgspec.Struct):
     """Where the figures came from: the command, its commit, when, the device and the software."""
 
@@ -226,3 +244,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     update_streams: list[StreamsThroughUpdate] | None = None
     sleep_wake: SleepWakeFigures | None = None
     kv_tier_copy: KvTierCopyFigures | None = None
+    kv_tiers: KvTierFigures | None = None

@@ -1,0 +1,286 @@
+"""The KV tiers against recompute, through the whole server, on random weights of a real model's
+shape (issue 34's "Must show"). A server without tiers and one with them (`--host-kv-blocks`,
+`--disk-kv-gb`) run the same requests in turn, on the same checkpoint and GPU pool:
+
+a. multi-turn: `--chats` chats, each a context of `--context-tokens` then turns of `--user-tokens`
+   and answers of `--answer-tokens`; every round sends one turn of every chat at once. The working
+   set (chats x context) is at least 4x the GPU pool, so without tiers each turn recomputes its
+   context. Throughput (prompt and output tokens per second over the rounds after the first), with
+   tiers against without. Target >= 2x.
+b. host hit: the time to first token of an 8K-token prompt whose blocks the pool evicted but the
+   host holds, against a prompt of the same length never seen, on the same server. Target <= 0.15.
+c. no hits: `--cold-requests` random prompts, never repeated: throughput with tiers against
+   without. Target >= 0.98.
+d. restart: a 16K-token prompt computed, the server stopped (SIGTERM) and started again on the same
+   data dir, the disk tier's files dropped from the page cache: the time to first token of the same
+   prompt against one never seen, and its greedy output against the one before the restart.
+   Target <= 0.5, the same tokens.
+
+    python -m ops.bench.kv_tiers --model llama-3.1-8b --json docs/results/kv-tiers-llama-3.1-8b.json
+    python -m ops.bench.kv_tiers --model toy-llama --device cpu --kv-blocks 64 --chats 4 --context-tokens 256 \\
+        --hit-tokens 256 --restart-tokens 512 --cold-requests 8 --cold-tokens 128
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import torch
+
+from gpu.config import ModelConfig
+from gpu.weights import random_model
+from ops.bench.checkpoint import write_checkpoint
+from ops.bench.records import KvTierFigures, Row
+from ops.bench.report import Report, run_identity
+from ops.bench.shapes import SHAPES
+from ops.local_server import RunningServer, start_server
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+class Client:
+    """Streams `/generate` requests of token ids; each answers (seconds to first token, output ids)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        self.session, self.base_url = session, base_url
+
+    async def generate(self, ids: list[int], max_tokens: int) -> tuple[float, list[int]]:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_tokens, **GREEDY}, "stream": True}
+        started = time.perf_counter()
+        first, output = None, []
+        async with self.session.post(f"{self.base_url}/generate", json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
+            async for line in response.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[len(b"data: ") :])
+                if event.get("output_ids"):
+                    first = first or time.perf_counter() - started
+                    output = event["output_ids"]
+        return first or 0.0, output
+
+    async def cache(self) -> dict:
+        async with self.session.get(f"{self.base_url}/admin/cache") as response:
+            return await response.json()
+
+
+def tokens(rng: np.random.Generator, count: int, vocab: int) -> list[int]:
+    return rng.integers(10, vocab - 10, count).tolist()
+
+
+async def multi_turn(client: Client, args, vocab: int) -> float:
+    """Prompt and output tokens per second over the rounds after the first."""
+    rng = np.random.default_rng(args.seed)
+    chats = [tokens(rng, args.context_tokens, vocab) for _ in range(args.chats)]
+    done, started = 0, 0.0
+    for round_ in range(args.rounds):
+        if round_ == 1:
+            started, done = time.perf_counter(), 0
+        turns = [chat + tokens(rng, args.user_tokens, vocab) for chat in chats]
+        answers = await asyncio.gather(*(client.generate(turn, args.answer_tokens) for turn in turns))
+        chats = [turn + output for turn, (_, output) in zip(turns, answers)]
+        done += sum(len(turn) + len(output) for turn, (_, output) in zip(turns, answers))
+    return done / (time.perf_counter() - started)
+
+
+async def cold(client: Client, args, vocab: int) -> float:
+    """Prompt and output tokens per second of random prompts, never repeated."""
+    rng = np.random.default_rng(args.seed + 1)
+    prompts = [tokens(rng, args.cold_tokens, vocab) for _ in range(args.cold_requests)]
+    started = time.perf_counter()
+    answers = await asyncio.gather(*(client.generate(p, args.answer_tokens) for p in prompts))
+    return sum(len(p) + len(out) for p, (_, out) in zip(prompts, answers)) / (time.perf_counter() - started)
+
+
+async def host_hits(client: Client, args, vocab: int) -> tuple[list[float], list[float]]:
+    """TTFTs of prompts whose prefix the host holds after the pool evicted it, and of fresh ones."""
+    rng = np.random.default_rng(args.seed + 2)
+    hits, fresh = [], []
+    evict_count = args.kv_blocks * 16 // args.hit_tokens + 2  # more prompts than the pool holds
+    for _ in range(args.repeats):
+        prefix = tokens(rng, args.hit_tokens, vocab)
+        await client.generate(prefix, 1)
+        for _ in range(evict_count):
+            await client.generate(tokens(rng, args.hit_tokens, vocab), 1)
+        hits.append((await client.generate(prefix + tokens(rng, 16, vocab), 1))[0])
+        fresh.append((await client.generate(tokens(rng, args.hit_tokens + 16, vocab), 1))[0])
+    return hits, fresh
+
+
+async def settle(client: Client, timeout_s: float = 300.0) -> None:
+    """Until the disk tier has every block the host holds (its writes run behind)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        report = await client.cache()
+        if report["disk_spilled_blocks"] >= report["host_used_slots"]:
+            return
+        await asyncio.sleep(0.2)
+
+
+def drop_from_page_cache(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+async def on(server: RunningServer, work) -> object:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        return await work(Client(session, server.base_url))
+
+
+def serve(work: Path, name: str, checkpoint: Path, flags: list[str]) -> RunningServer:
+    return start_server(work / name, *flags, model=str(checkpoint))
+
+
+def run(args) -> Report:
+    device = torch.device(args.device)
+    report = Report()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report.details.run = run_identity(args.model, device_name, "ops.bench.kv_tiers")
+    raw = SHAPES[args.model]
+    vocab = raw["vocab_size"]
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kv-tiers-"))
+    checkpoint = work / f"model-{args.model}"
+    if not (checkpoint / "config.json").exists():
+        model = random_model(ModelConfig.from_dict(raw), device, getattr(torch, dtype), seed=0)
+        write_checkpoint(model, raw, checkpoint, {"model": args.model, "seed": 0, "dtype": dtype})
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    base = ["--device", device.type, "--dtype", dtype, "--num-kv-blocks", str(args.kv_blocks)]
+    base += ["--max-num-seqs", "64", "--incremental-streaming-output"]
+    tiers = ["--host-kv-blocks", str(args.host_blocks), "--disk-kv-gb", str(args.disk_gb)]
+    tiers += ["--disk-kv-dir", str(work / "disk")]
+    report.note(f"device: {device_name}; {args.model} shape, random {dtype} weights; KV pool {args.kv_blocks} blocks")
+    report.note(f"server: python -m kernel.supervisor {' '.join(base)}; tiers: {' '.join(tiers)}")
+
+    server = serve(work, "off", checkpoint, base)
+    try:
+        turns_off = asyncio.run(on(server, lambda c: multi_turn(c, args, vocab)))
+        cold_off = asyncio.run(on(server, lambda c: cold(c, args, vocab)))
+    finally:
+        server.stop()
+    server = serve(work, "on", checkpoint, base + tiers)
+    try:
+        turns_on = asyncio.run(on(server, lambda c: multi_turn(c, args, vocab)))
+        cold_on = asyncio.run(on(server, lambda c: cold(c, args, vocab)))
+        hits, fresh = asyncio.run(on(server, lambda c: host_hits(c, args, vocab)))
+        long_prompt = tokens(np.random.default_rng(args.seed + 3), args.restart_tokens, vocab)
+        _, before = asyncio.run(on(server, lambda c: c.generate(long_prompt, args.answer_tokens)))
+        asyncio.run(on(server, settle))
+    finally:
+        server.stop()
+    drop_from_page_cache(work / "disk")
+    server = serve(work, "on", checkpoint, base + tiers)
+    try:
+        restored_s, after = asyncio.run(on(server, lambda c: c.generate(long_prompt, args.answer_tokens)))
+        other = tokens(np.random.default_rng(args.seed + 4), args.restart_tokens, vocab)
+        recompute_s, _ = asyncio.run(on(server, lambda c: c.generate(other, args.answer_tokens)))
+        fetched = asyncio.run(on(server, lambda c: c.cache()))["disk_fetched_blocks"]
+    finally:
+        server.stop()
+    figures = KvTierFigures(
+        kv_blocks=args.kv_blocks,
+        working_set_tokens=args.chats * (args.context_tokens + args.rounds * (args.user_tokens + args.answer_tokens)),
+        multi_turn_tokens_s_on=turns_on,
+        multi_turn_tokens_s_off=turns_off,
+        host_hit_ttft_s=hits,
+        fresh_ttft_s=fresh,
+        cold_tokens_s_on=cold_on,
+        cold_tokens_s_off=cold_off,
+        restart_ttft_s=restored_s,
+        restart_recompute_ttft_s=recompute_s,
+        restart_fetched_blocks=fetched,
+        restart_same_tokens=after == before,
+    )
+    add_rows(report, figures, args)
+    report.details.kv_tiers = figures
+    return report
+
+
+def add_rows(report: Report, f: KvTierFigures, args) -> None:
+    pool_tokens = f.kv_blocks * 16
+    ratio = f.multi_turn_tokens_s_on / f.multi_turn_tokens_s_off
+    report.add(
+        Row(
+            f"multi-turn: {args.chats} chats of {args.context_tokens}+ tokens, working set "
+            f"{f.working_set_tokens / pool_tokens:.1f}x the pool",
+            f"{f.multi_turn_tokens_s_on:.0f} tokens/s with tiers",
+            f"without tiers (recompute): {f.multi_turn_tokens_s_off:.0f} tokens/s",
+            f"{ratio:.2f}",
+            ">= 2",
+        )
+    )
+    hit, fresh = statistics.median(f.host_hit_ttft_s), statistics.median(f.fresh_ttft_s)
+    report.add(
+        Row(
+            f"host hit: TTFT of a {args.hit_tokens}-token prefix the pool evicted",
+            f"{hit * 1e3:.1f} ms (median of {len(f.host_hit_ttft_s)})",
+            f"recompute of a prompt as long: {fresh * 1e3:.1f} ms",
+            f"{hit / fresh:.3f}",
+            "<= 0.15",
+        )
+    )
+    report.add(
+        Row(
+            f"no hits: {args.cold_requests} random prompts of {args.cold_tokens} tokens",
+            f"{f.cold_tokens_s_on:.0f} tokens/s with tiers",
+            f"without tiers: {f.cold_tokens_s_off:.0f} tokens/s",
+            f"{f.cold_tokens_s_on / f.cold_tokens_s_off:.3f}",
+            ">= 0.98",
+        )
+    )
+    report.add(
+        Row(
+            f"restart: TTFT of a {args.restart_tokens}-token prompt after a whole-server restart, page cache dropped",
+            f"{f.restart_ttft_s * 1e3:.1f} ms ({f.restart_fetched_blocks} blocks from disk); "
+            f"tokens {'same' if f.restart_same_tokens else 'DIFFERENT'}",
+            f"recompute of a prompt as long: {f.restart_recompute_ttft_s * 1e3:.1f} ms",
+            f"{f.restart_ttft_s / f.restart_recompute_ttft_s:.3f}",
+            "<= 0.5, same",
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.kv_tiers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--kv-blocks", type=int, default=2048, help="the GPU pool, blocks of 16 tokens")
+    parser.add_argument("--host-blocks", type=int, default=12288, help="the host tier's slots")
+    parser.add_argument("--disk-gb", type=float, default=40.0)
+    parser.add_argument("--chats", type=int, default=8)
+    parser.add_argument("--context-tokens", type=int, default=16384)
+    parser.add_argument("--user-tokens", type=int, default=256)
+    parser.add_argument("--answer-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hit-tokens", type=int, default=8192)
+    parser.add_argument("--restart-tokens", type=int, default=16384)
+    parser.add_argument("--cold-requests", type=int, default=64)
+    parser.add_argument("--cold-tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work-dir", default=None, help="keeps the checkpoint between runs (default: a new temp dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    report = run(args)
+    report.print_table()
+    if args.json:
+        report.write_json(args.json)
+
+
+if __name__ == "__main__":
+    main()
