@@ -45,6 +45,7 @@ class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
     # The disk tier (--disk-kv-gb), since start: blocks read back into the host tier, and blocks it stored.
     disk_fetched_blocks: int = 0
     disk_spilled_blocks: int = 0
+    disk_pending_blocks: int = 0  # held by the host tier, not yet written to disk
 
 
 class PublishPrefix(msgspec.Struct, frozen=True, tag="publish_prefix"):

@@ -10,8 +10,8 @@ least-recently-used order. Only indexed slots are matched, so a load never reads
 is not whole.
 
 With a disk tier (the cache_tier actor, schemas/cache.py) every indexed block is also written to
-disk, oldest first (`take_spill`), and a slot may be reused only once the disk tier is done with
-it: until then it is "spilling". A fetch from disk reserves free slots ("fetching") that become
+disk, oldest first (`take_spill`), and a slot the disk tier reads ("spilling") is not reused until
+it is done; a block evicted before its turn is not written (the disk runs behind a busy host). A fetch from disk reserves free slots ("fetching") that become
 indexed when the disk tier has filled them. The books start empty with each executor and each
 scheduler process; what the disk holds outlives both.
 """
@@ -46,7 +46,7 @@ class HostTier:
     """Invariants: every slot is exactly one of free, saving, indexed or fetching; a hash is indexed
     or saving in at most one slot. A saving slot names the pool block its copy reads, which the
     caller keeps from reuse until `saved` or `unsaved` returns it. With a disk tier, an indexed slot
-    is evicted only once the disk tier has had it (`spilled`)."""
+    is not evicted while the disk tier reads it (`spilled`)."""
 
     def __init__(self, num_slots: int, block_size: int, fingerprint: str, disk: bool = False) -> None:
         if num_slots <= 0:
@@ -239,11 +239,20 @@ class HostTier:
         return HostStats(self.num_slots, self.num_slots - len(self._free), self.hits, self.misses)
 
     def _take_slot(self) -> int | None:
-        """A free slot, else the least recently used indexed one that may be evicted, evicted now."""
+        """A free slot, else the least recently used indexed one the disk tier is not reading,
+        evicted now (if the disk tier has not had it yet, it never will: the disk takes what it
+        can, and the host keeps the newest blocks)."""
         if self._free:
             return self._free.popleft()
         for h, slot in self._index.items():
-            if slot not in self._unspilled and slot not in self._spilling:
+            if slot not in self._spilling:
                 del self._index[h]
+                self._unspilled.pop(slot, None)
+                self._chains.pop(slot, None)
                 return slot
         return None
+
+    @property
+    def unspilled(self) -> int:
+        """Indexed blocks the disk tier has not had yet."""
+        return len(self._unspilled) + len(self._spilling)

@@ -186,6 +186,7 @@ class KVManager:
             host_miss_blocks=host.misses if host else 0,
             disk_fetched_blocks=self.disk.fetched_blocks if self.disk else 0,
             disk_spilled_blocks=self.disk.spilled_blocks if self.disk else 0,
+            disk_pending_blocks=self.host.unspilled if self.disk else 0,
         )
 
     def publish(self, tokens: list[int]) -> PrefixPublished:

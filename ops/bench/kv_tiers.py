@@ -12,8 +12,9 @@ b. host hit: the time to first token of an 8K-token prompt whose blocks the pool
 c. no hits: `--cold-requests` random prompts, never repeated: throughput with tiers against
    without. Target >= 0.98.
 d. restart: a 16K-token prompt computed, the server stopped (SIGTERM) and started again on the same
-   data dir, the disk tier's files dropped from the page cache: the time to first token of the same
-   prompt against one never seen, and its greedy output against the one before the restart.
+   data dir: the time to first token of the same prompt against one never seen, and its greedy
+   output against the one before the restart. Twice: with the disk tier's files in the page cache
+   (as a restart on the same machine finds them) and dropped from it (read from the disk itself).
    Target <= 0.5, the same tokens.
 
     python -m ops.bench.kv_tiers --model llama-3.1-8b --json docs/results/kv-tiers-llama-3.1-8b.json
@@ -119,8 +120,7 @@ async def settle(client: Client, timeout_s: float = 300.0) -> None:
     """Until the disk tier has every block the host holds (its writes run behind)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        report = await client.cache()
-        if report["disk_spilled_blocks"] >= report["host_used_slots"]:
+        if (await client.cache())["disk_pending_blocks"] == 0:
             return
         await asyncio.sleep(0.2)
 
@@ -142,6 +142,25 @@ async def on(server: RunningServer, work) -> object:
 
 def serve(work: Path, name: str, checkpoint: Path, flags: list[str]) -> RunningServer:
     return start_server(work / name, *flags, model=str(checkpoint))
+
+
+def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], args, vocab: int, drop: bool):
+    """The server started again on the data dir of the last (`drop`: the disk tier's files out of
+    the page cache first): the TTFT of `prompt`, of one as long never seen, the blocks read from
+    disk, and `prompt`'s greedy output."""
+    if drop:
+        drop_from_page_cache(work / "disk")
+    server = serve(work, "on", checkpoint, flags)
+    try:
+        warm_up = tokens(np.random.default_rng(args.seed + 6 + drop), args.restart_tokens, vocab)
+        asyncio.run(on(server, lambda c: c.generate(warm_up, 1)))  # a first prefill of this length, not timed
+        restored_s, output = asyncio.run(on(server, lambda c: c.generate(prompt, args.answer_tokens)))
+        other = tokens(np.random.default_rng(args.seed + 4 + drop), args.restart_tokens, vocab)
+        recompute_s, _ = asyncio.run(on(server, lambda c: c.generate(other, args.answer_tokens)))
+        fetched = asyncio.run(on(server, lambda c: c.cache()))["disk_fetched_blocks"]
+    finally:
+        server.stop()
+    return restored_s, recompute_s, fetched, output
 
 
 def run(args) -> Report:
@@ -183,15 +202,7 @@ def run(args) -> Report:
         asyncio.run(on(server, settle))
     finally:
         server.stop()
-    drop_from_page_cache(work / "disk")
-    server = serve(work, "on", checkpoint, base + tiers)
-    try:
-        restored_s, after = asyncio.run(on(server, lambda c: c.generate(long_prompt, args.answer_tokens)))
-        other = tokens(np.random.default_rng(args.seed + 4), args.restart_tokens, vocab)
-        recompute_s, _ = asyncio.run(on(server, lambda c: c.generate(other, args.answer_tokens)))
-        fetched = asyncio.run(on(server, lambda c: c.cache()))["disk_fetched_blocks"]
-    finally:
-        server.stop()
+    restarts = [restart(work, checkpoint, base + tiers, long_prompt, args, vocab, drop) for drop in (False, True)]
     figures = KvTierFigures(
         kv_blocks=args.kv_blocks,
         working_set_tokens=args.chats * (args.context_tokens + args.rounds * (args.user_tokens + args.answer_tokens)),
@@ -201,10 +212,10 @@ def run(args) -> Report:
         fresh_ttft_s=fresh,
         cold_tokens_s_on=cold_on,
         cold_tokens_s_off=cold_off,
-        restart_ttft_s=restored_s,
-        restart_recompute_ttft_s=recompute_s,
-        restart_fetched_blocks=fetched,
-        restart_same_tokens=after == before,
+        restart_ttft_s=[r[0] for r in restarts],
+        restart_recompute_ttft_s=[r[1] for r in restarts],
+        restart_fetched_blocks=[r[2] for r in restarts],
+        restart_same_tokens=all(r[3] == before for r in restarts),
     )
     add_rows(report, figures, args)
     report.details.kv_tiers = figures
@@ -243,16 +254,19 @@ def add_rows(report: Report, f: KvTierFigures, args) -> None:
             ">= 0.98",
         )
     )
-    report.add(
-        Row(
-            f"restart: TTFT of a {args.restart_tokens}-token prompt after a whole-server restart, page cache dropped",
-            f"{f.restart_ttft_s * 1e3:.1f} ms ({f.restart_fetched_blocks} blocks from disk); "
-            f"tokens {'same' if f.restart_same_tokens else 'DIFFERENT'}",
-            f"recompute of a prompt as long: {f.restart_recompute_ttft_s * 1e3:.1f} ms",
-            f"{f.restart_ttft_s / f.restart_recompute_ttft_s:.3f}",
-            "<= 0.5, same",
+    for k, cache in enumerate(("kept", "dropped")):
+        restored, recomputed = f.restart_ttft_s[k], f.restart_recompute_ttft_s[k]
+        report.add(
+            Row(
+                f"restart: TTFT of a {args.restart_tokens}-token prompt after a whole-server restart, "
+                f"page cache {cache}",
+                f"{restored * 1e3:.1f} ms ({f.restart_fetched_blocks[k]} blocks from disk); "
+                f"tokens {'same' if f.restart_same_tokens else 'DIFFERENT'}",
+                f"recompute of a prompt as long: {recomputed * 1e3:.1f} ms",
+                f"{restored / recomputed:.3f}",
+                "<= 0.5, same",
+            )
         )
-    )
 
 
 def main() -> None:

@@ -205,10 +205,12 @@ class KvTierFigures(msgspec.Struct, kw_only=True):
     fresh_ttft_s: list[float]  # a prompt as long never seen, same server
     cold_tokens_s_on: float  # random prompts, never a hit
     cold_tokens_s_off: float
-    restart_ttft_s: float  # a prompt computed before a whole-server restart, page cache dropped
-    restart_recompute_ttft_s: float  # one as long never seen, after the restart
-    restart_fetched_blocks: int  # read back from the disk tier after the restart
-    restart_same_tokens: bool  # greedy output after the restart equals the one before
+    # After a whole-server restart, page cache kept then dropped: the TTFT of a prompt computed
+    # before it, of one as long never seen, and the blocks read back from the disk tier.
+    restart_ttft_s: list[float]
+    restart_recompute_ttft_s: list[float]
+    restart_fetched_blocks: list[int]
+    restart_same_tokens: bool  # greedy output after each restart equals the one before
 
 
 class RunIdentity(msgspec.Struct):

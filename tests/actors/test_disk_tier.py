@@ -19,14 +19,14 @@ def sequence(name: str, prompt: list[int]) -> Sequence:
     return Sequence(name, list(prompt), SamplingParams(max_tokens=8), "origin", 0)
 
 
-def test_indexed_blocks_are_spilled_oldest_first_and_evicted_only_after():
+def test_indexed_blocks_are_spilled_oldest_first_and_not_evicted_while_read():
     host = HostTier(2, BS, "m", disk=True)
     seq = sequence("s", list(range(12)))
     hashes = host.hashes(seq, seq.prompt_ids, 2)
     host.to_save(hashes, [5, 6], seq.prompt_ids, host.root(seq))
     host.saved([0, 1])
+    assert host.unspilled == 2
     other = host.hashes(sequence("t", list(range(50, 62))), list(range(50, 62)), 1)
-    assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([], [])  # no block had the disk yet
     spills = host.take_spill(8)
     assert [(s.slot, s.block_hash, s.token_ids) for s in spills] == [
         (0, hashes[0], [0, 1, 2, 3]),
@@ -35,8 +35,20 @@ def test_indexed_blocks_are_spilled_oldest_first_and_evicted_only_after():
     assert spills[0].parent == host.root(seq) and spills[1].parent == hashes[0]
     assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([], [])  # spilling: still in use
     host.spilled([0, 1])
+    assert host.unspilled == 0
     assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([7], [0])  # the oldest makes room
     assert host.match(hashes, count_misses=False) == []
+
+
+def test_a_busy_host_evicts_blocks_the_disk_has_not_had_and_never_writes_them():
+    host = HostTier(1, BS, "m", disk=True)
+    first, second = sequence("s", list(range(5))), sequence("t", list(range(50, 55)))
+    host.to_save(host.hashes(first, first.prompt_ids, 1), [3], first.prompt_ids, host.root(first))
+    host.saved([0])
+    later = host.hashes(second, second.prompt_ids, 1)
+    assert host.to_save(later, [4], second.prompt_ids, host.root(second)) == ([4], [0])
+    host.saved([0])
+    assert [s.block_hash for s in host.take_spill(8)] == later
 
 
 def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():

@@ -45,7 +45,7 @@ def settle(server) -> dict:
 
     for _ in range(100):
         report = cache_report(server)
-        if report["disk_spilled_blocks"] >= report["host_used_slots"]:
+        if report["disk_pending_blocks"] == 0:
             return report
         time.sleep(0.1)
     return report
