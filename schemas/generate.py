@@ -5,7 +5,7 @@ share one pipeline. A streaming request gets `GenerateChunk`s at its reply inbox
 one `GenerateResult` (or an `Error`).
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -83,9 +83,57 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     processed_logprobs: bool = False
 
 
-class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    role: str
+class ToolCallFunction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    # Decoded from OpenAI's JSON string, as chat templates read arguments (`arguments | tojson`).
+    arguments: Any
+
+
+class ChatToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A call an assistant turn made, in OpenAI's shape."""
+
+    id: str
+    function: ToolCallFunction
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    role: str  # system, user, assistant or tool
     content: str
+    tool_calls: list[ChatToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
+
+
+# What apply_chat_template takes for itself: a template kwarg may not stand in for one.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+class ChatTemplateArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What a chat template renders beside the messages, as transformers' apply_chat_template
+    takes it: the function tools offered (OpenAI's `tools`, each `{"type": "function", "function":
+    {...}}`) and the template's own variables (`chat_template_kwargs`, e.g. `enable_thinking`)."""
+
+    tools: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {}
 
 
 MAX_CHOICES = 128
@@ -122,6 +170,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, t
     # Separates prefix caching: a request reads cached prefixes only of requests with the same salt
     # (and tenant); a salted request never reads public prefixes.
     cache_salt: str = ""
+    chat_template: ChatTemplateArgs | None = None  # with `messages`: the tools and template variables
 
 
 class AbortGenerate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="abort"):

@@ -8,7 +8,7 @@ new request's `Track` together with its `Submit` to the scheduler, not one after
 import msgspec
 
 from schemas.errors import Error
-from schemas.generate import ChatMessage
+from schemas.generate import ChatMessage, ChatTemplateArgs
 
 
 class Encode(msgspec.Struct, frozen=True, tag="encode"):
@@ -18,6 +18,7 @@ class Encode(msgspec.Struct, frozen=True, tag="encode"):
     # `messages` are the next turns of a conversation that has come as far as an assistant's reply
     # (a session's): render them as its continuation, without the BOS or system prefix of a start.
     continuation: bool = False
+    chat_template: ChatTemplateArgs | None = None  # tools and template variables, with `messages`
 
 
 class Encoded(msgspec.Struct, frozen=True, tag="encoded"):

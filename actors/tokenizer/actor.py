@@ -13,14 +13,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import jinja2
+import msgspec
 from transformers import AutoTokenizer
 
 from actors.lib.logprobs import slice_logprobs, token_ids_of
+from actors.tokenizer import tool_prompt
 from actors.tokenizer.detokenizer import StreamingDetokenizer
 from actors.tokenizer.untracked_starts import UntrackedStarts
 from kernel.actor import Actor
 from schemas.errors import Error
-from schemas.generate import TokenLogprobs
+from schemas.generate import RESERVED_TEMPLATE_KWARGS, ChatTemplateArgs, TokenLogprobs
 from schemas.requests import Abort, OutputBatch, RequestOutput
 from schemas.step import SequenceUpdate, StepOutput
 from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
@@ -52,6 +54,7 @@ class TokenizerActor(Actor):
 
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.engine.model)
+        self._renders_tools = tool_prompt.renders_tools(self.tokenizer.chat_template)
         self.tracked: dict[str, TrackedRequest] = {}
         self._texts: dict[int, str] = {}  # token id -> its text alone, for logprobs
         self.untracked_starts = UntrackedStarts(UNTRACKED_START_KEEP_S)
@@ -87,10 +90,18 @@ class TokenizerActor(Actor):
                 return Error("invalid_request", "messages must not be empty", param="messages")
             if self.tokenizer.chat_template is None:
                 return Error("invalid_request", "this model has no chat template; use completions", param="messages")
-            conversation = [{"role": m.role, "content": m.content} for m in message.messages]
-            if message.continuation:
-                return self._encode_continuation(conversation)
-            text = self._render(conversation, add_generation_prompt=True)
+            conversation = [msgspec.to_builtins(m) for m in message.messages]
+            args = message.chat_template or ChatTemplateArgs()
+            reserved = next((k for k in args.kwargs if k in RESERVED_TEMPLATE_KWARGS), None)
+            if reserved is not None:
+                return Error(
+                    "invalid_request",
+                    f"`{reserved}` is not a template variable",
+                    param=f"chat_template_kwargs.{reserved}",
+                )
+            if message.continuation:  # the tools were rendered with the session's first turn
+                return self._encode_continuation(conversation, ChatTemplateArgs(kwargs=args.kwargs))
+            text = self._render(conversation, add_generation_prompt=True, args=args)
             if isinstance(text, Error):
                 return text
             return Encoded(self.tokenizer.encode(text, add_special_tokens=False))
@@ -98,7 +109,7 @@ class TokenizerActor(Actor):
             return Error("invalid_request", "nothing to encode", param="prompt")
         return Encoded(self.tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
 
-    def _encode_continuation(self, conversation: list[dict]) -> Encoded | Error:
+    def _encode_continuation(self, conversation: list[dict], args: ChatTemplateArgs) -> Encoded | Error:
         """The tokens that `conversation` adds to one that ended with an assistant's reply: the
         template renders it after a stand-in history, and what follows the stand-in reply is the
         continuation, beginning with what closes that reply (an end-of-turn token, say).
@@ -108,8 +119,8 @@ class TokenizerActor(Actor):
         (a special token in all of them), so the continuation's tokens are those of the whole text.
         """
         reply = EARLIER_TURNS[-1]["content"]
-        before = self._render(EARLIER_TURNS, add_generation_prompt=False)
-        whole = self._render(EARLIER_TURNS + conversation, add_generation_prompt=True)
+        before = self._render(EARLIER_TURNS, add_generation_prompt=False, args=args)
+        whole = self._render(EARLIER_TURNS + conversation, add_generation_prompt=True, args=args)
         for rendered in (before, whole):
             if isinstance(rendered, Error):
                 return rendered
@@ -129,12 +140,23 @@ class TokenizerActor(Actor):
         closing_tokens = len(closing_ids) if token_ids[: len(closing_ids)] == closing_ids else 0
         return Encoded(token_ids, closing_tokens)
 
-    def _render(self, conversation: list[dict], add_generation_prompt: bool) -> str | Error:
+    def _render(
+        self, conversation: list[dict], add_generation_prompt: bool, args: ChatTemplateArgs = ChatTemplateArgs()
+    ) -> str | Error:
+        """A template that renders no tools gets the conversation rewritten with them in Hermes'
+        format (tool_prompt.py); one that does gets them as `tools=`."""
+        tools = args.tools
+        if not self._renders_tools and tool_prompt.needs_rewrite(conversation, tools):
+            conversation, tools = tool_prompt.hermes_conversation(conversation, tools), []
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **args.kwargs,
             )
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError) as exc:  # TypeError: a variable of the wrong type
             return Error("invalid_request", f"the chat template rejected the messages: {exc}", param="messages")
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:

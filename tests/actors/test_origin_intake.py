@@ -5,7 +5,7 @@ import pytest
 
 from actors.lib.origin.intake import choice_records, refusal
 from kernel.randomness import SEED_BITS, choice_seed
-from schemas.generate import ChatMessage, GenerateRequest, SamplingParams, SessionTurn
+from schemas.generate import ChatMessage, ChatTemplateArgs, GenerateRequest, SamplingParams, SessionTurn
 from schemas.requests import Tenant
 
 
@@ -23,6 +23,10 @@ from schemas.requests import Tenant
         (GenerateRequest(text="hi", n=2, params=SamplingParams(max_tokens=0)), "n"),
         (GenerateRequest(text="hi", session=SessionTurn("s1"), params=SamplingParams(max_tokens=0)), "max_tokens"),
         (GenerateRequest(text="hi", session=SessionTurn("s1"), cache_salt="salt"), "cache_salt"),
+        (
+            GenerateRequest(text="hi", chat_template=ChatTemplateArgs(kwargs={"enable_thinking": False})),
+            "chat_template",
+        ),
     ],
 )
 def test_requests_the_origin_cannot_take_are_refused_naming_the_field(request_, param):

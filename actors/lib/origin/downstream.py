@@ -28,7 +28,11 @@ class Downstream:
         if request.input_ids is not None:
             return Encoded(list(request.input_ids))
         encode = Encode(
-            text=request.text, messages=request.messages, add_special_tokens=not continuation, continuation=continuation
+            text=request.text,
+            messages=request.messages,
+            add_special_tokens=not continuation,
+            continuation=continuation,
+            chat_template=request.chat_template,
         )
         return await self._bus.request(self._subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
 

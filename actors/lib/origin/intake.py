@@ -22,6 +22,8 @@ def refusal(request: GenerateRequest) -> Error | None:
     prompts = [p for p in (request.text, request.input_ids, request.messages) if p is not None]
     if len(prompts) != 1:
         return Error("invalid_request", "give exactly one of text, input_ids and messages", param="prompt")
+    if request.chat_template is not None and request.messages is None:
+        return Error("invalid_request", "tools and template variables go with messages", param="chat_template")
     if params.stop and not params.detokenize:
         return Error("invalid_request", "stop strings match text: they need detokenize", param="stop")
     if params.stop_regex and not params.detokenize:
