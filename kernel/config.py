@@ -80,6 +80,13 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     incremental_streaming_output: bool = False
 
 
+class ChatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How chat replies are read: tool calls and thinking."""
+
+    tool_call_parser: Literal["auto", "hermes", "qwen25", "qwen", "qwen3", "llama3_json", "llama3", "mistral"] = "auto"
+    reasoning_parser: Literal["none", "deepseek-r1", "deepseek_r1", "qwen3"] = "none"
+
+
 class RequestsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How long the origins (frontdoor, gateway) keep a request alive."""
 
@@ -119,6 +126,7 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bus: BusConfig = msgspec.field(default_factory=BusConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    chat: ChatConfig = msgspec.field(default_factory=ChatConfig)
     requests: RequestsConfig = msgspec.field(default_factory=RequestsConfig)
     tenancy: TenancyConfig = msgspec.field(default_factory=TenancyConfig)
     supervision: SupervisionConfig = msgspec.field(default_factory=SupervisionConfig)
@@ -173,6 +181,11 @@ HELP = {
     "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
     "counts its own",
     "restart_period_s": "the window for --max-restarts",
+    "tool_call_parser": "the format of the model's tool calls: hermes (<tool_call> JSON: Qwen2.5, Qwen3, Hermes; "
+    "qwen25, qwen and qwen3 say the same), llama3_json (llama3), mistral, or auto: read from the chat template "
+    "(docs/api.md, tool calls)",
+    "reasoning_parser": "moves a reply's <think>...</think> into reasoning_content: qwen3, deepseek-r1 (a reply "
+    "starts thinking unless the prompt closed it), or none",
     "request_timeout_s": "a request that takes longer fails with a retriable error",
     "max_body_bytes": "HTTP request bodies larger than this get 413",
     "max_concurrent_requests": "requests in flight per frontdoor beyond this get 429 with Retry-After",

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.http_errors import error_response, errors_as_json
 from actors.frontdoor.memory_routes import MemoryRoutes
 from actors.frontdoor.metrics import Metrics
@@ -64,8 +65,10 @@ class HttpApi:
         max_body_bytes: int,
         max_concurrent_requests: int,
         incremental_streaming: bool = False,
+        chat_format: ChatFormat = ChatFormat(),
     ) -> None:
         self.pipeline = pipeline
+        self.chat_format = chat_format  # what the model writes beside its answers: tool calls, thinking
         self.bus = bus
         self.subjects = subjects
         self.tenants = tenants
@@ -194,7 +197,8 @@ class HttpApi:
         return web.json_response({"id": reply.session_id, "object": "session", "deleted": True})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.openai.serve(request, protocol.parse_chat_request(await request.read(), self.model_name))
+        parsed = protocol.parse_chat_request(await request.read(), self.model_name, self.chat_format)
+        return await self.openai.serve(request, parsed)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed = protocol.parse_completion_request(await request.read(), self.model_name)

@@ -3,7 +3,8 @@
 Pure functions with no I/O, so the HTTP handlers stay thin. A body either becomes a
 `ParsedRequest` or an `Error` that names the field at fault; a field we cannot honour is
 refused rather than ignored, so a client never gets output it did not ask for. vLLM's extras are
-taken too (its sampling controls, `prompt_logprobs`, `return_token_ids`, `cache_salt`). SGLang's
+taken too (its sampling controls, `prompt_logprobs`, `return_token_ids`, `cache_salt`). A chat's
+messages are read by `chat_messages`, its tool and reasoning fields by `chat_tools`. SGLang's
 native bodies are in `sglang_protocol`; the response builders live in `openai_responses`.
 """
 
@@ -12,6 +13,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from actors.frontdoor.chat_format import ChatFormat
+from actors.frontdoor.chat_messages import OpenAIMessage, chat_messages
+from actors.frontdoor.chat_reply import ReplyOptions
+from actors.frontdoor.chat_tools import FunctionTool, ToolChoice, chat_tools
 from actors.frontdoor.request_fields import (
     Id,
     SamplingFields,
@@ -20,8 +25,9 @@ from actors.frontdoor.request_fields import (
     sampling_params,
     session_turn,
 )
+from actors.lib.tool_calls.constraint import ToolCallConstraint
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, ChatMessage, GenerateRequest, TokenCount, TokenId, TopLogprobs
+from schemas.generate import MAX_CHOICES, GenerateRequest, TokenCount, TokenId, TopLogprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -47,6 +53,9 @@ class ParsedRequest:
     include_usage_in_stream: bool  # stream_options.include_usage, and only when streaming
     user: str = ""  # the OpenAI `user` field: the tenant when no API keys are configured
     output: OutputOptions = field(default_factory=OutputOptions)
+    reply: ReplyOptions = field(default_factory=ReplyOptions)  # chat: how its replies are read
+    # Chat with tool_choice required or a named function: the grammar its replies must follow.
+    tool_constraint: ToolCallConstraint | None = None
 
 
 class StreamOptions(msgspec.Struct):
@@ -79,24 +88,17 @@ class OpenAIFields(SamplingFields, kw_only=True):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
 
 
-class ContentPart(msgspec.Struct):
-    type: str
-    text: str | None = None
-
-
-class OpenAIMessage(msgspec.Struct):
-    role: str
-    content: str | list[ContentPart] | None = None
-    tool_calls: list[Any] | None = None
-
-
 class ChatCompletionRequest(OpenAIFields, kw_only=True):
     messages: list[OpenAIMessage]
     max_completion_tokens: TokenCount | None = None  # the newer name of max_tokens
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking
+    include_reasoning: bool | None = None  # vLLM's: False leaves reasoning_content out
+    separate_reasoning: bool | None = None  # SGLang's: False leaves the thinking in content
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
@@ -111,23 +113,31 @@ class CompletionRequest(OpenAIFields, kw_only=True):
     suffix: str | None = None
 
 
-def parse_chat_request(body: bytes, served_model: str) -> ParsedRequest | Error:
+def parse_chat_request(body: bytes, served_model: str, chat_format: ChatFormat = ChatFormat()) -> ParsedRequest | Error:
+    """`chat_format`: what the served model writes beside its answer (tool calls, thinking)."""
     req = decode_body(body, ChatCompletionRequest)
     if isinstance(req, Error):
         return req
     error = _check_model(req.model, served_model) or _refuse_unsupported(_chat_unsupported(req))
     if error:
         return error
-    messages = _chat_messages(req.messages)
+    messages = chat_messages(req.messages)
     if isinstance(messages, Error):
         return messages
+    tools = chat_tools(req, chat_format)
+    if isinstance(tools, Error):
+        return tools
     if req.max_tokens is not None and req.max_completion_tokens not in (None, req.max_tokens):
         return invalid("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to the context window
     if req.top_logprobs and not req.logprobs:
         return invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     output = OutputOptions(logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    return _openai_parsed("chat", req, GenerateRequest(messages=messages), max_tokens, served_model, output)
+    prompt = GenerateRequest(messages=messages, chat_template=tools.template)
+    parsed = _openai_parsed("chat", req, prompt, max_tokens, served_model, output)
+    if isinstance(parsed, Error):
+        return parsed
+    return replace(parsed, reply=tools.reply, tool_constraint=tools.constraint)
 
 
 def parse_completion_request(body: bytes, served_model: str) -> ParsedRequest | Error:
@@ -154,9 +164,6 @@ def _check_model(model: str | None, served_model: str) -> Error | None:
 
 def _chat_unsupported(req: ChatCompletionRequest) -> dict[str, bool]:
     return {
-        "tools": bool(req.tools),
-        # With no tools, "none" and "auto" both mean plain text, which is what we give.
-        "tool_choice": req.tool_choice not in (None, "none", "auto"),
         "functions": bool(req.functions),
         "function_call": req.function_call not in (None, "none", "auto"),
         "response_format": req.response_format is not None and req.response_format.type != "text",
@@ -175,42 +182,6 @@ def _refuse_unsupported(asked: dict[str, bool]) -> Error | None:
         if is_asked:
             return invalid(f"{feature} is not supported yet", feature.split(" ")[0])
     return None
-
-
-def _chat_messages(messages: list[OpenAIMessage]) -> list[ChatMessage] | Error:
-    if not messages:
-        return invalid("messages must not be empty", "messages")
-    parsed = []
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        role = "system" if message.role == "developer" else message.role  # OpenAI's newer name
-        if role in ("tool", "function") or message.tool_calls:
-            return invalid("tool calls and tool messages are not supported yet", param)
-        if role not in ("system", "user", "assistant"):
-            return invalid(f"unknown role `{message.role}`", f"{param}.role")
-        content = _message_text(message.content, role, f"{param}.content")
-        if isinstance(content, Error):
-            return content
-        parsed.append(ChatMessage(role, content))
-    if not any(m.content for m in parsed):
-        return invalid("messages are empty: every content is blank", "messages")
-    return parsed
-
-
-def _message_text(content: str | list[ContentPart] | None, role: str, param: str) -> str | Error:
-    if content is None:
-        # OpenAI lets only an assistant turn omit content (one with tool calls, refused above).
-        return "" if role == "assistant" else invalid("content is required", param)
-    if isinstance(content, str):
-        return content
-    texts = []
-    for i, part in enumerate(content):
-        if part.type != "text":
-            return invalid(f"content parts of type `{part.type}` are not supported yet", f"{param}[{i}].type")
-        if part.text is None:
-            return invalid("a text content part needs `text`", f"{param}[{i}].text")
-        texts.append(part.text)
-    return "\n".join(texts)  # as vLLM joins them, so prompts match across servers
 
 
 def _completion_prompt(prompt: str | list[Any]) -> GenerateRequest | Error:

@@ -44,9 +44,17 @@ def _envelope(kind: str, obj: str, request_id: str, model: str, created: int, ch
     return {"id": _ID_PREFIX[kind] + request_id, "object": obj, "created": created, "model": model, "choices": choices}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None, **extra) -> dict:
-    """`extra`: vLLM's additions to a choice (`token_ids`)."""
-    message = {"role": "assistant", "content": text}
+def chat_choice(
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict | None = None,
+    parts: dict | None = None,
+    **extra,
+) -> dict:
+    """`parts`: the message read from the text (content, reasoning_content, tool_calls), in its
+    place; `extra`: vLLM's additions to a choice (`token_ids`)."""
+    message = {"role": "assistant"} | (parts if parts is not None else {"content": text})
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason} | extra
 
 
@@ -93,12 +101,16 @@ def chat_chunk(
     finish_reason: str | None = None,
     index: int = 0,
     logprobs: dict | None = None,
+    parts: dict | None = None,
 ) -> dict:
     """The first chunk of a stream gives the role (with empty content, as OpenAI does); the last
-    gives the finish_reason, with an empty delta when it brings no text."""
+    gives the finish_reason, with an empty delta when it brings no text. `parts`: the delta read
+    from the text (content, reasoning_content, tool_calls), in place of `delta_text`."""
     delta: dict = {}
     if role is not None:
         delta = {"role": role, "content": delta_text or ""}
+    elif parts is not None:
+        delta = parts
     elif delta_text:
         delta = {"content": delta_text}
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from actors.frontdoor import openai_responses as responses
+from actors.frontdoor.chat_reply import ReplyReader
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.http_errors import error_response, overloaded
 from actors.frontdoor.openai_logprobs import CompletionLogprobs, chat_logprobs, prompt_logprobs
@@ -74,7 +75,7 @@ class OpenAIServing:
         opts = parsed.output
         counts = (len(prompt.ids), sum(o.completion_tokens for o in outputs), group.cached_tokens)
         head = (group.request_id, self.model_name, created)
-        choices = [self._choice(parsed.kind, i, o, opts, prompt) for i, o in enumerate(outputs)]
+        choices = [self._choice(parsed, i, o, prompt) for i, o in enumerate(outputs)]
         if parsed.kind == "completion":
             return responses.json_body(responses.completion_response(*head, choices, *counts))
         extra = {}
@@ -84,7 +85,8 @@ class OpenAIServing:
             extra["prompt_logprobs"] = prompt_logprobs(prompt.ids, prompt.logprobs, prompt.texts, opts.prompt_logprobs)
         return responses.json_body(responses.chat_completion_response(*head, choices, *counts, **extra))
 
-    def _choice(self, kind: str, index: int, output: ChoiceOutput, opts: OutputOptions, prompt: _Prompt) -> dict:
+    def _choice(self, parsed: ParsedRequest, index: int, output: ChoiceOutput, prompt: _Prompt) -> dict:
+        kind, opts = parsed.kind, parsed.output
         # Which weights computed the choice's tokens, as /generate's meta_info says it (docs/api.md).
         extra = {"weight_version": output.weight_version} | version_fields(output)
         if opts.return_token_ids:
@@ -95,7 +97,12 @@ class OpenAIServing:
                 logprobs = chat_logprobs(
                     output.token_ids, output.logprobs, prompt.texts, opts.logprobs, opts.tokens_as_ids
                 )
-            return responses.chat_choice(index, output.text, output.finish_reason, logprobs, **extra)
+            finish, parts = output.finish_reason, None
+            reader = parsed.reply.reader(prompt.ids)
+            if reader is not None:  # a whole reply is read as one piece, as the stream's last
+                parts = reader.message_fields(reader.push(output.text, final=True))
+                finish = reader.finish_reason(finish)
+            return responses.chat_choice(index, output.text, finish, logprobs, parts, **extra)
         if opts.return_token_ids:
             extra["prompt_token_ids"] = prompt.ids
         if opts.prompt_logprobs is not None:
@@ -116,7 +123,7 @@ class OpenAIServing:
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         kind, rid, model, opts = parsed.kind, group.request_id, self.model_name, parsed.output
-        streams = [_ChoiceStream(opts, prompt) for _ in group.choices]
+        streams = [_ChoiceStream(opts, prompt, parsed.reply.reader(prompt.ids)) for _ in group.choices]
         if kind == "chat":
             for index in range(len(group.choices)):
                 chunk = responses.chat_chunk(rid, model, created, role="assistant", index=index)
@@ -151,9 +158,10 @@ class _ChoiceStream:
     echoed prompt goes out with the first chunk that has output (its logprobs are all in by then:
     the prompt is computed before the first token)."""
 
-    def __init__(self, opts: OutputOptions, prompt: _Prompt) -> None:
+    def __init__(self, opts: OutputOptions, prompt: _Prompt, reader: ReplyReader | None = None) -> None:
         self.opts = opts
         self.prompt = prompt
+        self.reader = reader  # chat: reads thinking and tool calls out of the text
         self.first = True
         self.logprobs = CompletionLogprobs(opts.logprobs or 0, prompt.texts, opts.tokens_as_ids)
 
@@ -165,11 +173,15 @@ class _ChoiceStream:
                 logprobs = chat_logprobs(
                     output.token_ids, output.logprobs, self.prompt.texts, opts.logprobs, opts.tokens_as_ids
                 )
+            finish, parts = output.finish_reason, None
+            if self.reader is not None:
+                parts = self.reader.delta_fields(self.reader.push(output.text, final=finish is not None))
+                finish = self.reader.finish_reason(finish)
             chunk = responses.chat_chunk(
-                rid, model, created, output.text, finish_reason=output.finish_reason, index=index, logprobs=logprobs
+                rid, model, created, output.text, finish_reason=finish, index=index, logprobs=logprobs, parts=parts
             )
             shows_tokens = bool(output.token_ids) and (logprobs is not None or opts.return_token_ids)
-            if not (output.text or output.finish_reason or shows_tokens):
+            if not ((output.text if parts is None else parts) or finish or shows_tokens):
                 return None
         else:
             text = output.text

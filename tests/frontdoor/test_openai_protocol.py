@@ -124,9 +124,6 @@ def test_missing_model_means_the_served_one():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
@@ -207,8 +204,12 @@ def test_usage_only_streams_when_streaming_and_asked():
         ([], "messages", "must not be empty"),
         ([{"role": "user", "content": ""}], "messages", "messages are empty"),
         ([{"role": "system", "content": ""}, {"role": "user", "content": []}], "messages", "messages are empty"),
-        ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0]", "not supported yet"),
-        ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}], "messages[0]", "not supported yet"),
+        ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0].tool_call_id", "no earlier tool call"),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}],
+            "messages[0].tool_calls[0].function",
+            "is required",
+        ),
         ([{"role": "robot", "content": "hi"}], "messages[0].role", "unknown role"),
         ([{"role": "user", "content": None}], "messages[0].content", "required"),
         (

@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import msgspec
@@ -180,8 +181,18 @@ def test_help_groups_the_same_flags_by_component():
             "--weight-version",
         ],
         "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests", "--incremental-streaming-output"],
+        "chat": ["--tool-call-parser", "--reasoning-parser"],
         "requests": ["--request-timeout-s", "--max-migrations"],
         "tenancy": ["--api-keys", "--admin-key", "--public-prefix-tenants", "--public-prefix-window-s"],
         "supervision": ["--data-dir", "--tokenizers", "--max-restarts", "--restart-period-s"],
         "logging": ["--log-format", "--log-level"],
     }
+
+
+def test_the_chat_flags_take_the_parsers_names():
+    from actors.lib.reasoning import PARSER_NAMES as REASONING
+    from actors.lib.tool_calls.families import PARSER_NAMES as TOOL_CALLS
+
+    fields = {f.name: f.type for f in msgspec.structs.fields(config.ChatConfig)}
+    assert set(typing.get_args(fields["tool_call_parser"])) == set(TOOL_CALLS)
+    assert set(typing.get_args(fields["reasoning_parser"])) == set(REASONING)
