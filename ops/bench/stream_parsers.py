@@ -61,7 +61,10 @@ def main() -> None:
     args = parser.parse_args()
     device = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     report = Report()
-    report.note(f"{device}; Python {platform.python_version()}; deltas of {DELTA_CHARS} characters")
+    load = os.getloadavg()[0]  # other work on the machine slows both sides alike
+    report.note(
+        f"{device}, load average {load:.1f}; Python {platform.python_version()}; deltas of {DELTA_CHARS} characters"
+    )
     report.note("measured: µs per delta with the reader; bound: the same without it; ratio: with / without")
     for name, text in (("plain answer", ANSWER), ("thinking, answer and a 1 KB tool call", THINK_AND_CALL)):
         alone = per_delta_seconds(text, READ, chunk=False, repeats=args.repeats)
