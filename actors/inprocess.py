@@ -17,11 +17,14 @@ next: the reference, and the old timing).
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
@@ -54,6 +57,7 @@ class InProcessEngine:
         self.outputs: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
         self.cached_tokens: dict[str, int] = {}  # prompt tokens served from the prefix cache at the first start
+        self.embeddings: dict[str, np.ndarray] = {}  # an embedding's pooled vector [hidden] float32, not normalised
         self.steps = 0
         self.in_flight: tuple[PendingStep, list[PlannedInput]] | None = None  # launched, not yet booked
         # Host seconds the last step's launch took (0.0: it launched nothing). With overlap the GPU
@@ -68,7 +72,9 @@ class InProcessEngine:
         tenant: Tenant = Tenant(),
         output_ids: list[int] = (),
         fork_of: str | None = None,
+        pooling: Pooling | None = None,
     ) -> Error | None:
+        """`pooling` (with max_tokens 0): an embedding, whose vector lands in `embeddings`."""
         error = self.batcher.submit(
             request_id,
             prompt_ids,
@@ -77,6 +83,7 @@ class InProcessEngine:
             output_ids=output_ids,
             tenant=tenant,
             fork_of=fork_of,
+            pooling=pooling,
         )
         if error is None:
             self.outputs[request_id] = []
@@ -106,7 +113,7 @@ class InProcessEngine:
             pending, launched_plan = previous
             tokens = pending.tokens()
             logprobs = pending.logprobs() if self.batch.asks_logprobs(launched_plan) else None
-            updates = self.batch.book(launched_plan, tokens, logprobs)
+            updates = self.batch.book(launched_plan, tokens, logprobs, pending.pooled())
         updates += self.batch.take_aborted()
         self.steps += 1
         output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())
@@ -118,6 +125,8 @@ class InProcessEngine:
                 self.finish_reasons[update.request_id] = update.finish_reason
             if update.cached_tokens is not None:
                 self.cached_tokens.setdefault(update.request_id, update.cached_tokens)
+            if update.embedding is not None:
+                self.embeddings[update.request_id] = np.frombuffer(update.embedding, "<f4")
         return output
 
     @property

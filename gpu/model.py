@@ -253,14 +253,21 @@ class CausalLM(nn.Module):
         """float32 logits [R, vocab] of the tokens in `logits_index` [R] (all when None), from the
         last layer; written to `out` when given. A token's logits are the same numbers whichever
         other tokens share the call (on the CPU exactly: gpu/gemv.py:linear)."""
-        x, residual = last
-        if logits_index is not None:
-            x, residual = x[logits_index], residual[logits_index]  # [R, hidden]
-        final, _ = add_rms_norm(x, residual, self.model.norm)
+        final = self.final_hidden(last, logits_index)  # [R, hidden]
         logits = linear(final, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
         if out is None:
             return logits.float()
         return out.copy_(logits)
+
+    def final_hidden(self, last: "LastLayer", index: torch.Tensor | None) -> torch.Tensor:
+        """The hidden states [n, hidden] of the tokens at `index` [n] (all when None) after the final
+        norm, in the model dtype: what the LM head reads, and what an embedding pools. With `index`
+        given, `last` is left as it was."""
+        x, residual = last
+        if index is not None:
+            x, residual = x[index], residual[index]  # copies: the fused norm adds into the residual
+        final, _ = add_rms_norm(x, residual, self.model.norm)
+        return final
 
 
 class LastLayer(NamedTuple):

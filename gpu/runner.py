@@ -34,6 +34,7 @@ from gpu.logit_rules import LogitRules, StepRules
 from gpu.logprobs import LogprobArrays, LogprobRequests
 from gpu.memory_occupation import MemoryOccupation
 from gpu.model import CausalLM, LastLayer
+from gpu.pooling import PoolingArrays, PoolingRequests
 from gpu.previous_draw import PreviousDraw
 from gpu.prompt_graphs import DEFAULT_TOKEN_COUNTS, PromptGraphs
 from gpu.sampler import GREEDY_BELOW_TEMPERATURE, SamplingArrays, SamplingTensors, sample
@@ -57,6 +58,7 @@ class _Step(NamedTuple):
     logprobs: LogprobRequests | None  # the logprobs asked; None: none
     logprob_arrays: LogprobArrays[torch.Tensor] | None  # their arrays on the device
     rules: StepRules | None  # the rows' penalties, bias and masks; None: no row has any
+    pooling: tuple[PoolingRequests, PoolingArrays[torch.Tensor]] | None  # embeddings' asks; None: none
 
 
 class _Forwarded(NamedTuple):
@@ -235,11 +237,13 @@ class ModelRunner:
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
         logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size) if drawn else None
-        scores = logprobs is not None and logprobs.scored is not None
-        shape = shape_of(host, self.graphs, self.prompt_graphs, scores) if drawn else EAGER
+        pooling = PoolingRequests.of(seqs, host.query_start) if drawn else None
+        # Scored prompt positions and pooled tokens read the last layer, which decode graphs do not keep.
+        every_token = (logprobs is not None and logprobs.scored is not None) or pooling is not None
+        shape = shape_of(host, self.graphs, self.prompt_graphs, every_token) if drawn else EAGER
         host = padded(host, shape, self.eager_token_bucket, self.kv.scratch_block)
-        extras = (host_feed, settings, logprobs and logprobs.arrays)
-        batch, (feed, sampling, logprob_arrays) = ForwardBatch.from_host(host, self.staging, extras)
+        extras = (host_feed, settings, logprobs and logprobs.arrays, pooling and pooling.arrays)
+        batch, (feed, sampling, logprob_arrays, pooling_arrays) = ForwardBatch.from_host(host, self.staging, extras)
         if feed is not None:
             self._previous.feed(batch.input_ids, feed)
         graph_kind = None
@@ -259,6 +263,7 @@ class ModelRunner:
             logprobs=logprobs,
             logprob_arrays=logprob_arrays,
             rules=self._rules.prepare(chosen) if drawn else None,
+            pooling=None if pooling is None else (pooling, pooling_arrays),
         )
 
     def _forward(self, step: _Step) -> _Forwarded:
@@ -273,8 +278,8 @@ class ModelRunner:
 
     def _draw(self, step: _Step, forwarded: _Forwarded) -> PendingStep:
         """Draws one token per row of the logits after the rows' rules (argmax when every row is
-        greedy), keeps them on the device for the next launch, computes the logprobs asked and
-        starts their copy to the host."""
+        greedy), keeps them on the device for the next launch, computes the logprobs and the
+        embeddings' pooled sums asked, and starts their copy to the host."""
         logits = forwarded.logits  # [R, vocab] float32
         adjusted = self._rules.apply(step.rules, logits)  # [R, vocab]; `logits` itself when no row has rules
         if step.sampling is None:
@@ -284,7 +289,9 @@ class ModelRunner:
         self._rules.count(step.rules, drawn)  # before the next launch reads the counts, in stream order
         self._previous.remember(drawn, step.rows, step.num_seqs)
         logprobs = None if step.logprobs is None else (step.logprobs, self._logprobs(step, forwarded, adjusted, drawn))
-        return PendingStep.copying(step.num_seqs, step.rows, drawn, self._stream, logprobs)
+        return PendingStep.copying(
+            step.num_seqs, step.rows, drawn, self._stream, logprobs, self._pooled(step, forwarded)
+        )
 
     def _logprobs(
         self, step: _Step, forwarded: _Forwarded, adjusted: torch.Tensor, drawn: torch.Tensor
@@ -293,6 +300,13 @@ class ModelRunner:
         [R, vocab], the logits the draw used (after the token rules), then its temperature and filters."""
         scored = partial(self.model.logits, forwarded.last)  # index [n] -> [n, vocab] float32
         return step.logprobs.compute(step.logprob_arrays, forwarded.logits, adjusted, drawn, scored)
+
+    def _pooled(self, step: _Step, forwarded: _Forwarded) -> tuple[PoolingRequests, torch.Tensor] | None:
+        """The embeddings' pooled sums [P, hidden] float32 (gpu/pooling.py), if any input asks."""
+        if step.pooling is None:
+            return None
+        requests, arrays = step.pooling
+        return requests, requests.compute(arrays, partial(self.model.final_hidden, forwarded.last))
 
     def _release_staging(self) -> None:
         # Everything that reads the staging buffer's pinned memory (our copy, the attention planner's)

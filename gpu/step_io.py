@@ -10,6 +10,7 @@ import torch
 if TYPE_CHECKING:
     from gpu.logit_rules import TokenRules
     from gpu.logprobs import LogprobRequests
+    from gpu.pooling import PoolingRequests
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class SequenceInput:
     # draws, so it is never scored.
     scored_from: int = 0
     scored_targets: tuple[int, ...] = ()
+    # An embedding's: the sum of the final hidden states of the input's last this many tokens comes
+    # back in `PendingStep.pooled` (gpu/pooling.py); 0: none.
+    pooled_tokens: int = 0
 
 
 # Tuples, not dataclasses: a step at a large batch makes one of each per sequence, on the host's path.
@@ -71,6 +75,7 @@ class PendingStep:
         drawn: torch.Tensor,
         done: torch.cuda.Event | None,
         logprobs: "tuple[LogprobRequests, torch.Tensor] | None" = None,
+        pooled: "tuple[PoolingRequests, torch.Tensor] | None" = None,
     ) -> None:
         self._num_seqs = num_seqs
         self._rows = rows  # [R] the sequences that sample, in order
@@ -78,6 +83,7 @@ class PendingStep:
         self._done = done
         # The step's asks and their packed result [size] float32 on the host, written with `drawn`.
         self._logprobs = logprobs
+        self._pooled = pooled  # the step's pooling asks and their sums [P, hidden] float32, written with `drawn`
         self._tokens: list[int | None] | None = None
         self._unpacked: list[StepLogprobs | None] | None = None
 
@@ -89,17 +95,20 @@ class PendingStep:
         drawn: torch.Tensor,
         stream: torch.cuda.Stream | None,
         logprobs: "tuple[LogprobRequests, torch.Tensor] | None" = None,
+        pooled: "tuple[PoolingRequests, torch.Tensor] | None" = None,
     ) -> "PendingStep":
-        """The step whose tokens `drawn` [R] and packed logprobs (on the device when `stream` is
-        given) start their copy to pinned host memory now, behind the step's work on `stream`."""
+        """The step whose tokens `drawn` [R], packed logprobs and pooled sums (on the device when
+        `stream` is given) start their copy to pinned host memory now, behind the step's work on `stream`."""
         if stream is None:
-            return cls(num_seqs, rows, drawn, None, logprobs)
+            return cls(num_seqs, rows, drawn, None, logprobs, pooled)
         pinned = _pinned_copy(drawn)
         if logprobs is not None:
             logprobs = (logprobs[0], _pinned_copy(logprobs[1]))
+        if pooled is not None:
+            pooled = (pooled[0], _pinned_copy(pooled[1]))
         done = torch.cuda.Event()
         done.record(stream)
-        return cls(num_seqs, rows, pinned, done, logprobs)
+        return cls(num_seqs, rows, pinned, done, logprobs, pooled)
 
     def done(self) -> bool:
         """Whether the step has finished, so `tokens()` returns without waiting."""
@@ -131,6 +140,15 @@ class PendingStep:
                 requests, packed = self._logprobs
                 self._unpacked = requests.unpack(packed.numpy(), self._num_seqs)
         return self._unpacked
+
+    def pooled(self) -> list[np.ndarray | None] | None:
+        """Waits for the step (as `tokens` does) and returns one entry per sequence: its pooled sum
+        [hidden] float32, None where it pooled nothing; None when no sequence of the step pooled."""
+        if self._pooled is None:
+            return None
+        self.tokens()
+        requests, sums = self._pooled
+        return requests.unpack(sums.numpy(), self._num_seqs)
 
 
 def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:

@@ -54,12 +54,12 @@ def capture_graphs(
 
 
 def shape_of(
-    host: HostBatch, graphs: DecodeGraphs | None, prompt_graphs: PromptGraphs | None, scores: bool
+    host: HostBatch, graphs: DecodeGraphs | None, prompt_graphs: PromptGraphs | None, every_token: bool
 ) -> StepShape:
-    """The shape `host` runs at among the graphs captured. `scores`: the step needs every token's
-    last layer (scored prompt positions), which the decode graphs do not keep."""
+    """The shape `host` runs at among the graphs captured. `every_token`: the step needs every token's
+    last layer (scored prompt positions, pooled tokens), which the decode graphs do not keep."""
     if host.is_decode:
-        fits = graphs is not None and not scores
+        fits = graphs is not None and not every_token
         return StepShape(decode_graph=graphs.padded_size(host.num_seqs) if fits else None, prompt_tokens=None)
     return StepShape(decode_graph=None, prompt_tokens=prompt_graphs and prompt_graphs.padded_tokens(host.num_tokens))
 

@@ -61,6 +61,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
     weight_version: NonEmpty = "default"
+    embedding_pooling: Literal["last", "mean"] = "last"
 
     @property
     def model_name(self) -> str:
@@ -177,6 +178,8 @@ HELP = {
     "on a slow device takes seconds)",
     "weight_version": "the version of the weights the executor loads at start, on every output until an update "
     "names another (SGLang's --weight-version)",
+    "embedding_pooling": "how an embedding (/v1/embeddings, /encode, the bus) pools the prompt's final hidden "
+    "states: last (the last token's, as vLLM and SGLang embed with a causal LM) or mean (of every token's)",
     "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "
     "stops everything; each actor process, each tokenizer replica and the embedded nats-server "
     "counts its own",

@@ -7,6 +7,7 @@ arrive, and errors from the scheduler. Anyone may abort a request by id.
 
 import msgspec
 
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 
@@ -37,6 +38,8 @@ class Submit(msgspec.Struct, frozen=True, tag="submit"):
     # One of n choices of a prompt: the request id of the choice that computes the prompt once;
     # this one shares its KV blocks and only decodes.
     fork_of: str | None = None
+    # An embedding (max_tokens 0): its prompt's final hidden states pooled so come with its end.
+    pooling: Pooling | None = None
 
 
 class Accepted(msgspec.Struct, frozen=True, tag="accepted"):

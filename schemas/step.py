@@ -8,6 +8,7 @@ every sequence's new tokens, which the scheduler and the tokenizers consume.
 
 import msgspec
 
+from schemas.embed import Pooling
 from schemas.generate import SamplingParams, TokenLogprobs
 
 
@@ -21,6 +22,7 @@ class StartSequence(msgspec.Struct, frozen=True, tag="start"):
     # repetition penalty's), and the outputs generated before a preemption (every penalty's).
     penalty_prompt_ids: list[int] = []
     penalty_output_ids: list[int] = []
+    pooling: Pooling | None = None  # an embedding: its prompt's final hidden states pooled so, no token drawn
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, tag="prefill"):
@@ -98,6 +100,7 @@ class SequenceUpdate(msgspec.Struct, frozen=True):
     cached_tokens: int | None = None  # set on the first update after a start: prompt tokens reused from the cache
     logprobs: TokenLogprobs | None = None  # of token_ids (start: output_index), when the request asks
     prompt_logprobs: TokenLogprobs | None = None  # of the prompt tokens scored this step (start: their position)
+    embedding: bytes | None = None  # with an embedding's end: its pooled vector, float32 little-endian [hidden]
 
     def continues(self, count: int) -> bool:
         """Whether this update holds output `count`, the next after a consumer's first `count`:

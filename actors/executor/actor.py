@@ -184,7 +184,7 @@ class ExecutorActor(Actor):
                 if in_flight:
                     pending, booked = in_flight
                     logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None
-                    updates = self.batch.book(booked, tokens, logprobs)
+                    updates = self.batch.book(booked, tokens, logprobs, pending.pooled())
                 # Booking cannot let a sequence move that this plan left out (only blocks can), so with
                 # nothing launched the loop waits for the next commands.
                 in_flight = (launched, plan) if launched else None

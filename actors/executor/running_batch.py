@@ -15,11 +15,16 @@ finish_reason "abort", after the last token booked for it: what the client has i
 Logprobs ride with the tokens, only for the requests that ask: the drawn token's (as
 `SequenceUpdate.logprobs`, from its output index) and, for a run that scores its prompt, those of
 the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from their prompt position).
+An embedding (`StartSequence.pooling`, max_tokens 0) draws nothing: the runner's sums of its chunks'
+hidden states are added up (prompt_pool.py), and its last update carries the pooled vector.
 """
 
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from actors.executor.prompt_pool import PromptPool
 from actors.executor.sequence_rules import FreeSlots, temperature_at, token_rules
 from actors.executor.step_logprobs import scored_targets, wire_logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
@@ -60,6 +65,7 @@ class RunningSequence:
     # no outputs yet scores: a later one's prefill holds outputs, and its client has the prompt's.
     scores_from: int | None = None
     rules: TokenRules | None = None  # penalties, bias, masks, min_tokens: built at its start
+    pool: PromptPool | None = None  # an embedding's pooling of its prompt (prompt_pool.py)
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class PlannedInput:
     last: bool  # the sequence ends with this input: its token reaches max_tokens or the context (or, with
     # max_tokens 0, its prompt's last chunk draws none)
     scored_start: int = -1  # the prompt position of its first scored target; -1: it scores none
+    pooled_tokens: int = 0  # its last tokens whose hidden states an embedding pools
 
 
 class RunningBatch:
@@ -115,6 +122,7 @@ class RunningBatch:
                     if params.prompt_logprobs_from is not None and num_outputs == 0
                     else None,
                     rules=token_rules(params, command, stop_ids, self.vocab_size, self.rule_slots),
+                    pool=PromptPool(command.pooling) if command.pooling else None,
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -224,9 +232,12 @@ class RunningBatch:
         final = chunk.last and taken == len(chunk.token_ids)
         draws = final and seq.num_outputs < seq.params.max_tokens  # max_tokens 0: the prompt alone
         scored_from, targets = scored_targets(seq.scores_from, token_ids, chunk.start_position, next_token, final)
-        sequence_input = self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets)
+        pooled = seq.pool.tokens_of(taken, final) if seq.pool else 0
+        sequence_input = self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets, pooled)
         seq.position += taken
         planned = self._advance(seq, row, taken, draws)
+        if pooled:
+            planned = replace(planned, pooled_tokens=pooled)
         if final and not draws:
             planned = replace(planned, last=True)
             seq.exhausted = True
@@ -247,6 +258,7 @@ class RunningBatch:
         previous_row: int = -1,
         scored_from: int = 0,
         scored_targets: tuple[int, ...] = (),
+        pooled_tokens: int = 0,
     ) -> SequenceInput:
         p = seq.params
         return SequenceInput(
@@ -268,6 +280,7 @@ class RunningBatch:
             scored_from=scored_from,
             scored_targets=scored_targets,
             rules=seq.rules,
+            pooled_tokens=pooled_tokens,
         )
 
     def _advance(self, seq: RunningSequence, row: int, prefill_tokens: int, sample: bool) -> PlannedInput:
@@ -286,11 +299,16 @@ class RunningBatch:
         return any(p.seq.params.logprobs or p.scored_start >= 0 for p in plan)
 
     def book(
-        self, plan: list[PlannedInput], tokens: list[int | None], logprobs: list[StepLogprobs | None] | None = None
+        self,
+        plan: list[PlannedInput],
+        tokens: list[int | None],
+        logprobs: list[StepLogprobs | None] | None = None,
+        pooled: list[np.ndarray | None] | None = None,
     ) -> list[SequenceUpdate]:
-        """Records one launched step's results (its tokens, and its logprobs when it asked for any)
-        and returns them as updates for the step output. Results of sequences dropped or finished
-        since the launch are discarded."""
+        """Records one launched step's results (its tokens, its logprobs and its embeddings' pooled
+        sums when it asked for any) and returns them as updates for the step output; an embedding's
+        last update carries its vector. Results of sequences dropped or finished since the launch
+        are discarded."""
         updates = []
         for planned, token in zip(plan, tokens):
             seq = planned.seq
@@ -304,6 +322,8 @@ class RunningBatch:
                 seq.booked_outputs += 1
             if planned.last and finish is None:
                 finish = "length"
+            if planned.pooled_tokens:
+                seq.pool.add(pooled[planned.row], planned.pooled_tokens)
             step = logprobs[planned.row] if logprobs else None
             updates.append(
                 SequenceUpdate(
@@ -315,6 +335,7 @@ class RunningBatch:
                     seq.cached_tokens,
                     logprobs=wire_logprobs(step.drawn, planned.output_index) if step and token is not None else None,
                     prompt_logprobs=wire_logprobs(step.prompt, planned.scored_start) if step else None,
+                    embedding=seq.pool.vector() if seq.pool is not None and planned.last else None,
                 )
             )
             seq.cached_tokens = None

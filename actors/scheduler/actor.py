@@ -157,13 +157,15 @@ class SchedulerActor(Actor):
         self, message: SchedulerRequest | SessionRequest, reply_to: str | None
     ) -> Accepted | Aborted | SessionReply | None:
         match message:
-            case Submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of):
+            case Submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of, pooling):
                 if self.batcher is None:
                     return Error("unavailable", "no executor is running yet", retriable=True)
                 known = self.batcher.sequences.get(request_id)
                 if known is not None and known.origin == origin:
                     self.batcher.abort(request_id)  # a resubmission whose Abort the bus lost
-                error = self.batcher.submit(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of)
+                error = self.batcher.submit(
+                    request_id, prompt_ids, params, origin, output_ids, tenant, fork_of, pooling
+                )
                 if error:
                     return error
                 await self._schedule()

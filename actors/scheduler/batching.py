@@ -24,6 +24,7 @@ from actors.scheduler.request_table import RequestTable
 from actors.scheduler.sequence import Sequence, State
 from kernel.tenants import may_abort
 from schemas.admin import SchedulerStats
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
@@ -89,12 +90,15 @@ class ContinuousBatcher:
         output_ids: list[int] = (),
         tenant: Tenant = Tenant(),
         fork_of: str | None = None,
+        pooling: Pooling | None = None,
     ) -> Error | None:
         """Queues a request. `output_ids` are tokens its client already has (a resubmission after a
         crash): the request continues after them, as if it had been preempted. It reads the cached
         prefixes its `tenant` computed, and public ones. A choice `fork_of`
-        another of the same prompt waits for that one's prefill and then shares its blocks."""
-        added = self.requests.add(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of)
+        another of the same prompt waits for that one's prefill and then shares its blocks. An
+        embedding (`pooling`, max_tokens 0) runs as a prompt alone does: its KV is computed, cached
+        as any prompt's (the same KV a generation of that prompt computes), and freed at its end."""
+        added = self.requests.add(request_id, prompt_ids, params, origin, output_ids, tenant, fork_of, pooling)
         return added if isinstance(added, Error) else None
 
     def abort(self, request_id: str, keep_output: bool = False) -> Sequence | None:
@@ -283,6 +287,7 @@ class ContinuousBatcher:
                 computed,
                 penalty_prompt_ids=list(seq.prompt_ids) if p.repetition_penalty != 1.0 else [],
                 penalty_output_ids=list(seq.output_ids) if penalized else [],
+                pooling=seq.pooling,
             )
         )
         return True

@@ -8,6 +8,7 @@ from collections import deque
 import msgspec
 
 from actors.scheduler.sequence import Sequence, State
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
@@ -108,16 +109,27 @@ class RequestTable:
         output_ids: list[int],
         tenant: Tenant,
         fork_of: str | None,
+        pooling: Pooling | None = None,
     ) -> Sequence | Error:
         """Queues a request, its `max_tokens` filled in with what the context leaves if not given;
         or the reason it cannot be served."""
         if params.max_tokens is None and len(prompt_ids) < self.max_model_len:
             params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         error = self.validate(request_id, prompt_ids, params)
+        if pooling is not None and params.max_tokens != 0:
+            error = error or Error("invalid_request", "an embedding draws no token: max_tokens must be 0", "max_tokens")
         if error:
             return error
         seq = Sequence(
-            request_id, list(prompt_ids), params, origin, next(self._arrivals), list(output_ids), tenant, fork_of
+            request_id,
+            list(prompt_ids),
+            params,
+            origin,
+            next(self._arrivals),
+            list(output_ids),
+            tenant,
+            fork_of,
+            pooling,
         )
         self.by_id[request_id] = seq
         self.waiting.append(seq)

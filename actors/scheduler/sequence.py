@@ -4,6 +4,7 @@ import enum
 from dataclasses import dataclass, field
 
 from actors.scheduler.radix_node import MatchResult
+from schemas.embed import Pooling
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
 from schemas.step import SequenceUpdate
@@ -29,6 +30,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     tenant: Tenant = Tenant()  # cached KV is shared within a tenant, and across tenants once public
     fork_of: str | None = None  # another choice of the same prompt, which computes it for both
+    pooling: Pooling | None = None  # an embedding: its prompt's hidden states pooled so, nothing drawn
     blocks: list[int] = field(default_factory=list)  # in position order, the cached prefix's first
     cached: MatchResult | None = None  # the prefix taken from the cache at the start, locked while running
     kv_generation: int = 0  # the cache generation (the weights) its blocks' KV was computed under
@@ -61,7 +63,10 @@ class Sequence:
     @property
     def reusable_len(self) -> int | None:
         """How many leading tokens it may take from the prefix cache; None: as many as are cached.
-        Scoring the prompt from position s needs the logits from position s - 1 on."""
+        Scoring the prompt from position s needs the logits from position s - 1 on; a mean pooled
+        over the prompt needs every token's hidden state."""
+        if self.pooling == "mean":
+            return 0
         return max(self.params.prompt_logprobs_from - 1, 0) if self.scores_prompt else None
 
     @property

@@ -179,6 +179,7 @@ def test_help_groups_the_same_flags_by_component():
             "--session-budget-tokens",
             "--step-deadline-s",
             "--weight-version",
+            "--embedding-pooling",
         ],
         "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests", "--incremental-streaming-output"],
         "chat": ["--tool-call-parser", "--reasoning-parser"],

@@ -1,0 +1,69 @@
+"""Hidden states pooled for embeddings, on the device right behind the forward pass, with no host sync.
+
+An input that asks (`SequenceInput.pooled_tokens`) gets the sum of the final hidden states (after
+the model's last norm: what the LM head reads) of its last `pooled_tokens` tokens, in float32: all
+of a chunk's tokens for mean pooling, the prompt's last token for last pooling. The sums of a step
+travel to pinned memory with its drawn tokens; the executor adds a prompt's chunks up and divides.
+A step where no input asks does no pooling work at all (`PoolingRequests.of` is None).
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Generic, NamedTuple
+
+import numpy as np
+import torch
+
+from gpu.staging import Array
+from gpu.step_io import SequenceInput
+
+_pooled_tokens = attrgetter("pooled_tokens")
+
+
+class PoolingArrays(NamedTuple, Generic[Array]):
+    """What the step's pooling needs on the device, uploaded with the step."""
+
+    token_index: Array  # [N] int64: the step's tokens whose hidden states are pooled
+    row: Array  # [N] int64: the pooled row (of the P asking inputs) each token adds into
+
+
+@dataclass(frozen=True)
+class PoolingRequests:
+    """A step's pooling asks, laid out on the host."""
+
+    arrays: PoolingArrays[np.ndarray]
+    seqs: list[int]  # [P] the inputs that pool, in order: row i of the result is seqs[i]'s
+
+    @classmethod
+    def of(cls, inputs: Sequence[SequenceInput], query_start: np.ndarray) -> "PoolingRequests | None":
+        """The asks of a step's `inputs`, whose tokens lie at `query_start` [S+1]; None when none
+        asks. Raises ValueError naming an input that asks for more tokens than it feeds."""
+        if not any(map(_pooled_tokens, inputs)):  # the generation steps' one cost: a pass in C
+            return None
+        seqs = [i for i, s in enumerate(inputs) if s.pooled_tokens]
+        counts = [inputs[i].pooled_tokens for i in seqs]
+        for i, count in zip(seqs, counts):
+            if not 0 < count <= len(inputs[i].token_ids):
+                raise ValueError(f"input {i} pools {count} tokens of the {len(inputs[i].token_ids)} it feeds")
+        ends = query_start[1:][seqs].tolist()
+        token_index = np.concatenate([np.arange(end - count, end) for end, count in zip(ends, counts)])
+        rows = np.repeat(np.arange(len(seqs)), counts)
+        return cls(PoolingArrays(token_index.astype(np.int64), rows.astype(np.int64)), seqs)
+
+    def compute(
+        self, arrays: PoolingArrays[torch.Tensor], final_hidden: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The pooled sums [P, hidden] float32, enqueued on the device. `final_hidden(index)`: the
+        hidden states [n, hidden] after the final norm of the step's tokens at `index` [n]."""
+        states = final_hidden(arrays.token_index).float()  # [N, hidden]
+        sums = states.new_zeros(len(self.seqs), states.shape[-1])  # [P, hidden]
+        return sums.index_add_(0, arrays.row, states)
+
+    def unpack(self, sums: np.ndarray, num_seqs: int) -> list[np.ndarray | None]:
+        """One entry per input of the step: its pooled sum [hidden] float32 from `sums` [P, hidden]
+        on the host, None where it pooled nothing."""
+        cut: list[np.ndarray | None] = [None] * num_seqs
+        for row, seq in enumerate(self.seqs):
+            cut[seq] = sums[row]
+        return cut
