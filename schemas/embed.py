@@ -18,14 +18,16 @@ from schemas.generate import BusRequest, TokenId
 # SGLang embed with a causal LM), or the mean of every token's.
 Pooling = Literal["last", "mean"]
 MAX_INPUTS = 2048  # inputs of one request, as OpenAI's embeddings take at most
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="embed"):
     """Exactly one of `texts` (each encoded with the tokenizer's special tokens, as a completion's
     prompt is) and `input_ids` carries the inputs; each is embedded on its own, in order."""
 
-    texts: Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
-    input_ids: Annotated[list[list[TokenId]], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
+    texts: Annotated[list[Text], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
+    input_ids: Annotated[list[TokenIds], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
     # Keep the first this many dimensions, then normalise again (matryoshka truncation); None: all.
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     model: str | None = None
@@ -44,10 +46,10 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=
     `input_ids` or `text` (encoded with special tokens); the outputs `output_ids` or `output_texts`
     (each encoded with none: it continues the input)."""
 
-    input_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)] | None = None
-    text: Annotated[str, msgspec.Meta(min_length=1)] | None = None
-    output_ids: Annotated[list[list[TokenId]], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
-    output_texts: Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
+    input_ids: TokenIds | None = None
+    text: Text | None = None
+    output_ids: Annotated[list[TokenIds], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
+    output_texts: Annotated[list[Text], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)] | None = None
     model: str | None = None
     user: str = ""
     cache_salt: str = ""

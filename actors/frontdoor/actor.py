@@ -49,6 +49,7 @@ class FrontdoorActor(Actor):
             cfg.http.max_concurrent_requests,
             cfg.http.incremental_streaming_output,
             ChatFormat.of_model(engine.model, cfg.chat.tool_call_parser, cfg.chat.reasoning_parser),
+            engine.embedding_pooling,
         ).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

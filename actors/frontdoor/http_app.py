@@ -1,6 +1,7 @@
 """The HTTP front door: the routes, the admin and session conversations, and `/health`.
 
-OpenAI's chat and completions are served by `openai_serving`, SGLang's native `/generate` and
+OpenAI's chat and completions are served by `openai_serving`, embeddings and scores (`/v1/embeddings`,
+SGLang's `/encode`, `/v1/score`, `/v1/similarity`) by `embedding_serving`, SGLang's native `/generate` and
 `/abort_request` by `sglang_serving`, the health, info and load routes SGLang's clients poll by
 `sglang_info`, pausing generation by `pause_routes`, live weights by `weight_routes`, sleep, wake
 and cache flushes by `memory_routes`, and Prometheus' `/metrics` by `metrics`; the admin and
@@ -16,6 +17,7 @@ from aiohttp import web
 from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.chat_format import ChatFormat
+from actors.frontdoor.embedding_serving import EmbeddingServing
 from actors.frontdoor.http_errors import error_response, errors_as_json
 from actors.frontdoor.memory_routes import MemoryRoutes
 from actors.frontdoor.metrics import Metrics
@@ -40,6 +42,7 @@ from schemas.admin import (
     PublishPrefix,
     SchedulerStats,
 )
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.session import AsTenant, CloseSession, OpenSession, SessionClosed, SessionOpened
 
@@ -66,6 +69,7 @@ class HttpApi:
         max_concurrent_requests: int,
         incremental_streaming: bool = False,
         chat_format: ChatFormat = ChatFormat(),
+        embedding_pooling: Pooling = "last",
     ) -> None:
         self.pipeline = pipeline
         self.chat_format = chat_format  # what the model writes beside its answers: tool calls, thinking
@@ -78,6 +82,9 @@ class HttpApi:
         self.started = int(time.time())
         self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
         self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests, incremental_streaming)
+        self.embeddings = EmbeddingServing(
+            pipeline, tenants, facts.model_name, max_concurrent_requests, embedding_pooling
+        )
         self.info = SGLangInfo(pipeline, bus, subjects, facts)
         self.pause = PauseRoutes(bus, subjects)
         self.weights = WeightRoutes(bus, subjects)
@@ -92,6 +99,10 @@ class HttpApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings.embeddings)
+        app.router.add_post("/encode", self.embeddings.encode)
+        app.router.add_post("/v1/score", self.embeddings.score)
+        app.router.add_post("/v1/similarity", self.embeddings.similarity)
         app.router.add_post("/generate", self.sglang.generate)
         app.router.add_post("/abort_request", self.sglang.abort_request)
         app.router.add_get("/health_generate", self.info.health_generate)

@@ -6,6 +6,7 @@ cannot drift from what the server accepts.
 
 import msgspec
 
+from actors.frontdoor.embedding_protocol import EmbeddingsBody, EncodeBody, ScoreBody, SimilarityBody
 from actors.frontdoor.native_protocol import PublishBody, SessionBody
 from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
 from actors.frontdoor.sglang_protocol import AbortBody, GenerateBody
@@ -46,6 +47,7 @@ ERROR_BODY = {
 
 def openapi_document() -> dict:
     structs = [ChatCompletionRequest, CompletionRequest, GenerateBody, AbortBody, SessionBody, PublishBody]
+    structs += [EmbeddingsBody, EncodeBody, ScoreBody, SimilarityBody]
     _, components = msgspec.json.schema_components(structs + [SchedulerStats, CacheReport], ref_template=REF)
     components["ErrorBody"] = ERROR_BODY
     post_errors = (400, 404, 413, 429, 503)
@@ -68,6 +70,30 @@ def openapi_document() -> dict:
                 "post": {
                     "requestBody": _json_body("CompletionRequest"),
                     "responses": _responses("a completion, or an SSE stream of chunks", *post_errors),
+                }
+            },
+            "/v1/embeddings": {
+                "post": {
+                    "requestBody": _json_body("EmbeddingsBody"),
+                    "responses": _responses("unit-norm embeddings, as floats or base64", *post_errors),
+                }
+            },
+            "/encode": {
+                "post": {
+                    "requestBody": _json_body("EncodeBody"),
+                    "responses": _responses("SGLang's {embedding, meta_info} (a list for a batch)", *post_errors),
+                }
+            },
+            "/v1/score": {
+                "post": {
+                    "requestBody": _json_body("ScoreBody"),
+                    "responses": _responses("each output's log-likelihood given the input", *post_errors),
+                }
+            },
+            "/v1/similarity": {
+                "post": {
+                    "requestBody": _json_body("SimilarityBody"),
+                    "responses": _responses("the cosine similarity of each pair's embeddings", *post_errors),
                 }
             },
             "/generate": {

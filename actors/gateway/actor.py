@@ -8,7 +8,7 @@ bus outage costs them nothing: a client that missed chunks asks again and gets t
 from actors.gateway.bus_api import BusApi
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
-from schemas.generate import BusRequest
+from schemas.embed import PublicRequest
 
 QUEUE_GROUP = "gateways"
 
@@ -26,13 +26,13 @@ class GatewayActor(Actor):
         )
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
-        self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name)
+        self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name, cfg.engine.embedding_pooling)
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
-            await self.bus.subscribe(self.subjects.generate, BusRequest, self.bus_api.on_request, queue=QUEUE_GROUP)
+            await self.bus.subscribe(self.subjects.generate, PublicRequest, self.bus_api.on_request, queue=QUEUE_GROUP)
         else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
             await self.bus.subscribe_under(
-                self.subjects.generate, BusRequest, self.bus_api.on_request, queue=QUEUE_GROUP
+                self.subjects.generate, PublicRequest, self.bus_api.on_request, queue=QUEUE_GROUP
             )
 
     async def stop(self) -> None:

@@ -12,6 +12,8 @@ the new reply inbox. Asking again is harmless, so a client may do it whenever in
 
 An `AbortGenerate` on the same subject ends requests keeping what they generated: each ends with a
 result of finish_reason "abort" holding every token so far (and their logprobs, when asked for).
+An `EmbedRequest` or a `ScoreRequest` (schemas/embed.py) gets one reply, an `EmbedResult` or a
+`ScoreResult` (or an `Error`); asking again computes it again.
 """
 
 import asyncio
@@ -21,12 +23,15 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from actors.lib.origin.embeddings import embed
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
+from actors.lib.origin.scoring import score
 from kernel.bus import Bus
 from kernel.tenants import request_tenant
+from schemas.embed import EmbedRequest, EmbedResult, Pooling, PublicRequest, ScoreRequest
 from schemas.errors import Error
-from schemas.generate import AbortGenerate, BusRequest, GenerateChunk, GenerateRequest, GenerateResult
+from schemas.generate import AbortGenerate, GenerateChunk, GenerateRequest, GenerateResult
 from schemas.requests import Aborted, RequestOutput, Tenant
 
 log = structlog.get_logger()
@@ -46,15 +51,16 @@ class BusStream:
 
 
 class BusApi:
-    def __init__(self, bus: Bus, pipeline: RequestPipeline, model_name: str) -> None:
+    def __init__(self, bus: Bus, pipeline: RequestPipeline, model_name: str, pooling: Pooling = "last") -> None:
         self.bus = bus
         self.pipeline = pipeline
         self.model_name = model_name
+        self.pooling = pooling  # the server's --embedding-pooling
         self.streams: dict[str, BusStream] = {}
         self._tasks: set[asyncio.Task] = set()
 
     async def on_request(
-        self, request: BusRequest, reply_to: str | None, tenant: str | None = None
+        self, request: PublicRequest, reply_to: str | None, tenant: str | None = None
     ) -> Aborted | Error | None:
         """`tenant`: with API keys, the last token of the subject it came on; None without them."""
         match request:
@@ -62,6 +68,8 @@ class BusApi:
                 return await self._abort(request, tenant)
             case GenerateRequest():
                 return await self._on_generate(request, reply_to, tenant)
+            case EmbedRequest() | ScoreRequest():
+                return self._on_prompt_only(request, reply_to, tenant)
 
     async def _abort(self, request: AbortGenerate, tenant: str | None) -> Aborted | Error:
         """Ends requests, keeping their output: with API keys only the subject's tenant's, and
@@ -102,6 +110,37 @@ class BusApi:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return None
+
+    def _on_prompt_only(
+        self, request: EmbedRequest | ScoreRequest, reply_to: str | None, tenant: str | None
+    ) -> Error | None:
+        """Embeds or scores in a task of its own, which replies once; the subscription goes on."""
+        if reply_to is None:
+            return None
+        if request.model is not None and request.model != self.model_name:
+            return Error("not_found", f"The model `{request.model}` does not exist.", param="model")
+        task = asyncio.create_task(self._serve_prompt_only(request, reply_to, request_tenant(tenant, request.user)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _serve_prompt_only(self, request: EmbedRequest | ScoreRequest, reply_to: str, tenant: Tenant) -> None:
+        try:
+            if isinstance(request, EmbedRequest):
+                field = "texts" if request.texts is not None else "input_ids"
+                reply = await embed(self.pipeline, request, tenant, self.pooling, field)
+                if not isinstance(reply, Error):
+                    reply = EmbedResult([vector.tolist() for vector in reply.vectors], reply.prompt_tokens)
+            else:
+                fields = (
+                    "input_ids" if request.text is None else "text",
+                    "output_ids" if request.output_texts is None else "output_texts",
+                )
+                reply = await score(self.pipeline, request, tenant, fields)
+        except Exception as exc:  # one request's failure must not take the others down
+            log.exception("bus_request_failed")
+            reply = Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)
+        await self.bus.reply(reply_to, reply)
 
     async def _resume(self, stream: BusStream, resume_from: int, reply_to: str) -> None:
         log.info("bus_stream_resumed", resume_from=resume_from, sent=len(stream.chunks), finished=bool(stream.finals))

@@ -70,6 +70,7 @@ class Downstream:
             list(record.delivered_ids),
             record.tenant,
             record.fork_of,
+            record.pooling,
         )
         return await self._bus.request(self._subjects.scheduler, submit, Accepted, CONTROL_TIMEOUT_S)
 

@@ -11,6 +11,7 @@ import msgspec
 
 from actors.lib.origin.request_stream import RequestRecord
 from kernel.randomness import SEED_BITS, choice_seed
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
 from schemas.requests import Tenant
@@ -65,7 +66,13 @@ def _regex_refusal(patterns: list[str]) -> Error | None:
 
 
 def choice_records(
-    request_id: str, prompt_ids: list[int], params: SamplingParams, n: int, tenant: Tenant, created: float
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    n: int,
+    tenant: Tenant,
+    created: float,
+    pooling: Pooling | None = None,
 ) -> list[RequestRecord]:
     """The records of the n choices of one prompt. Without a seed the request gets one of ours, so
     its draw is the same after a restart; choice i draws with `choice_seed(seed, i)`. The first
@@ -83,6 +90,7 @@ def choice_records(
             fork_of=ids[0] if index else None,
             client_request_id=request_id,
             created=created,
+            pooling=pooling,
         )
         for index, choice_id in enumerate(ids)
     ]

@@ -30,6 +30,7 @@ from actors.lib.origin.request_stream import RequestGroup, RequestStream
 from actors.lib.origin.session_turns import SessionTurnGroup, continue_conversation
 from kernel.bus import Bus, BusUnavailable
 from kernel.subjects import Subjects
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import GenerateRequest
 from schemas.health import Heartbeat
@@ -94,9 +95,10 @@ class RequestPipeline:
     async def _on_read_figures(self, _message: ReadRequestFigures, _reply_to: str | None) -> RequestFigures:
         return self.figures.snapshot(self.in_flight)
 
-    async def encode(self, request: GenerateRequest) -> Encoded | Error:
-        """The prompt's tokens, as a request's would be."""
-        return await self._downstream.encode(request)
+    async def encode(self, request: GenerateRequest, continuation: bool = False) -> Encoded | Error:
+        """The prompt's tokens, as a request's would be; with `continuation`, without the special
+        tokens that start a text (what a scored output's text is, after its input)."""
+        return await self._downstream.encode(request, continuation)
 
     async def _on_outputs(self, batch: OutputBatch, _reply_to: str | None) -> None:
         self._book.deliver(batch)
@@ -119,10 +121,15 @@ class RequestPipeline:
     # -- one request ----------------------------------------------------------------------
 
     async def submit(
-        self, request: GenerateRequest, tenant: Tenant = Tenant(), request_id: str | None = None
+        self,
+        request: GenerateRequest,
+        tenant: Tenant = Tenant(),
+        request_id: str | None = None,
+        pooling: Pooling | None = None,
     ) -> RequestGroup | Error:
         """Encodes and submits `request` (under `request_id`, or a new one), each of its n choices
-        as a request of its own; the caller must `close()` the group it gets."""
+        as a request of its own; the caller must `close()` the group it gets. With `pooling` it is
+        an embedding (prompt_runs.py builds those)."""
         created, arrived = time.time(), time.monotonic()
         if error := refusal(request):
             return error
@@ -153,7 +160,8 @@ class RequestPipeline:
                 earlier.parent_turn,
                 self._record_turn,
             )
-        for record in choice_records(request_id, group.prompt_ids, request.params, request.n, tenant, created):
+        records = choice_records(request_id, group.prompt_ids, request.params, request.n, tenant, created, pooling)
+        for record in records:
             stream = RequestStream(record, self._request_timeout_s, self.release, self.figures.clock(arrived))
             self._book.open(stream)
             group.choices.append(stream)

@@ -14,6 +14,7 @@ import msgspec
 
 from actors.lib.logprobs import LogprobsRun, slice_logprobs
 from actors.lib.origin.request_figures import RequestClock
+from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 from schemas.requests import RequestOutput, Tenant
@@ -43,6 +44,8 @@ class RequestRecord:
     # span's, were computed by that version's weights; a new span where an update changed them.
     version_spans: list[tuple[int, str]] = field(default_factory=list)
     end_version: str | None = None  # the version its end came with, for a request that drew nothing
+    pooling: Pooling | None = None  # an embedding: it draws nothing, and its end brings `embedding`
+    embedding: bytes | None = None  # the pooled vector, float32 little-endian [hidden], once it came
 
     @property
     def weight_version(self) -> str:
@@ -149,6 +152,8 @@ class RequestStream:
             return
         if update.cached_tokens is not None:  # a run starts: how much of its prompt the cache served
             self.record.cached_tokens = update.cached_tokens
+        if update.embedding is not None:  # with the end, which `deliver` takes next
+            self.record.embedding = update.embedding
         start = len(self.record.delivered_ids)
         if update.token_ids and not update.continues(start):
             return
