@@ -4,7 +4,8 @@ An input that asks (`SequenceInput.pooled_tokens`) gets the sum of the final hid
 the model's last norm: what the LM head reads) of its last `pooled_tokens` tokens, in float32: all
 of a chunk's tokens for mean pooling, the prompt's last token for last pooling. The sums of a step
 travel to pinned memory with its drawn tokens; the executor adds a prompt's chunks up and divides.
-A step where no input asks does no pooling work at all (`PoolingRequests.of` is None).
+A step where no input asks does no pooling work (`PoolingRequests.of` is None): one where every
+input draws (decodes) is not even looked at, one with prompt chunks costs a pass over its inputs.
 """
 
 from collections.abc import Callable, Sequence
@@ -38,14 +39,16 @@ class PoolingRequests:
     @classmethod
     def of(cls, inputs: Sequence[SequenceInput], query_start: np.ndarray) -> "PoolingRequests | None":
         """The asks of a step's `inputs`, whose tokens lie at `query_start` [S+1]; None when none
-        asks. Raises ValueError naming an input that asks for more tokens than it feeds."""
-        if not any(map(_pooled_tokens, inputs)):  # the generation steps' one cost: a pass in C
+        asks. Raises ValueError naming an input that draws a token too, or asks for more tokens than
+        it feeds."""
+        if not any(map(_pooled_tokens, inputs)):  # a step with prompt chunks pays this pass, in C
             return None
         seqs = [i for i, s in enumerate(inputs) if s.pooled_tokens]
         counts = [inputs[i].pooled_tokens for i in seqs]
         for i, count in zip(seqs, counts):
-            if not 0 < count <= len(inputs[i].token_ids):
-                raise ValueError(f"input {i} pools {count} tokens of the {len(inputs[i].token_ids)} it feeds")
+            if inputs[i].sample or not 0 < count <= len(inputs[i].token_ids):
+                fed = len(inputs[i].token_ids)
+                raise ValueError(f"input {i} pools {count} of its {fed} tokens: it may pool 1 to {fed}, and draw none")
         ends = query_start[1:][seqs].tolist()
         token_index = np.concatenate([np.arange(end - count, end) for end, count in zip(ends, counts)])
         rows = np.repeat(np.arange(len(seqs)), counts)

@@ -237,7 +237,8 @@ class ModelRunner:
         greedy = all(s.temperature < GREEDY_BELOW_TEMPERATURE for s in chosen)
         settings = None if greedy else SamplingArrays.of(chosen, self.vocab_size)
         logprobs = LogprobRequests.of(seqs, rows, host.query_start, self.vocab_size) if drawn else None
-        pooling = PoolingRequests.of(seqs, host.query_start) if drawn else None
+        # An input that pools draws nothing: a step where every input draws (decodes) skips the look.
+        pooling = PoolingRequests.of(seqs, host.query_start) if drawn and len(rows) < n else None
         # Scored prompt positions and pooled tokens read the last layer, which decode graphs do not keep.
         every_token = (logprobs is not None and logprobs.scored is not None) or pooling is not None
         shape = shape_of(host, self.graphs, self.prompt_graphs, every_token) if drawn else EAGER

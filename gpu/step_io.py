@@ -44,7 +44,7 @@ class SequenceInput:
     scored_from: int = 0
     scored_targets: tuple[int, ...] = ()
     # An embedding's: the sum of the final hidden states of the input's last this many tokens comes
-    # back in `PendingStep.pooled` (gpu/pooling.py); 0: none.
+    # back in `PendingStep.pooled` (gpu/pooling.py); 0: none. Such an input draws nothing (sample False).
     pooled_tokens: int = 0
 
 
