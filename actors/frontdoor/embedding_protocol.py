@@ -47,7 +47,6 @@ class EncodeBody(msgspec.Struct, kw_only=True):
 
     text: Text | Texts | None = None
     input_ids: TokenInputs | None = None  # [int] or [[int]]
-    rid: str | list[str] | None = None
     dimensions: Dimensions | None = None
 
 

@@ -56,8 +56,9 @@ def openapi_document() -> dict:
         "info": {
             "title": "kernel-llm",
             "version": "0.1.0",
-            "description": "OpenAI-compatible completions and chat (with vLLM's extras), SGLang's native "
-            "generate, abort, health, info and load routes, sessions for multi-turn work, and admin.",
+            "description": "OpenAI-compatible completions, chat and embeddings (with vLLM's extras), scores and "
+            "similarities, SGLang's native generate, encode, abort, health, info and load routes, sessions for "
+            "multi-turn work, and admin.",
         },
         "paths": {
             "/v1/chat/completions": {

@@ -43,7 +43,7 @@ async def embed(
     records = await run_prompts(pipeline, runs, tenant)
     if isinstance(records, Refused):
         return named(records, field, len(runs))
-    hidden = len(records[0].embedding) // 4
+    hidden = len(records[0].embedding) // 4  # the model's width, known once a vector came (float32)
     if request.dimensions is not None and request.dimensions > hidden:
         message = f"dimensions is {request.dimensions}, more than the model's {hidden}"
         return Error("invalid_request", message, param="dimensions")
