@@ -9,6 +9,7 @@ import errno
 import os
 import re
 from collections import OrderedDict
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +21,7 @@ from actors.lib.block_hashes import extend_hashes, root_hash
 
 log = structlog.get_logger()
 NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a directory name: namespace_key's hex, or a test's
+READ_PIECE_BLOCKS = 8  # blocks a reader thread reads and checks as one task
 
 
 class DiskStats(NamedTuple):
@@ -29,6 +31,22 @@ class DiskStats(NamedTuple):
     hits: int  # blocks longest_prefix found
     misses: int  # blocks longest_prefix was asked for and did not find
     corrupt: int  # files removed because a check failed (at start or on a read)
+
+
+class _Piece(NamedTuple):
+    """hashes[start:stop] of a read, blocks first.. of file `name`."""
+
+    start: int
+    stop: int
+    name: str
+    first: int
+
+
+class _Inline:
+    """The calling thread as an executor: a read without a pool."""
+
+    def map(self, function, items):
+        return map(function, items)
 
 
 class _Chain(NamedTuple):
@@ -108,6 +126,10 @@ class DiskStore:
         self._refresh(hashes)
         return written
 
+    def holds(self, block_hash: bytes) -> bool:
+        """Whether the index has the block (no figure counts this look)."""
+        return block_hash in self._blocks
+
     def longest_prefix(self, hashes: list[bytes]) -> int:
         """How many leading blocks of the chain are on disk, from the index alone."""
         found = 0
@@ -119,22 +141,26 @@ class DiskStore:
         self._misses += len(hashes) - found
         return found
 
-    def read(self, hashes: list[bytes], out: list[memoryview]) -> int:
+    def read(self, hashes: list[bytes], out: list[memoryview], pool: Executor | None = None) -> int:
         """Fills out[i] (writable, block_bytes each) with the block hashed hashes[i], for the leading
         blocks on disk; returns how many. Every block is checked against its crc: the first that
         fails (damaged, truncated, its file gone) ends the read, its file removed. out[i] past the
-        count returned may hold anything."""
+        count returned may hold anything. With `pool`, pieces of READ_PIECE_BLOCKS blocks are read
+        and checked on its threads at once (reads and crcs leave the GIL): a chain of some GB comes
+        back at several times one thread's rate; the index is still touched by the caller alone."""
         if len(out) != len(hashes):
             raise ValueError(f"out has {len(out)} views for {len(hashes)} hashes")
         for i, view in enumerate(out):
             if memoryview(view).nbytes != self.block_bytes:
                 raise ValueError(f"out[{i}] has {memoryview(view).nbytes} bytes, not {self.block_bytes}")
+        pieces = self._pieces(hashes)
+        read = lambda piece: self._read_piece(piece, hashes[piece.start : piece.stop], out[piece.start : piece.stop])
         done = 0
-        while done < len(hashes) and (where := self._blocks.get(hashes[done])) is not None:
-            got, whole = self._read_run(where[0], where[1], hashes[done:], out[done:])
-            done += got
-            if not (whole and got):
-                break
+        for piece, (got, problem) in zip(pieces, (pool or _Inline()).map(read, pieces)):
+            if problem is not None:
+                self._give_up(piece.name, problem, got)
+            if done == piece.start:
+                done += got
         self._refresh(hashes[:done])
         return done
 
@@ -195,37 +221,61 @@ class DiskStore:
             raise Malformed(f"{status.st_size} bytes, not the header's")
         return status.st_mtime_ns, _Chain(header.hashes, header.parent, status.st_size)
 
-    def _read_run(self, name: str, first: int, hashes: list[bytes], out: list[memoryview]) -> tuple[int, bool]:
-        """Reads the blocks of file `name` that continue the chain from its block `first`: (blocks
-        read, whether the file held up)."""
+    def _pieces(self, hashes: list[bytes]) -> list["_Piece"]:
+        """The leading hashes the index holds, cut where the file changes, where a file's blocks
+        stop following one another, and every READ_PIECE_BLOCKS blocks."""
+        pieces: list[_Piece] = []
+        for i, block_hash in enumerate(hashes):
+            if (where := self._blocks.get(block_hash)) is None:
+                break
+            name, index = where
+            last = pieces[-1] if pieces else None
+            if (
+                last
+                and last.name == name
+                and last.first + (i - last.start) == index
+                and i - last.start < READ_PIECE_BLOCKS
+            ):
+                pieces[-1] = last._replace(stop=i + 1)
+            else:
+                pieces.append(_Piece(i, i + 1, name, index))
+        return pieces
+
+    def _read_piece(self, piece: "_Piece", hashes: list[bytes], out: list[memoryview]) -> tuple[int, str | None]:
+        """Reads and checks one piece; touches no index (it may run on any thread): (blocks read, and
+        what went wrong with the file, if anything: "gone", "replaced", or why it is malformed)."""
         try:
-            fd = os.open(self.directory / name, os.O_RDONLY)
+            fd = os.open(self.directory / piece.name, os.O_RDONLY)
         except FileNotFoundError:
-            self._forget(name)  # deleted by another process sharing the directory
-            return 0, False
+            return 0, "gone"  # deleted by another process sharing the directory
         i = 0
         try:
             header, data_offset = chain_file.read_header(fd, self.namespace, self.block_bytes)
-            if header.hashes[first : first + 1] != hashes[:1]:
-                self._forget(name)  # replaced by another process with another run of the chain
-                return 0, False
             for i, block_hash in enumerate(hashes):
-                index = first + i
-                if index == len(header.hashes) or header.hashes[index] != block_hash:
-                    return i, True
+                index = piece.first + i
+                if index >= len(header.hashes) or header.hashes[index] != block_hash:
+                    return i, "replaced"  # by another process, with another run of the chain
                 offset = data_offset + index * self.block_bytes
                 if not chain_file.read_block(fd, out[i], offset):
                     raise Malformed(f"truncated in block {index}")
                 if chain_file.checksum(out[i]) != header.checksums[index]:
                     raise Malformed(f"block {index} fails its crc")
-            return len(hashes), True
+            return len(hashes), None
         except (Malformed, OSError) as error:
-            self._corrupt += 1
-            log.warning("disk_tier_file_removed", file=name, reason=str(error), served_blocks=i)
-            self._remove(name)
-            return i, False
+            return i, str(error)
         finally:
             os.close(fd)
+
+    def _give_up(self, name: str, problem: str, served: int) -> None:
+        """A file a read found gone or replaced is forgotten; a malformed one is removed."""
+        if name not in self._files:
+            return  # another piece of the same file said so first
+        if problem in ("gone", "replaced"):
+            self._forget(name)
+            return
+        self._corrupt += 1
+        log.warning("disk_tier_file_removed", file=name, reason=problem, served_blocks=served)
+        self._remove(name)
 
     def _write(self, hashes: list[bytes], token_ids: list[int], blocks: list[memoryview], parent: bytes | None) -> bool:
         checksums = [chain_file.checksum(memoryview(block).cast("B")) for block in blocks]

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import random
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,24 @@ def test_a_damaged_block_ends_the_read_before_it_and_removes_its_file(tmp_path):
     assert [e["event"] for e in logs] == ["disk_tier_file_removed"]
     assert store.longest_prefix(chain.hashes) == 4 and chain.read(store) == 4  # the next read misses there
     assert chain.put(store) == 4  # and the tail can be written again
+
+
+def test_reader_threads_bring_back_the_same_bytes_and_stop_at_the_same_damage(tmp_path):
+    """Pieces of a chain read at once on a pool: the bytes, and the count where a block is damaged,
+    are those of one thread's read."""
+    store = DiskStore(tmp_path, NS, BLOCK_BYTES, GIB)
+    chain = Chain(seed=12, blocks=40)  # five pieces in the first file, and a second file
+    chain.put(store, stop=30)
+    chain.put(store, start=30)
+    with ThreadPoolExecutor(4) as pool:
+        out = [memoryview(bytearray(BLOCK_BYTES)) for _ in chain.hashes]
+        assert store.read(chain.hashes, out, pool) == 40
+        assert [bytes(o) for o in out] == [bytes(b) for b in chain.blocks]
+        head = store.directory / (chain.hashes[29].hex() + ".kv")
+        flip_byte(head, head.stat().st_size - 10 * BLOCK_BYTES + 5)  # inside block 20
+        assert store.read(chain.hashes, out, pool) == 20
+    assert not head.exists() and store.stats().corrupt == 1
+    assert store.longest_prefix(chain.hashes) == 0  # the tail's file stays, without its head
 
 
 def test_a_truncated_file_serves_its_whole_blocks_once_and_is_removed(tmp_path):

@@ -80,11 +80,11 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
         assert cache_report(server)["disk_fetched_blocks"] > 0
         assert after["choices"][0]["text"] == first[1]["choices"][0]["text"]
 
-        for chain in (data_dir / DEFAULT_DIR).rglob("*"):  # every block file damaged
-            if chain.is_file() and chain.stat().st_size > 4096:
-                with chain.open("r+b") as f:
-                    f.seek(chain.stat().st_size - 100)
-                    f.write(b"\xff" * 50)
+        for chain in (data_dir / DEFAULT_DIR).rglob("*.kv"):  # a byte of every page damaged, so every block
+            with chain.open("r+b") as f:
+                for offset in range(4096 + 17, chain.stat().st_size, 4096):
+                    f.seek(offset)
+                    f.write(b"\xff")
         damaged = complete(server, prompt(TOPICS[2]))
         assert cached_tokens(damaged) < damaged["usage"]["prompt_tokens"] // 2  # recomputed, not read
         assert damaged["choices"][0]["text"] == first[2]["choices"][0]["text"]
