@@ -17,7 +17,10 @@ import torch
 
 from gpu.kv_cache import KVCache
 
-STAGING_BYTES = 64 << 20  # both staging halves together: chunks of blocks, never one large allocation
+# Both staging halves together: chunks of blocks (64 of llama-3.1-8b a half), never one large
+# allocation. A chunk costs a gather per layer and a copy per run of slots, launched from the
+# executor's step loop, so larger chunks launch less per block.
+STAGING_BYTES = 256 << 20
 
 
 class Transfer:
