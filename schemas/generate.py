@@ -5,7 +5,7 @@ share one pipeline. A streaming request gets `GenerateChunk`s at its reply inbox
 one `GenerateResult` (or an `Error`).
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,6 +33,23 @@ TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
 Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
+MAX_CONSTRAINT_CHARS = 1 << 20
+
+
+class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Structured output: every token drawn keeps the output a prefix of a sentence of this language
+    (xgrammar's masks), and the request ends with "stop" once the sentence is whole and the model
+    draws its end (EOS), or when nothing may follow. A tokenizer checks it when the request arrives
+    (an `Error` naming `param`); the executor compiles it for the served vocabulary."""
+
+    # json_schema: `text` is a JSON schema (JSON text), followed strictly (no properties it does not
+    # name), written on one line with ", " and ": " between items; json_object: any JSON object, so
+    # written (no `text`); regex: `text` is a regular expression the whole output matches; grammar:
+    # `text` is an EBNF grammar in xgrammar's dialect (`root ::= ...`), or a Lark grammar when it has
+    # no `::=`.
+    kind: Literal["json_schema", "json_object", "regex", "grammar"]
+    text: Annotated[str, msgspec.Meta(max_length=MAX_CONSTRAINT_CHARS)] = ""
+    param: str = "params.constraint"  # the request field it came from, which an error about it names
 
 
 # Fields at their defaults stay off the wire, so a request that leaves a new field alone still
@@ -70,9 +87,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     temperature_schedule_tokens: Count = 0
     stop_regex: Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] = []  # Python regexes
     include_stop_str_in_output: bool = False  # keep a matched stop string (or regex match) in the text
+    constraint: Constraint | None = None  # structured output: the tokens drawn follow this grammar
 
-    # Logprobs. By default of the model's own distribution (log-softmax of the raw logits);
-    # `processed_logprobs`: of the one drawn from, after the controls above, temperature and filters.
+    # Logprobs. By default of the model's own distribution (log-softmax of the raw logits; under a
+    # constraint, of those the grammar allows, as vLLM gives them); `processed_logprobs`: of the one
+    # drawn from, after the controls above, temperature and filters.
     logprobs: bool = False  # the logprob of each generated token
     top_logprobs: TopLogprobs = 0  # and this many most likely alternatives (at prompt positions too)
     # Logprobs of the prompt's tokens from this position on (0 and 1: all but the first, which has none).

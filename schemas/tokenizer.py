@@ -8,7 +8,7 @@ new request's `Track` together with its `Submit` to the scheduler, not one after
 import msgspec
 
 from schemas.errors import Error
-from schemas.generate import ChatMessage, ChatTemplateArgs
+from schemas.generate import ChatMessage, ChatTemplateArgs, Constraint
 
 
 class Encode(msgspec.Struct, frozen=True, tag="encode"):
@@ -58,5 +58,16 @@ class Untrack(msgspec.Struct, frozen=True, tag="untrack"):
     request_id: str
 
 
-TokenizerRequest = Encode | Track
-TokenizerReply = Encoded | Tracked | Error
+class CheckConstraint(msgspec.Struct, frozen=True, tag="check_constraint"):
+    """Whether a request's constraint (structured output) is a grammar the executor can compile, asked
+    before the request is submitted: answered `ConstraintChecked`, or an `Error` naming its field."""
+
+    constraint: Constraint
+
+
+class ConstraintChecked(msgspec.Struct, frozen=True, tag="constraint_checked"):
+    pass
+
+
+TokenizerRequest = Encode | Track | CheckConstraint
+TokenizerReply = Encoded | Tracked | ConstraintChecked | Error

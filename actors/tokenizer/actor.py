@@ -1,13 +1,15 @@
 """The tokenizer actor: renders chat templates, encodes prompts, and turns step outputs into text.
 
-Stateless between requests: tokenizers form a queue group, so `Encode` and `Track` go to any one
-of them. Step outputs reach every tokenizer; each detokenizes the requests it tracks, ends those
+Stateless between requests: tokenizers form a queue group, so `Encode`, `Track` and
+`CheckConstraint` (is a request's schema, regex or grammar one the executor can compile?) go to
+any one of them. Step outputs reach every tokenizer; each detokenizes the requests it tracks, ends those
 whose stop string or regex matched (through the scheduler), and sends each origin its requests'
 new text, with the logprobs of the tokens it keeps and the text of the tokens they name, in one
 message per step. A Track that comes after its request's first step output is told so
 (see untracked_starts.py).
 """
 
+import asyncio
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ import jinja2
 import msgspec
 from transformers import AutoTokenizer
 
+from actors.lib.constraint_grammar import refusal
 from actors.lib.logprobs import slice_logprobs, token_ids_of
 from actors.tokenizer import tool_prompt
 from actors.tokenizer.detokenizer import StreamingDetokenizer
@@ -25,7 +28,16 @@ from schemas.errors import Error
 from schemas.generate import RESERVED_TEMPLATE_KWARGS, ChatTemplateArgs, TokenLogprobs
 from schemas.requests import Abort, OutputBatch, RequestOutput
 from schemas.step import SequenceUpdate, StepOutput
-from schemas.tokenizer import Encode, Encoded, TokenizerRequest, Track, Tracked, Untrack
+from schemas.tokenizer import (
+    CheckConstraint,
+    ConstraintChecked,
+    Encode,
+    Encoded,
+    TokenizerRequest,
+    Track,
+    Tracked,
+    Untrack,
+)
 
 QUEUE_GROUP = "tokenizers"
 UNTRACKED_START_KEEP_S = 30.0  # an origin gives up on a Track's answer well before this
@@ -65,10 +77,15 @@ class TokenizerActor(Actor):
     async def _on_untrack(self, message: Untrack, _reply_to: str | None) -> None:
         self.tracked.pop(message.request_id, None)
 
-    async def _on_request(self, message: TokenizerRequest, _reply_to: str | None) -> Encoded | Tracked | Error:
+    async def _on_request(
+        self, message: TokenizerRequest, _reply_to: str | None
+    ) -> Encoded | Tracked | ConstraintChecked | Error:
         match message:
             case Encode():
                 return self.encode(message)
+            case CheckConstraint(constraint):
+                # A parse, in a thread: a large schema must not hold up the other requests.
+                return await asyncio.to_thread(refusal, constraint) or ConstraintChecked()
             case Track(request_id, origin):
                 detokenizer = StreamingDetokenizer(
                     self.tokenizer.backend_tokenizer,
@@ -194,6 +211,8 @@ class TokenizerActor(Actor):
                 return None
         elif not (update.finish_reason or update.prompt_logprobs) or update.output_index > start:
             return None
+        if update.error is not None:  # the request failed on the executor (its grammar): it ends so
+            return RequestOutput(update.request_id, [], "", "error", start, output_index=start, error=update.error)
         text = detokenizer.push(
             update.token_ids, final=update.finish_reason is not None, first_index=update.output_index
         )

@@ -9,10 +9,10 @@ from actors.lib.origin.request_stream import RequestRecord
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.errors import Error
-from schemas.generate import GenerateRequest
+from schemas.generate import Constraint, GenerateRequest
 from schemas.requests import Abort, AbortAll, Aborted, Accepted, Submit, Tenant
 from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
-from schemas.tokenizer import Encode, Encoded, Track, Tracked, Untrack
+from schemas.tokenizer import CheckConstraint, ConstraintChecked, Encode, Encoded, Track, Tracked, Untrack
 
 CONTROL_TIMEOUT_S = 10.0  # encode, track and submit are quick; a slower answer means an actor is down
 
@@ -35,6 +35,13 @@ class Downstream:
             chat_template=request.chat_template,
         )
         return await self._bus.request(self._subjects.tokenizer, encode, Encoded, CONTROL_TIMEOUT_S)
+
+    async def check_constraint(self, constraint: Constraint | None) -> ConstraintChecked | Error | None:
+        """Whether a tokenizer can read `constraint` as a grammar (None: there is none to check)."""
+        if constraint is None:
+            return None
+        check = CheckConstraint(constraint)
+        return await self._bus.request(self._subjects.tokenizer, check, ConstraintChecked, CONTROL_TIMEOUT_S)
 
     async def track(self, record: RequestRecord) -> Tracked | Error:
         """Asks a tokenizer to detokenize the request from where its client stands; the record

@@ -146,9 +146,15 @@ class RequestPipeline:
             earlier = await self._downstream.begin_turn(begin)
             if isinstance(earlier, Error):
                 return earlier
-        encoded = await self._downstream.encode(request, continuation=bool(earlier and earlier.token_ids))
-        if isinstance(encoded, Error):
-            return encoded
+        # A constraint is checked beside the encoding, so a bad schema or grammar is refused before
+        # anything runs, at no added wait.
+        encoded, checked = await asyncio.gather(
+            self._downstream.encode(request, continuation=bool(earlier and earlier.token_ids)),
+            self._downstream.check_constraint(request.params.constraint),
+        )
+        for reply in (checked, encoded):
+            if isinstance(reply, Error):
+                return reply
         if earlier is None:
             group = RequestGroup(request_id, encoded.token_ids)
         else:
