@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from actors.executor.grammars import Grammars, StepMasks
 from actors.executor.running_batch import PlannedInput, RunningBatch
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.sequence import State
@@ -32,6 +33,9 @@ from schemas.step import StepOutput
 
 
 class InProcessEngine:
+    """`grammars`: what constrained requests (structured output) compile their constraints with, for
+    the served tokenizer; None: such requests fail."""
+
     def __init__(
         self,
         runner: ModelRunner,
@@ -39,6 +43,7 @@ class InProcessEngine:
         max_prefill_tokens: int = 2048,
         prefix_caching: bool = True,
         overlap: bool = True,
+        grammars: Grammars | None = None,
     ) -> None:
         self.runner = runner
         self.overlap = overlap
@@ -53,7 +58,8 @@ class InProcessEngine:
             max_prefill_tokens,
             prefix_caching=prefix_caching,
         )
-        self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids, runner.vocab_size)
+        self.grammars = grammars
+        self.batch = RunningBatch(runner.block_size, max_len, runner.eos_token_ids, runner.vocab_size, self.grammars)
         self.outputs: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, str] = {}
         self.cached_tokens: dict[str, int] = {}  # prompt tokens served from the prefix cache at the first start
@@ -105,7 +111,8 @@ class InProcessEngine:
         inputs, plan = self.batch.plan_step(self.max_prefill_tokens)
         self.runner.copy_blocks([(c.source, c.target) for c in self.batch.take_copies()])  # no host tier: copies only
         started = time.perf_counter()
-        launched = (self.runner.launch(inputs), plan) if inputs else None
+        masks = StepMasks.of(inputs, plan, self.in_flight, self.grammars)  # of its constrained draws
+        launched = (self.runner.launch(inputs, masks), plan) if inputs else None
         self.launch_s = time.perf_counter() - started if inputs else 0.0
         previous, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
         updates = []
@@ -114,7 +121,7 @@ class InProcessEngine:
             tokens = pending.tokens()
             logprobs = pending.logprobs() if self.batch.asks_logprobs(launched_plan) else None
             updates = self.batch.book(launched_plan, tokens, logprobs, pending.pooled())
-        updates += self.batch.take_aborted()
+        updates += self.batch.take_ended()
         self.steps += 1
         output = StepOutput("in-process", self.steps, updates, self.batch.take_dropped())
         self.batcher.on_step(output)

@@ -42,6 +42,7 @@ from gpu.sampler_kernel import compile_sampler, sample_on_gpu
 from gpu.staging import Staging
 from gpu.step_io import PendingStep, SequenceInput
 from gpu.step_shape import EAGER, EAGER_TOKEN_BUCKET, StepShape, capture_graphs, padded, shape_of
+from gpu.token_mask import TokenMasks
 from gpu.weights import load_model, random_model
 
 
@@ -151,6 +152,7 @@ class ModelRunner:
             compile_sampler(config.vocab_size, device)
         self._previous = PreviousDraw()  # where `previous_row` inputs come from
         self._rules = LogitRules(config.vocab_size, device)  # `SequenceInput.rules`, and penalty counts
+        self._token_masks = TokenMasks(config.vocab_size, device)  # constrained draws' masks (structured output)
         # The weights' host copy: what a failed update rolls back to and where the weights sleep.
         self.host_weights = HostWeights(model)
         self.memory = MemoryOccupation(self)  # sleep and wake: its device memory by tag
@@ -192,16 +194,23 @@ class ModelRunner:
         return self.launch(seqs).tokens()
 
     @torch.inference_mode()
-    def launch(self, seqs: list[SequenceInput]) -> PendingStep:
+    def launch(self, seqs: list[SequenceInput], masks: Callable[[torch.Tensor], None] | None = None) -> PendingStep:
         """Enqueues a step that feeds every sequence's new tokens and draws a token for each with
         `sample=True`, and returns without waiting for the device. Steps run in launch order, and a
         `previous_row` input reads the launch just before this one (an empty launch does not count).
+        `masks` (structured output) is called once the forward pass is enqueued, with the host
+        bitmask of the drawing rows [R, ceil(V/32)] int32, every bit set: it clears the tokens each
+        row may not draw (gpu/token_mask.py), on the host while the device runs the forward pass.
         Raises ValueError, before touching the KV cache, on input that would write outside a
         sequence's blocks or the pool, or read a token the previous launch did not draw."""
         if not seqs:
             return PendingStep(0, np.zeros(0, np.int64), torch.zeros(0, dtype=torch.int64), None)
         step = self._prepare(seqs)
-        return self._draw(step, self._forward(step))
+        forwarded = self._forward(step)
+        if masks is not None:
+            # In place: the raw logprobs, too, are of the tokens the grammar allows (as vLLM's are).
+            self._token_masks.apply(forwarded.logits, masks)
+        return self._draw(step, forwarded)
 
     @torch.inference_mode()
     def eager_forward(self, seqs: list[SequenceInput]) -> Callable[[], torch.Tensor]:

@@ -9,6 +9,7 @@ every sequence's new tokens, which the scheduler and the tokenizers consume.
 import msgspec
 
 from schemas.embed import Pooling
+from schemas.errors import Error
 from schemas.generate import SamplingParams, TokenLogprobs
 
 
@@ -18,10 +19,11 @@ class StartSequence(msgspec.Struct, frozen=True, tag="start"):
     block_table: list[int]
     num_output_tokens: int = 0  # outputs generated before a preemption: they count toward max_tokens
     cached_tokens: int = 0  # leading tokens whose KV the block table already holds (a cached prefix)
-    # Set when the request has a penalty, which counts them from the start: the prompt (the
-    # repetition penalty's), and the outputs generated before a preemption (every penalty's).
+    # The prompt, set when the request has a repetition penalty, which counts it from the start.
     penalty_prompt_ids: list[int] = []
-    penalty_output_ids: list[int] = []
+    # The outputs generated before a preemption or a migration, set when the run needs them: a
+    # penalty counts them, a constraint's grammar replays them.
+    output_ids: list[int] = []
     pooling: Pooling | None = None  # an embedding: its prompt's final hidden states pooled so, no token drawn
 
 
@@ -96,11 +98,14 @@ class SequenceUpdate(msgspec.Struct, frozen=True):
     token_ids: list[int]  # tokens drawn this step (none for a non-final prefill chunk)
     output_index: int = 0  # the position of token_ids[0] among the request's outputs
     prefilled_tokens: int = 0  # prompt tokens computed this step
-    finish_reason: str | None = None  # "stop" (EOS or a stop token id), "length" or "abort"
+    # "stop" (EOS, a stop token id, or a constraint's grammar ended), "length", "abort", or "error"
+    # (then `error` says why: the request failed, the batch goes on)
+    finish_reason: str | None = None
     cached_tokens: int | None = None  # set on the first update after a start: prompt tokens reused from the cache
     logprobs: TokenLogprobs | None = None  # of token_ids (start: output_index), when the request asks
     prompt_logprobs: TokenLogprobs | None = None  # of the prompt tokens scored this step (start: their position)
     embedding: bytes | None = None  # with an embedding's end: its pooled vector, float32 little-endian [hidden]
+    error: Error | None = None  # with finish_reason "error"
 
     def continues(self, count: int) -> bool:
         """Whether this update holds output `count`, the next after a consumer's first `count`:

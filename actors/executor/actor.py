@@ -16,6 +16,7 @@ import uuid
 
 import torch
 
+from actors.executor.grammars import Grammars, StepMasks
 from actors.executor.kv_moves import KVMoves
 from actors.executor.running_batch import KVMove, PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
@@ -62,14 +63,26 @@ class ExecutorActor(Actor):
         )
         pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)
+        self.work = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # A compile done wakes the loop: the sequences that waited for it are planned now.
+        self.grammars = Grammars(
+            cfg.model,
+            self.runner.vocab_size,
+            self.runner.eos_token_ids,
+            on_compiled=lambda: loop.call_soon_threadsafe(self.work.set),
+        )
         self.batch = RunningBatch(
-            self.runner.block_size, self.max_model_len, self.runner.eos_token_ids, self.runner.vocab_size
+            self.runner.block_size,
+            self.max_model_len,
+            self.runner.eos_token_ids,
+            self.runner.vocab_size,
+            self.grammars,
         )
         self.moves = KVMoves(self.runner, cfg.host_kv_blocks, self.config.supervision.data_dir)
         self.scheduler_id: str | None = None
         self.new_epoch = False
         self.pending: list[Commands] = []
-        self.work = asyncio.Event()
         self.step_count = 0
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
@@ -90,6 +103,9 @@ class ExecutorActor(Actor):
             device=str(self.runner.device),
             dtype=str(self.runner.dtype),
         )
+
+    async def stop(self) -> None:
+        self.grammars.close()
 
     @property
     def stuck(self) -> str | None:
@@ -180,7 +196,8 @@ class ExecutorActor(Actor):
             updates, out_of_memory = [], None
             if inputs or copies or in_flight:
                 previous = in_flight[0] if in_flight else None
-                launched, tokens, out_of_memory = await self._step(copies, inputs, plan, previous)
+                masks = StepMasks.of(inputs, plan, in_flight, self.grammars)  # of its constrained draws
+                launched, tokens, out_of_memory = await self._step(copies, inputs, plan, previous, masks)
                 if in_flight:
                     pending, booked = in_flight
                     logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None
@@ -190,7 +207,7 @@ class ExecutorActor(Actor):
                 in_flight = (launched, plan) if launched else None
             if out_of_memory:
                 self.batch.forget_all()  # after booking the step before: its tokens are whole
-            updates += self.batch.take_aborted()
+            updates += self.batch.take_ended()
             dropped = self.batch.take_dropped()
             saved = self.moves.take_saved()
             if updates or dropped or out_of_memory or any(saved):
@@ -238,13 +255,14 @@ class ExecutorActor(Actor):
         inputs: list[SequenceInput],
         plan: list[PlannedInput],
         previous: PendingStep | None,
+        masks: StepMasks | None = None,
     ) -> tuple[PendingStep | None, list[int | None] | None, OutOfMemory | None]:
         """Launches the next step and collects the one in flight, under the watchdog's eye. A
         launch the device has no memory for launches nothing; the step before is collected all the
-        same, and the report of the failure comes third."""
+        same, and the report of the failure comes third. `masks`: of the launch's constrained draws."""
         with self.watchdog.watch(f"a step of {len(inputs)} sequences"):
             try:
-                launched, tokens = await self._launch_then_collect(copies, inputs, previous)
+                launched, tokens = await self._launch_then_collect(copies, inputs, previous, masks)
             except torch.OutOfMemoryError as error:
                 out_of_memory = await self.memory.recover(error, plan)
                 self.log.warning(
@@ -259,7 +277,11 @@ class ExecutorActor(Actor):
         return launched, tokens, None
 
     async def _launch_then_collect(
-        self, copies: list[KVMove], inputs: list[SequenceInput], previous: PendingStep | None
+        self,
+        copies: list[KVMove],
+        inputs: list[SequenceInput],
+        previous: PendingStep | None,
+        masks: StepMasks | None = None,
     ) -> tuple[PendingStep | None, list[int | None] | None]:
         """Enqueues the next step behind the one in flight, then waits for that one's tokens, so
         the GPU has work queued while the host books and publishes.
@@ -272,11 +294,13 @@ class ExecutorActor(Actor):
         captures the graphs, which compiles and loads the kernels, so later launches stay far under
         it. On the CPU a launch computes the whole step, so it runs in a worker thread, and the bus
         and the heartbeats are served meanwhile. Measurements: docs/journal/benchmarks.md, section
-        "Low-load TTFT: the executor launches on its event loop"."""
+        "Low-load TTFT: the executor launches on its event loop". A launch with constrained draws
+        (`masks`) waits inside for the previous step's tokens, after enqueueing its forward pass
+        (grammars.py): on a GPU the loop is blocked for that wait, at most the step in flight."""
         if not self.runner.launches_asynchronously:
-            return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous)
+            return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous, masks)
         started = time.perf_counter()
-        launched = self._launch(copies, inputs)
+        launched = self._launch(copies, inputs, masks)
         if (blocked_s := time.perf_counter() - started) > SLOW_LAUNCH_S:
             self.log.warning(
                 "slow_launch",
@@ -296,11 +320,17 @@ class ExecutorActor(Actor):
         return step.tokens()
 
     def _launch_then_wait(
-        self, copies: list[KVMove], inputs: list[SequenceInput], previous: PendingStep | None
+        self,
+        copies: list[KVMove],
+        inputs: list[SequenceInput],
+        previous: PendingStep | None,
+        masks: StepMasks | None = None,
     ) -> tuple[PendingStep | None, list[int | None] | None]:
         """In a worker thread: launches, then blocks until the previous step's tokens are on the host."""
-        return self._launch(copies, inputs), previous.tokens() if previous else None
+        return self._launch(copies, inputs, masks), previous.tokens() if previous else None
 
-    def _launch(self, copies: list[KVMove], inputs: list[SequenceInput]) -> PendingStep | None:
+    def _launch(
+        self, copies: list[KVMove], inputs: list[SequenceInput], masks: StepMasks | None = None
+    ) -> PendingStep | None:
         self.moves.apply(copies)
-        return self.runner.launch(inputs) if inputs else None
+        return self.runner.launch(inputs, masks) if inputs else None

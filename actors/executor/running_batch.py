@@ -17,6 +17,11 @@ Logprobs ride with the tokens, only for the requests that ask: the drawn token's
 the prompt tokens each chunk's positions predict (as `prompt_logprobs`, from their prompt position).
 An embedding (`StartSequence.pooling`, max_tokens 0) draws nothing: the runner's sums of its chunks'
 hidden states are added up (prompt_pool.py), and its last update carries the pooled vector.
+
+A constrained sequence (structured output) keeps its place in its grammar (grammars.py): its first
+draw is planned once the grammar is compiled, each token it draws is fed to the grammar, the grammar's
+end ends it ("stop"), and a failure of the grammar (no compile, a token it rejects) ends it alone
+with finish_reason "error".
 """
 
 from collections import deque
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from actors.executor.grammars import Grammars, SequenceGrammar, start_grammar
 from actors.executor.prompt_pool import PromptPool
 from actors.executor.sequence_rules import FreeSlots, temperature_at, token_rules
 from actors.executor.step_logprobs import scored_targets, wire_logprobs
@@ -66,6 +72,7 @@ class RunningSequence:
     scores_from: int | None = None
     rules: TokenRules | None = None  # penalties, bias, masks, min_tokens: built at its start
     pool: PromptPool | None = None  # an embedding's pooling of its prompt (prompt_pool.py)
+    grammar: SequenceGrammar | None = None  # its constraint's state (structured output)
 
 
 @dataclass(frozen=True)
@@ -83,15 +90,27 @@ class PlannedInput:
 
 
 class RunningBatch:
-    def __init__(self, block_size: int, max_model_len: int, eos_token_ids: list[int], vocab_size: int) -> None:
+    """`grammars`: what constrained sequences compile their constraints with; None: the served
+    model has no tokenizer to constrain with, and such a sequence fails at its start."""
+
+    def __init__(
+        self,
+        block_size: int,
+        max_model_len: int,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        grammars: Grammars | None = None,
+    ) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
+        self.grammars = grammars
         self.rule_slots = FreeSlots()  # of the runner's per-sequence rule state
         self.sequences: dict[str, RunningSequence] = {}
         self.dropped: list[str] = []  # dropped since the last step output
-        self.aborted: list[SequenceUpdate] = []  # the ends of sequences aborted since the last step output
+        # The ends no step drew, since the last step output: aborts, and failures of a grammar.
+        self.ended: list[SequenceUpdate] = []
         self.copies: list[KVMove] = []  # KV to move before the next step, in command order (kv_moves.py)
         self.held = False  # an in-place pause: plan no step; every sequence keeps its KV and its place
         # Sequences `forget_all` forgot, until the scheduler's drop of each: the outputs booked for them,
@@ -123,6 +142,7 @@ class RunningBatch:
                     else None,
                     rules=token_rules(params, command, stop_ids, self.vocab_size, self.rule_slots),
                     pool=PromptPool(command.pooling) if command.pooling else None,
+                    grammar=start_grammar(self.grammars, params.constraint, command.output_ids),
                 )
             case PrefillChunk(request_id=request_id):
                 if request_id in self.sequences:
@@ -138,7 +158,7 @@ class RunningBatch:
                 self.dropped.append(request_id)
                 booked = self.forgotten.pop(request_id, None) if seq is None else seq.booked_outputs
                 if abort and booked is not None:
-                    self.aborted.append(SequenceUpdate(request_id, [], booked, finish_reason="abort"))
+                    self.ended.append(SequenceUpdate(request_id, [], booked, finish_reason="abort"))
             case HoldStepping(hold):
                 self.held = hold
 
@@ -176,11 +196,20 @@ class RunningBatch:
         dropped, self.dropped = self.dropped, []
         return dropped
 
-    def take_aborted(self) -> list[SequenceUpdate]:
-        """The ends of the sequences aborted since the last call: publish them after the updates
-        booked meanwhile (a dropped sequence books none)."""
-        aborted, self.aborted = self.aborted, []
-        return aborted
+    def take_ended(self) -> list[SequenceUpdate]:
+        """The ends of the sequences aborted or failed since the last call: publish them after the
+        updates booked meanwhile (a sequence that left the batch books none)."""
+        ended, self.ended = self.ended, []
+        return ended
+
+    def _fail(self, seq: RunningSequence) -> SequenceUpdate:
+        """Ends `seq`, whose grammar failed, alone: finish_reason "error" after the outputs booked for
+        it, with the grammar's `Error` naming the constraint's field."""
+        self._forget(self.sequences.pop(seq.request_id))
+        r = seq.rules
+        bans = r is not None and (r.allowed_ids is not None or r.disallowed_ids.size > 0 or r.end_bans.size > 0)
+        error = seq.grammar.failure(seq.params.constraint.param, bans)
+        return SequenceUpdate(seq.request_id, [], seq.booked_outputs, finish_reason="error", error=error)
 
     def plan_step(self, max_prefill_tokens: int) -> tuple[list[SequenceInput], list[PlannedInput]]:
         """Every decode that has a block for its next token, then prefill chunks up to the budget
@@ -194,6 +223,9 @@ class RunningBatch:
         if self.held:
             return inputs, plan
         live = [seq for seq in self.sequences.values() if not seq.exhausted]
+        for seq in [seq for seq in live if seq.grammar is not None and seq.grammar.ready() and seq.grammar.error]:
+            self.ended.append(self._fail(seq))
+            live.remove(seq)
         for seq in live:
             has_input = seq.last_token is not None or seq.pending is not None
             if not seq.chunks and has_input and seq.position < self._capacity(seq):
@@ -217,6 +249,8 @@ class RunningBatch:
         waits, first in line, for the next step. None if its blocks take none."""
         chunk = seq.chunks[0]
         taken = min(len(chunk.token_ids), budget, self._capacity(seq) - chunk.start_position)
+        if chunk.last and seq.grammar is not None and not seq.grammar.ready():
+            taken = min(taken, len(chunk.token_ids) - 1)  # its draw waits for the grammar's compile
         if taken <= 0:
             return None
         if taken == len(chunk.token_ids):
@@ -315,10 +349,16 @@ class RunningBatch:
             if self.sequences.get(seq.request_id) is not seq:
                 continue
             finish = None
+            if token is not None and seq.grammar is not None:
+                seq.grammar.accept(planned.output_index, token)
+                if seq.grammar.error:
+                    updates.append(self._fail(seq))  # and not the token it refused
+                    continue
             if token is not None:
                 if seq.pending is planned:  # no later step reads it on the device: feed it from here
                     seq.pending, seq.last_token = None, token
-                finish = "stop" if token in seq.stop_ids else None
+                ends = token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated)
+                finish = "stop" if ends else None
                 seq.booked_outputs += 1
             if planned.last and finish is None:
                 finish = "length"

@@ -48,7 +48,7 @@ def token_rules(
         frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty,
         penalty_prompt_ids=start.penalty_prompt_ids,
-        penalty_output_ids=start.penalty_output_ids,
+        penalty_output_ids=start.output_ids,
     )
     return rules.with_slot(slots.take()) if rules is not None and rules.needs_slot else rules
 

@@ -275,7 +275,8 @@ class ContinuousBatcher:
         self._commands += self.kv.take_commands()  # loads of its prefix from the host: before its start
         self.requests.start(seq)
         seq.start_run(computed)
-        # A penalty counts the prompt (the repetition penalty) and the outputs before a preemption.
+        # A penalty counts the prompt (the repetition penalty) and the outputs before a preemption;
+        # a constraint's grammar replays those outputs.
         p = seq.params
         penalized = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
         self._commands.append(
@@ -286,7 +287,7 @@ class ContinuousBatcher:
                 len(seq.output_ids),
                 computed,
                 penalty_prompt_ids=list(seq.prompt_ids) if p.repetition_penalty != 1.0 else [],
-                penalty_output_ids=list(seq.output_ids) if penalized else [],
+                output_ids=list(seq.output_ids) if penalized or p.constraint is not None else [],
                 pooling=seq.pooling,
             )
         )

@@ -39,9 +39,9 @@ def launched_on_loop(monkeypatch):
     monkeypatch.setattr(ModelRunner, "launches_asynchronously", property(lambda self: True))
     launch = ModelRunner.launch
 
-    def recorded_launch(self, seqs):
+    def recorded_launch(self, seqs, masks=None):
         launch_threads.append(threading.get_ident())
-        return launch(self, seqs)
+        return launch(self, seqs, masks)
 
     done = PendingStep.done
 

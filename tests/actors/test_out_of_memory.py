@@ -109,7 +109,7 @@ def test_a_forgotten_sequence_aborted_before_its_retraction_still_ends_after_its
     assert len(batch) == 0 and batch.take_dropped() == []  # no drop confirmed: the scheduler sends its own
     batch.apply(DropSequence("a", abort=True))
     batch.apply(DropSequence("b"))
-    assert batch.take_aborted() == [SequenceUpdate("a", [], 1, finish_reason="abort")]
+    assert batch.take_ended() == [SequenceUpdate("a", [], 1, finish_reason="abort")]
     assert batch.take_dropped() == ["a", "b"]
     batch.apply(DropSequence("a", abort=True))  # once only: a later drop of the id finds nothing
-    assert batch.take_aborted() == []
+    assert batch.take_ended() == []

@@ -126,9 +126,9 @@ def test_a_request_at_its_token_limit_gets_no_step_past_it(llama_dir):
     engine = InProcessEngine(runner, max_prefill_tokens=8)
     launched, draws = runner.launch, []
 
-    def counting_launch(seqs):
+    def counting_launch(seqs, masks=None):
         draws.append(sum(s.sample for s in seqs))
-        return launched(seqs)
+        return launched(seqs, masks)
 
     runner.launch = counting_launch
     try:
@@ -199,9 +199,9 @@ def test_overlapped_steps_draw_the_tokens_of_synchronous_steps(llama_dir, seed, 
         launched = runner.launch
         by_reference = []
 
-        def counting_launch(seqs):
+        def counting_launch(seqs, masks=None):
             by_reference.append(sum(s.previous_row >= 0 for s in seqs))
-            return launched(seqs)
+            return launched(seqs, masks)
 
         runner.launch = counting_launch
         try:

@@ -109,8 +109,8 @@ def test_an_aborted_sequence_ends_after_the_last_token_it_published():
     batch.apply(DropSequence("r", abort=True))
     batch.apply(DropSequence("gone", abort=True))  # not running here (it finished): no second end
     assert batch.book(in_flight, [31]) == []  # drawn after the abort: nobody gets it
-    assert batch.take_aborted() == [SequenceUpdate("r", [], 1, finish_reason="abort")]
-    assert batch.take_dropped() == ["r", "gone"] and batch.take_aborted() == []
+    assert batch.take_ended() == [SequenceUpdate("r", [], 1, finish_reason="abort")]
+    assert batch.take_dropped() == ["r", "gone"] and batch.take_ended() == []
 
 
 def test_a_resubmitted_run_scores_nothing_and_counts_its_outputs_for_an_abort():
@@ -120,4 +120,4 @@ def test_a_resubmitted_run_scores_nothing_and_counts_its_outputs_for_an_abort():
     (one,), _ = batch.plan_step(100)
     assert one.scored_targets == () and one.output_index == 3
     batch.apply(DropSequence("r", abort=True))
-    assert batch.take_aborted() == [SequenceUpdate("r", [], 3, finish_reason="abort")]
+    assert batch.take_ended() == [SequenceUpdate("r", [], 3, finish_reason="abort")]

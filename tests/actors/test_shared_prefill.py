@@ -22,9 +22,9 @@ def counting_prompt_tokens(runner: ModelRunner) -> list[int]:
     """Wraps runner.launch (undone by the caller) to count the prompt tokens each step feeds."""
     launched, fed = runner.launch, []
 
-    def launch(seqs):
+    def launch(seqs, masks=None):
         fed.append(sum(len(s.token_ids) for s in seqs if len(s.token_ids) > 1))
-        return launched(seqs)
+        return launched(seqs, masks)
 
     runner.launch = launch
     return fed

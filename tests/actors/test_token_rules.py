@@ -109,9 +109,9 @@ def test_penalties_hold_through_preemptions_and_reused_slots(llama_dir, hf_penal
     slots, preempted = set(), 0
     launch = engine.runner.launch
 
-    def recording_launch(seqs):
+    def recording_launch(seqs, masks=None):
         slots.update(s.rules.slot for s in seqs if s.rules is not None)
-        return launch(seqs)
+        return launch(seqs, masks)
 
     engine.runner.launch = recording_launch
     for step in range(10_000):
@@ -198,9 +198,9 @@ def test_the_temperature_follows_its_schedule(llama_dir):
     seen = {}
     launch = engine.runner.launch
 
-    def recording_launch(seqs):
+    def recording_launch(seqs, masks=None):
         seen.update((s.output_index, s.temperature) for s in seqs if s.sample)
-        return launch(seqs)
+        return launch(seqs, masks)
 
     engine.runner.launch = recording_launch
     engine.submit("r", [5, 6, 7], params)

@@ -172,6 +172,7 @@ class RequestStream:
                 prompt_logprobs=update.prompt_logprobs,
                 matched_stop=token_ids[-1] if finish == "stop" and token_ids else None,
                 weight_version=weight_version,
+                error=update.error,
             )
         )
 
