@@ -62,10 +62,6 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
-class ResponseFormat(msgspec.Struct):
-    type: str
-
-
 class OpenAIFields(SamplingFields, kw_only=True):
     """Fields shared by chat and completions. Unknown fields are ignored (clients send many),
     but the ones listed must have the right type, and those we cannot honour are refused."""
@@ -101,7 +97,6 @@ class ChatCompletionRequest(OpenAIFields, kw_only=True):
     separate_reasoning: bool | None = None  # SGLang's: False leaves the thinking in content
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(OpenAIFields, kw_only=True):
@@ -166,7 +161,6 @@ def _chat_unsupported(req: ChatCompletionRequest) -> dict[str, bool]:
     return {
         "functions": bool(req.functions),
         "function_call": req.function_call not in (None, "none", "auto"),
-        "response_format": req.response_format is not None and req.response_format.type != "text",
     }
 
 

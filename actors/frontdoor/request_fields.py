@@ -6,10 +6,11 @@ Used by the OpenAI routes (openai_protocol) and SGLang's (sglang_protocol); no I
 """
 
 import re
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from actors.frontdoor.structured_output import ResponseFormat, StructuredOutputs, openai_constraint
 from schemas.errors import Error
 from schemas.generate import (
     INT32_MAX,
@@ -65,6 +66,13 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     temperature_schedule_tokens: Count | None = None
     stop_regex: StopString | StopRegexes | None = None
     include_stop_str_in_output: bool | None = None
+    # Structured output (structured_output.py): OpenAI's, then vLLM's newer and older fields; one at most.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: Any = None  # a JSON schema, as an object or as its JSON text
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:
@@ -147,7 +155,14 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
     bias = logit_bias_ids(fields.logit_bias)
     regexes = stop_regexes(fields.stop_regex)
     allowed = allowed_ids(fields.allowed_token_ids)
-    for checked in (bias, regexes, allowed):
+    guided = {
+        "guided_json": fields.guided_json,
+        "guided_regex": fields.guided_regex,
+        "guided_choice": fields.guided_choice,
+        "guided_grammar": fields.guided_grammar,
+    }
+    constraint = openai_constraint(fields.response_format, fields.structured_outputs, guided)
+    for checked in (bias, regexes, allowed, constraint):
         if isinstance(checked, Error):
             return checked
     return SamplingParams(
@@ -172,4 +187,5 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
         temperature_schedule_tokens=given(fields.temperature_schedule_tokens, 0),
         stop_regex=regexes,
         include_stop_str_in_output=given(fields.include_stop_str_in_output, False),
+        constraint=constraint,
     )

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from actors.frontdoor.request_fields import StopRegexes, allowed_ids, invalid, logit_bias_ids, stop_regexes
+from actors.frontdoor.structured_output import sglang_constraint
 from schemas.errors import Error
 from schemas.generate import (
     INT32_MAX,
@@ -28,7 +29,6 @@ from schemas.generate import (
 )
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
-UNSUPPORTED_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class SGLangSampling(msgspec.Struct, kw_only=True):
@@ -61,10 +61,11 @@ class SGLangSampling(msgspec.Struct, kw_only=True):
     detokenize: bool | None = None  # false: token ids out and no text (schemas/generate.py)
     # vLLM's names: logprobs of the raw logits (the default), or of the distribution drawn from.
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
-    # Constrained decoding, which this server does not do: refused when given.
-    json_schema: Any = None
-    regex: Any = None
-    ebnf: Any = None
+    # Structured output: one of a JSON schema (its JSON text), a regex, or an EBNF grammar. SGLang's
+    # structural_tag is refused when given.
+    json_schema: str | dict[str, Any] | None = None  # SGLang's is the schema's JSON text
+    regex: str | None = None
+    ebnf: str | None = None
     structural_tag: Any = None
 
 
@@ -81,13 +82,13 @@ class LogprobAsk:
 
 def sampling_params(s: SGLangSampling, ask: LogprobAsk) -> SamplingParams | Error:
     """Ours, from SGLang's names and defaults; the checks a range cannot make are made here."""
-    for name in UNSUPPORTED_CONSTRAINTS:
-        if getattr(s, name) is not None:
-            return invalid(f"{name} (constrained decoding) is not supported", f"sampling_params.{name}")
+    if s.structural_tag is not None:
+        return invalid("structural_tag is not supported", "sampling_params.structural_tag")
     bias = logit_bias_ids(s.logit_bias, "sampling_params.logit_bias")
     regexes = stop_regexes(s.stop_regex, "sampling_params.stop_regex")
     allowed = allowed_ids(s.allowed_token_ids, "sampling_params.allowed_token_ids")
-    for checked in (bias, regexes, allowed):
+    constraint = sglang_constraint(s.json_schema, s.regex, s.ebnf)
+    for checked in (bias, regexes, allowed, constraint):
         if isinstance(checked, Error):
             return checked
     max_tokens = DEFAULT_MAX_NEW_TOKENS if s.max_new_tokens is msgspec.UNSET else s.max_new_tokens
@@ -125,4 +126,5 @@ def sampling_params(s: SGLangSampling, ask: LogprobAsk) -> SamplingParams | Erro
         prompt_logprobs_from=ask.start_len if scores_prompt else None,
         logprob_token_ids=(ask.token_ids or []) if ask.return_logprob else [],
         processed_logprobs=s.logprobs_mode == "processed_logprobs",
+        constraint=constraint,
     )

@@ -125,7 +125,6 @@ def test_missing_model_means_the_served_one():
     ("fields", "param"),
     [
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_chat_features_we_cannot_honour_are_refused(fields, param):

@@ -185,7 +185,12 @@ def test_session_params_continue_a_session():
         ({"text": "a", "sampling_params": {"logit_bias": {"a": 1}}}, "sampling_params.logit_bias", "token ids"),
         ({"text": "a", "sampling_params": {"stop_regex": "("}}, "sampling_params.stop_regex", "regular expression"),
         ({"text": "a", "sampling_params": {"allowed_token_ids": []}}, "sampling_params.allowed_token_ids", "empty"),
-        ({"text": "a", "sampling_params": {"regex": "a+"}}, "sampling_params.regex", "not supported"),
+        ({"text": "a", "sampling_params": {"structural_tag": "{}"}}, "sampling_params.structural_tag", "not supported"),
+        (
+            {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
+            "sampling_params.ebnf",
+            "not several",
+        ),
         ({"text": "a", "token_ids_logprob": [-1]}, "token_ids_logprob", "token ids"),
         ({"text": ["a", "b"], "session_params": {"id": "s"}}, "session_params", "batch"),
         ({"text": "a", "session_params": {"id": "s", "offset": 3}}, "session_params", "not supported"),
