@@ -46,7 +46,7 @@ async def prepare_model(value: str | None, data_dir: Path) -> PreparedModel:
             )
         return PreparedModel(await _import_gguf(given, models_dir), given.stem)
     if value == DEFAULT_MODEL:
-        return PreparedModel(await _import_gguf(_default_gguf(), models_dir), DEFAULT_MODEL)
+        return PreparedModel(await _import_gguf(default_gguf(), models_dir), DEFAULT_MODEL)
     if value == DEMO_MODEL:
         target = models_dir / DEMO_MODEL
         log.info("model_building", model=DEMO_MODEL, path=str(target))
@@ -57,7 +57,7 @@ async def prepare_model(value: str | None, data_dir: Path) -> PreparedModel:
     )
 
 
-def _default_gguf() -> Path:
+def default_gguf() -> Path:
     """Found through the package's metadata: importing the package would import its own
     dependencies (an llm plugin's), which the server does not need."""
     try:

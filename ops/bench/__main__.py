@@ -17,8 +17,8 @@ d: offline throughput, prompt and output lengths uniform in --lengths [100, 1024
 e: low load: single requests one at a time (--low-load-*: 40 of 500 prompt + 16 output tokens);
    TTFT is from the submit to the end of the step that drew the first token
 Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p) say otherwise.
---feature-cost logprobs,rules: a and d again with every request asking for the feature, each beside
-   the run without it (ops/bench/feature_cost.py).
+--feature-cost logprobs,rules,json_schema: a and d again with every request asking for the feature,
+   each beside the run without it (ops/bench/feature_cost.py).
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
    as a checkpoint and served by `python -m kernel.supervisor` with the engine's settings; d's
    requests from as many streaming clients at once (target: >= 0.95 of the in-process tokens/s), e's
@@ -120,7 +120,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--feature-cost",
         default="",
-        help="comma-separated features (logprobs, rules) whose cost on workloads a and d to measure; runs a and d",
+        help="comma-separated features (logprobs, rules, json_schema) whose cost on workloads a and d to measure; "
+        "runs a and d",
     )
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")

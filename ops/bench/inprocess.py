@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import torch
 
+from actors.executor.grammars import Grammars
 from actors.inprocess import InProcessEngine
 from ops.bench.records import DecodeFigures, HfFigures, OfflineFigures, PrefillFigures, Row, RunFigures
 from ops.bench.report import p50_p90_p99
@@ -29,17 +30,24 @@ class StepTiming:
 
 
 class InProcessBench:
-    """`sampling`: how every request draws (default: the command line's)."""
+    """`sampling`: how every request draws (default: the command line's); `grammars`: what its
+    constraints compile with, if it has any (structured output)."""
 
-    def __init__(self, testbed: Testbed, sampling: Sampling | None = None) -> None:
+    def __init__(self, testbed: Testbed, sampling: Sampling | None = None, grammars: Grammars | None = None) -> None:
         self.testbed = testbed
+        self.grammars = grammars
         self.args = testbed.args
         self.sampling = sampling or self.args.sampling
         self.report = testbed.report
         self.profiler = None  # a cProfile.Profile while a workload is profiled (--profile)
 
     def engine(self) -> InProcessEngine:
-        return InProcessEngine(self.testbed.runner, max_num_seqs=MAX_NUM_SEQS, max_prefill_tokens=MAX_PREFILL_TOKENS)
+        return InProcessEngine(
+            self.testbed.runner,
+            max_num_seqs=MAX_NUM_SEQS,
+            max_prefill_tokens=MAX_PREFILL_TOKENS,
+            grammars=self.grammars,
+        )
 
     def warm_up(self, requests: list[BenchRequest]) -> None:
         """Runs `requests` unmeasured, so first-use costs (kernel compilation, allocator growth)

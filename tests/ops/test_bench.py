@@ -182,3 +182,20 @@ def test_feature_cost_reruns_a_and_d_with_the_feature_beside_the_run_without(tmp
         assert min(cost["step_s"], cost["step_off_s"], cost["output_tok_s"], cost["output_tok_s_off"]) > 0
     for feature in ("logprobs", "rules"):
         assert f"d+{feature}: offline throughput with {feature} / without" in done.stdout
+
+
+def test_feature_cost_of_a_json_schema_on_every_request(tmp_path):
+    """The schema outlasts every request's tokens, so both runs generate the same tokens."""
+    results = tmp_path / "results.json"
+    args = ["--model", "toy-llama", "--device", "cpu", "--workloads", "d", "--requests", "4", "--lengths", "8,24"]
+    args += ["--context", "32", "--hf-requests", "0", "--feature-cost", "json_schema", "--json", str(results)]
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    details = json.loads(results.read_text())["details"]
+    (cost,) = details["feature-cost"]
+    assert cost["feature"] == "json_schema" and cost["fields"]["constraint"]["kind"] == "json_schema"
+    assert min(cost["step_s"], cost["step_off_s"], cost["output_tok_s"], cost["output_tok_s_off"]) > 0
+    assert "d+json_schema: offline throughput with json_schema / without" in done.stdout
+    assert f"{details['d']['output_tokens']} tokens" in done.stdout.split("d+json_schema: offline,")[1].split("\n")[0]
