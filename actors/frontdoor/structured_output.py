@@ -1,8 +1,9 @@
 """Structured output's request fields, as one `Constraint` (schemas/generate.py) that names the field
 it came from: OpenAI's `response_format`, vLLM's `structured_outputs` and its older `guided_json`,
 `guided_regex`, `guided_choice` and `guided_grammar`, and SGLang's `json_schema`, `regex` and `ebnf`
-sampling params. No I/O: whether the schema, regex or grammar parses, a tokenizer checks when the
-request arrives (actors/lib/constraint_grammar.py), so the client's 400 comes before anything runs.
+sampling params. No I/O, and no xgrammar (which would bring torch into the frontdoor): whether the
+schema, regex or grammar parses, a tokenizer checks when the request arrives
+(actors/lib/constraint_grammar.py), so the client's 400 comes before anything runs.
 
 `json_schema_constraint` is the way in for other features that constrain decoding by a schema (a
 tool call whose arguments must match its function's parameters).
@@ -13,7 +14,6 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.lib.constraint_grammar import choice_grammar
 from schemas.errors import Error
 from schemas.generate import Constraint
 
@@ -54,6 +54,12 @@ def json_schema_constraint(schema: Any, param: str) -> Constraint | Error:
     if not isinstance(schema, dict | bool):
         return invalid(f"a JSON schema is an object or a boolean, not {type(schema).__name__}", param)
     return Constraint("json_schema", json.dumps(schema, ensure_ascii=False), param)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose sentences are exactly `choices` (vLLM's guided_choice). A JSON string
+    literal is an EBNF string literal of xgrammar's, escapes included."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
 
 
 def openai_constraint(

@@ -67,12 +67,6 @@ def refusal(constraint: Constraint) -> Error | None:
     return None
 
 
-def choice_grammar(choices: list[str]) -> str:
-    """An EBNF grammar whose sentences are exactly `choices` (vLLM's guided_choice). A JSON string
-    literal is an EBNF string literal of xgrammar's, escapes included."""
-    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
-
-
 def _json_text(text: str) -> str:
     """The schema, checked to be JSON first: xgrammar's own complaint about a non-JSON text quotes it whole."""
     try:

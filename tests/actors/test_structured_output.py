@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 
 from actors.executor.grammars import Grammars
 from actors.executor.running_batch import RunningBatch
+from actors.frontdoor.structured_output import choice_grammar
 from actors.inprocess import InProcessEngine
-from actors.lib.constraint_grammar import choice_grammar
 from gpu.runner import ModelRunner
 from schemas.generate import Constraint, SamplingParams
 from schemas.step import PrefillChunk, StartSequence

@@ -3,13 +3,16 @@ field it came from; a field given wrong, or two constraints at once, is a 400 na
 schema, regex or grammar that does not parse is refused by a tokenizer's check (tests/e2e)."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor import sglang_protocol as sglang
-from actors.frontdoor.structured_output import json_schema_constraint
-from actors.lib.constraint_grammar import choice_grammar, refusal
+from actors.frontdoor.structured_output import choice_grammar, json_schema_constraint
+from actors.lib.constraint_grammar import refusal
 from schemas.errors import Error
 from schemas.generate import Constraint
 
@@ -135,3 +138,11 @@ def test_a_schema_for_another_feature_names_its_own_field():
     assert constraint == Constraint("json_schema", json.dumps(parameters), "tools[0].function.parameters")
     assert refusal(constraint) is None
     assert_invalid(json_schema_constraint(3, "tools[0].function.parameters"), "tools[0].function.parameters")
+
+
+def test_the_doors_take_these_fields_without_loading_torch():
+    """xgrammar brings torch; the frontdoor and the gateway leave the parsing to a tokenizer."""
+    code = "import sys, actors.frontdoor.actor, actors.gateway.actor; print(sorted({'torch', 'xgrammar'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
