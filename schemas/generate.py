@@ -46,8 +46,9 @@ class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     # name), written on one line with ", " and ": " between items; json_object: any JSON object, so
     # written (no `text`); regex: `text` is a regular expression the whole output matches; grammar:
     # `text` is an EBNF grammar in xgrammar's dialect (`root ::= ...`), or a Lark grammar when it has
-    # no `::=`.
-    kind: Literal["json_schema", "json_object", "regex", "grammar"]
+    # no `::=`; structural_tag: `text` is an xgrammar structural tag (JSON): a demanded tool call in
+    # its model family's own text, each call's arguments under its tool's schema.
+    kind: Literal["json_schema", "json_object", "regex", "grammar", "structural_tag"]
     text: Annotated[str, msgspec.Meta(max_length=MAX_CONSTRAINT_CHARS)] = ""
     param: str = "params.constraint"  # the request field it came from, which an error about it names
 

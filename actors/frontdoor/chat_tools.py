@@ -19,8 +19,6 @@ from actors.frontdoor.request_fields import invalid
 from actors.lib.tool_calls.constraint import (
     ReasoningStart,
     ToolCallConstraint,
-    chosen_tools,
-    schema_error,
     tool_call_constraint,
 )
 from schemas.errors import Error
@@ -94,9 +92,6 @@ def chat_tools(fields: ToolFields, chat_format: ChatFormat) -> ChatTools | Error
     )
     constraint = None
     if offered and choice != "auto":
-        for i, tool in enumerate(tools):
-            if tool in chosen_tools(tools, choice) and (why := schema_error(tool["function"].get("parameters") or {})):
-                return invalid(f"the parameters cannot constrain a call: {why}", f"tools[{i}].function.parameters")
         start = _REASONING_START.get(chat_format.reasoning_parser, "none")
         constraint = tool_call_constraint(chat_format.tool_format, tools, choice, parallel, start)
     kwargs = fields.chat_template_kwargs or {}

@@ -8,6 +8,7 @@ messages are read by `chat_messages`, its tool and reasoning fields by `chat_too
 native bodies are in `sglang_protocol`; the response builders live in `openai_responses`.
 """
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
@@ -27,7 +28,7 @@ from actors.frontdoor.request_fields import (
 )
 from actors.lib.tool_calls.constraint import ToolCallConstraint
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, GenerateRequest, TokenCount, TokenId, TopLogprobs
+from schemas.generate import MAX_CHOICES, Constraint, GenerateRequest, TokenCount, TokenId, TopLogprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -132,6 +133,12 @@ def parse_chat_request(body: bytes, served_model: str, chat_format: ChatFormat =
     parsed = _openai_parsed("chat", req, prompt, max_tokens, served_model, output)
     if isinstance(parsed, Error):
         return parsed
+    if tools.constraint is not None:  # the reply must be the demanded call: decoded under its grammar
+        if parsed.request.params.constraint is not None:
+            return invalid("a tool_choice that demands a call cannot be combined with structured output", "tool_choice")
+        grammar = Constraint("structural_tag", json.dumps(tools.constraint.structural_tag), "tools")
+        params = msgspec.structs.replace(parsed.request.params, constraint=grammar)
+        parsed = replace(parsed, request=msgspec.structs.replace(parsed.request, params=params))
     return replace(parsed, reply=tools.reply, tool_constraint=tools.constraint)
 
 

@@ -102,13 +102,15 @@ def chat_chunk(
     index: int = 0,
     logprobs: dict | None = None,
     parts: dict | None = None,
+    content: str | None = "",
 ) -> dict:
-    """The first chunk of a stream gives the role (with empty content, as OpenAI does); the last
-    gives the finish_reason, with an empty delta when it brings no text. `parts`: the delta read
-    from the text (content, reasoning_content, tool_calls), in place of `delta_text`."""
+    """The first chunk of a stream gives the role (with `content`: empty, or null before a reply
+    that is a tool call, as OpenAI does); the last gives the finish_reason, with an empty delta when
+    it brings no text. `parts`: the delta read from the text (content, reasoning_content,
+    tool_calls), in place of `delta_text`."""
     delta: dict = {}
     if role is not None:
-        delta = {"role": role, "content": delta_text or ""}
+        delta = {"role": role, "content": content}
     elif parts is not None:
         delta = parts
     elif delta_text:

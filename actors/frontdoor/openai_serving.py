@@ -126,7 +126,9 @@ class OpenAIServing:
         streams = [_ChoiceStream(opts, prompt, parsed.reply.reader(prompt.ids)) for _ in group.choices]
         if kind == "chat":
             for index in range(len(group.choices)):
-                chunk = responses.chat_chunk(rid, model, created, role="assistant", index=index)
+                # A demanded call's reply is the call: no content, as OpenAI's first chunk says then.
+                content = None if parsed.tool_constraint is not None else ""
+                chunk = responses.chat_chunk(rid, model, created, role="assistant", index=index, content=content)
                 if opts.return_token_ids:
                     chunk["prompt_token_ids"] = prompt.ids
                 await response.write(responses.sse_event(chunk))

@@ -49,6 +49,8 @@ def grammar_of(constraint: Constraint) -> xgrammar.Grammar:
                 return xgrammar.Grammar.from_ebnf(constraint.text)
             case "grammar":  # no `::=`: Lark's notation, as vLLM tells the two apart
                 return xgrammar.Grammar.from_lark(constraint.text)
+            case "structural_tag":
+                return xgrammar.Grammar.from_structural_tag(constraint.text)
     except UnicodeDecodeError:  # xgrammar's own message about the text, cut inside a character
         raise ConstraintError(f"not a valid {_NAMES[constraint.kind]}") from None
     except RuntimeError as exc:  # xgrammar's parsers raise these
@@ -95,4 +97,10 @@ def _xgrammar_message(exc: RuntimeError) -> str:
     return _XGRAMMAR_PREFIX.sub("", lines[0] if lines else "").strip() or type(exc).__name__
 
 
-_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "grammar": "grammar"}
+_NAMES = {
+    "json_schema": "JSON schema",
+    "json_object": "JSON object",
+    "regex": "regex",
+    "grammar": "grammar",
+    "structural_tag": "tool-call grammar (a tool's parameters schema)",
+}

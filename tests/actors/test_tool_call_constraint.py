@@ -8,9 +8,11 @@ import xgrammar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.lib.tool_calls.constraint import schema_error, tool_call_constraint, tool_call_schema
+from actors.lib.constraint_grammar import refusal
+from actors.lib.tool_calls.constraint import tool_call_constraint, tool_call_schema
 from actors.lib.tool_calls.families import FORMATS
 from actors.lib.tool_calls.sections import assemble, parse_whole
+from schemas.generate import Constraint
 
 WEATHER = {
     "type": "function",
@@ -112,7 +114,12 @@ def test_any_valid_arguments_pass_the_grammar_and_parse_back(fmt, calls):
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
 
 
-def test_a_schema_xgrammar_cannot_use_is_named():
-    assert schema_error(WEATHER["function"]["parameters"]) is None
-    assert "Unsupported type" in schema_error({"type": "objectx"})
-    assert not schema_error({"type": "objectx"}).startswith("[")
+def test_a_schema_xgrammar_cannot_use_is_refused_naming_the_tools():
+    """The tokenizer's check of the request's constraint: the demanded call's grammar."""
+    fmt = FORMATS["hermes"]
+    good = tool_call_constraint(fmt, [WEATHER], "required", True, "none").structural_tag
+    assert refusal(Constraint("structural_tag", json.dumps(good), "tools")) is None
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}
+    bad = tool_call_constraint(fmt, [bad_tool], "required", True, "none").structural_tag
+    error = refusal(Constraint("structural_tag", json.dumps(bad), "tools"))
+    assert error is not None and error.param == "tools" and "objectx" in error.message

@@ -73,7 +73,6 @@ def test_a_streamed_reply_is_the_reply_whole(chat_client):
         model=DEFAULT_MODEL,
         messages=[{"role": "user", "content": "What's the weather like in Tokyo today?"}],
         tools=[WEATHER],
-        tool_choice="required",  # read as auto is, but for JSON at the start, which counts as calls
         max_tokens=24,
         temperature=0.8,
         seed=7,
@@ -90,6 +89,53 @@ def test_a_streamed_reply_is_the_reply_whole(chat_client):
         for m in (streamed.message, whole.message)
     ]
     assert calls[0] == calls[1]
+
+
+def arguments_of(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_demanded_call_is_decoded_under_its_grammar_whole_and_streamed(chat_client, choice):
+    """The default model, too small to call tools on its own, calls one when it must: its arguments
+    match the tool's schema (a city of three, so that the call ends well within max_tokens), whole
+    and streamed alike."""
+    cities = {"type": "string", "enum": ["Tokyo", "Paris", "Lima"]}
+    tool = {
+        **WEATHER,
+        "function": {
+            **WEATHER["function"],
+            "parameters": {**WEATHER["function"]["parameters"], "properties": {"city": cities}},
+        },
+    }
+    args = dict(
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": "What's the weather like in Tokyo today?"}],
+        tools=[tool],
+        tool_choice=choice,
+        max_tokens=48,
+        temperature=0.7,
+        seed=3,
+    )
+    whole = chat_client.chat.completions.create(**args).choices[0]
+    calls = arguments_of(whole.message)
+    assert calls and all(name == "get_weather" and a == {"city": a["city"]} for name, a in calls)
+    assert all(a["city"] in cities["enum"] for _, a in calls)
+    assert whole.finish_reason == ("stop" if isinstance(choice, dict) else "tool_calls")
+    with chat_client.chat.completions.stream(**args) as stream:
+        for _event in stream:
+            pass
+        assert arguments_of(stream.current_completion_snapshot.choices[0].message) == calls
+
+
+def test_a_tool_schema_no_grammar_can_follow_is_refused_naming_the_tools(chat_client):
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat_client.chat.completions.create(
+            model=DEFAULT_MODEL, messages=CONVERSATION[:1], tools=[bad], tool_choice="required", max_tokens=8
+        )
+    assert refused.value.body["param"] == "tools"
+    assert chat_client.models.list().data  # still serving
 
 
 @pytest.mark.parametrize(

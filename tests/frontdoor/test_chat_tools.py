@@ -102,14 +102,6 @@ def test_a_conversation_with_tool_results_is_kept_whole():
             "tools[0].function.parameters",
             "",
         ),
-        (
-            {
-                "tool_choice": "required",
-                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
-            },
-            "tools[0].function.parameters",
-            "cannot constrain",
-        ),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools", "not a template variable"),
         ({"chat_template_kwargs": []}, "chat_template_kwargs", ""),
         ({"messages": [*USER, {"role": "tool", "content": "1"}]}, "messages[1].tool_call_id", "needs"),

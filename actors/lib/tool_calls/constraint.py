@@ -1,19 +1,16 @@
 """The grammar a reply must follow when the request demands a call (`tool_choice` "required" or a
 named function), so the call always parses and its arguments match the tool's schema.
 
-Pure functions over the request's tools. The structural tag is xgrammar's (a JSON object that
-`xgrammar.Grammar.from_structural_tag` compiles): the reply is the family's own text for one call
+Pure functions over the request's tools, with no xgrammar here (it brings torch into the doors):
+the structural tag is xgrammar's JSON (a tokenizer compiles it, as any constraint, and refuses a
+tool schema it cannot follow, naming `tools`): the reply is the family's own text for one call
 or several (tool_format.py), after a thinking block where the model reasons first, so the same
 parser reads a constrained reply as any other. `tool_call_schema` is the calls as JSON alone, the
 array of `{"name", "arguments"}` that vLLM constrains to, for a backend that takes a JSON schema.
 """
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import xgrammar
 
 from actors.lib.tool_calls.tool_format import ToolFormat
 
@@ -23,7 +20,6 @@ ReasoningStart = Literal["none", "optional", "open"]
 THINK_START, THINK_END = "<think>", "</think>"
 _AFTER_THINKING = "\n\n"
 _ANY_OBJECT = {"type": "object"}  # the arguments of a tool without parameters
-_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[10:28:06] /project/cpp/file.cc:83: "
 
 
 @dataclass(frozen=True)
@@ -90,15 +86,6 @@ def tool_call_constraint(
     whole = elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
     structural_tag = {"type": "structural_tag", "format": whole}
     return ToolCallConstraint(tool_call_schema(tools, tool_choice, parallel), structural_tag)
-
-
-def schema_error(parameters: dict[str, Any]) -> str | None:
-    """Why xgrammar cannot constrain to `parameters`, or None when it can."""
-    try:
-        xgrammar.Grammar.from_json_schema(json.dumps(parameters))
-    except (RuntimeError, ValueError, TypeError) as exc:
-        return _LOG_PREFIX.sub("", str(exc).strip())
-    return None
 
 
 def _parameters(tool: dict) -> dict[str, Any]:
