@@ -1,6 +1,7 @@
 """The HTTP front door: the routes, the admin and session conversations, and `/health`.
 
-OpenAI's chat and completions are served by `openai_serving`, embeddings and scores (`/v1/embeddings`,
+OpenAI's chat and completions are served by `openai_serving`, OpenAI's Responses API and
+Anthropic's Messages (translated onto the chat path) by `dialect_serving`, embeddings and scores (`/v1/embeddings`,
 SGLang's `/encode`, `/v1/score`, `/v1/similarity`) by `embedding_serving`, SGLang's native `/generate` and
 `/abort_request` by `sglang_serving`, the health, info and load routes SGLang's clients poll by
 `sglang_info`, pausing generation by `pause_routes`, live weights by `weight_routes`, sleep, wake
@@ -16,7 +17,10 @@ from aiohttp import web
 
 from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
+from actors.frontdoor.anthropic_messages import parse_messages_request
+from actors.frontdoor.anthropic_output import AnthropicDialect
 from actors.frontdoor.chat_format import ChatFormat
+from actors.frontdoor.dialect_serving import DialectServing
 from actors.frontdoor.embedding_serving import EmbeddingServing
 from actors.frontdoor.http_errors import error_response, errors_as_json
 from actors.frontdoor.memory_routes import MemoryRoutes
@@ -25,6 +29,8 @@ from actors.frontdoor.openai_responses import models_response
 from actors.frontdoor.openai_serving import OpenAIServing
 from actors.frontdoor.openapi import openapi_document
 from actors.frontdoor.pause_routes import PauseRoutes
+from actors.frontdoor.responses_api import parse_responses_request
+from actors.frontdoor.responses_output import ResponsesDialect
 from actors.frontdoor.sglang_info import ServerFacts, SGLangInfo
 from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
@@ -81,6 +87,7 @@ class HttpApi:
         self.openapi_document = openapi_document()
         self.started = int(time.time())
         self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
+        self.dialects = DialectServing(pipeline, tenants, max_concurrent_requests)
         self.sglang = SGLangServing(pipeline, tenants, max_concurrent_requests, incremental_streaming)
         self.embeddings = EmbeddingServing(
             pipeline, tenants, facts.model_name, max_concurrent_requests, embedding_pooling
@@ -99,6 +106,8 @@ class HttpApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/embeddings", self.embeddings.embeddings)
         app.router.add_post("/encode", self.embeddings.encode)
         app.router.add_post("/v1/score", self.embeddings.score)
@@ -128,7 +137,10 @@ class HttpApi:
 
     @web.middleware
     async def identify(self, request: web.Request, handler):
-        identity = self.tenants.identify(request.path, request.headers.get("Authorization"))
+        # Anthropic's clients send their key as `x-api-key`.
+        api_key = request.headers.get("x-api-key")
+        authorization = request.headers.get("Authorization") or (f"Bearer {api_key}" if api_key else None)
+        identity = self.tenants.identify(request.path, authorization)
         if isinstance(identity, Error):
             return error_response(identity)
         request["identity"] = identity
@@ -214,3 +226,18 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed = protocol.parse_completion_request(await request.read(), self.model_name)
         return await self.openai.serve(request, parsed)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API, stateless, on the chat path (responses_api.py)."""
+        parsed = parse_responses_request(await request.read(), self.model_name, self.chat_format)
+        if isinstance(parsed, Error):
+            return error_response(parsed)
+        return await self.dialects.serve(request, parsed.chat, ResponsesDialect(parsed, self.model_name))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API on the chat path (anthropic_messages.py), in Anthropic's shapes."""
+        parsed = parse_messages_request(await request.read(), self.model_name, self.chat_format)
+        if isinstance(parsed, Error):
+            return AnthropicDialect(self.model_name, []).error_response(parsed)
+        dialect = AnthropicDialect(self.model_name, parsed.stop_sequences)
+        return await self.dialects.serve(request, parsed.chat, dialect)
