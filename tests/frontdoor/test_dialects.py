@@ -191,16 +191,12 @@ def test_messages_bad_input_names_the_field(fields, param):
     assert_invalid(result, param)
 
 
-def _reader(parsed, chat_format=THINKING):
+def _reader(parsed):
     return ReplyReader(parsed.chat.reply, [])
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-def _tool_request(parse, **fields):
-    return parse(THINKING, **fields)
 
 
 def _no_call_ids(items: list[dict]) -> list[dict]:
