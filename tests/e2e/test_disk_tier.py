@@ -2,7 +2,12 @@
 set, a disk tier behind them (the cache_tier actor). A prompt whose blocks left the pool and the
 host is read back from disk instead of recomputed, also after the whole server restarted on the same
 data dir, and draws the tokens it drew when computed from scratch; a damaged block file is detected
-and recomputed, with the same tokens."""
+and recomputed, with the same tokens. A cache_tier killed while it moves blocks loses no request and
+serves no damaged block; the one that replaces it takes the spills up again."""
+
+import os
+import signal
+import threading
 
 import httpx
 import pytest
@@ -88,5 +93,42 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
         damaged = complete(server, prompt(TOPICS[2]))
         assert cached_tokens(damaged) < damaged["usage"]["prompt_tokens"] // 2  # recomputed, not read
         assert damaged["choices"][0]["text"] == first[2]["choices"][0]["text"]
+    finally:
+        server.stop()
+
+
+def test_a_killed_cache_tier_loses_no_request_and_its_successor_spills_on(tmp_path):
+    """Requests run at once while the cache_tier is killed: every one ends whole. (Their tokens are
+    not compared with the ones computed alone: prompts batched together may round otherwise on the
+    CPU, and a random model's near-ties follow.) The cache_tier that replaces it writes what was left
+    to write, and serves prompts back with the tokens they drew when computed alone."""
+    server = start_server(tmp_path / "data", *FLAGS)
+    try:
+        for topic in TOPICS:
+            complete(server, prompt(topic))
+        replies: dict[int, dict] = {}
+
+        def ask(i: int) -> None:
+            replies[i] = complete(server, prompt(TOPICS[i % len(TOPICS)]))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
+        for thread in threads[:6]:
+            thread.start()
+        os.kill(server.child_pid("cache_tier"), signal.SIGKILL)  # spills and fetches under way
+        for thread in threads[6:]:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+        assert sorted(replies) == list(range(12))
+        assert all(reply["usage"]["completion_tokens"] == 6 for reply in replies.values())
+        server.wait_for("child_started", timeout_s=60, count=2, child="cache_tier")
+        server.wait_for("actor_started", timeout_s=60, pid=server.child_pid("cache_tier"))
+        assert settle(server)["disk_pending_blocks"] == 0  # the new cache_tier wrote what the old one left
+        fresh = ("glacier lake surveyors", "island ferry captains")  # never batched with others
+        alone = {topic: complete(server, prompt(topic))["choices"][0]["text"] for topic in fresh}
+        for topic in TOPICS:  # they leave the pool, and the host too
+            complete(server, prompt(topic))
+        for topic in fresh:  # back from whichever tier holds them now, with the tokens drawn alone
+            assert complete(server, prompt(topic))["choices"][0]["text"] == alone[topic]
     finally:
         server.stop()
