@@ -184,12 +184,12 @@ class HostTier:
 
     def spilled(self, slots: list[int]) -> None:
         """The disk tier is done reading these slots (whether the disk took them or not)."""
-        indexed = set(self._index.values())
         for slot in slots:
             if slot in self._spilling:
                 self._spilling.discard(slot)
-                self._chains.pop(slot, None)
-                if slot not in indexed:  # its namespace went meanwhile
+                # A spilling slot keeps its chain while it is indexed (it is never evicted); a new
+                # namespace clears both, and then the slot is free.
+                if self._chains.pop(slot, None) is None:
                     self._free.append(slot)
 
     def reserve(self, count: int) -> list[int]:
@@ -227,9 +227,8 @@ class HostTier:
         sent again."""
         self._free.extend(self._fetching)
         self._fetching.clear()
-        indexed = set(self._index.values())
         for slot in self._spilling:
-            if slot in indexed and slot in self._chains:
+            if slot in self._chains:  # still indexed: written again by the new one
                 self._unspilled[slot] = None
             else:
                 self._free.append(slot)

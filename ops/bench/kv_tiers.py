@@ -27,7 +27,6 @@ d. restart: a 16K-token prompt computed, the server stopped (SIGTERM) and starte
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -40,6 +39,7 @@ import torch
 from gpu.config import ModelConfig
 from gpu.weights import random_model
 from ops.bench.checkpoint import write_checkpoint
+from ops.bench.load import drop_from_page_cache
 from ops.bench.records import KvTierFigures, Row
 from ops.bench.report import Report, run_identity
 from ops.bench.shapes import SHAPES
@@ -127,16 +127,6 @@ async def settle(client: Client, timeout_s: float = 300.0) -> None:
         await asyncio.sleep(0.2)
 
 
-def drop_from_page_cache(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 async def on(server: RunningServer, work) -> object:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
         return await work(Client(session, server.base_url))
@@ -151,7 +141,7 @@ def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], a
     the page cache first): the TTFT of `prompt`, of one as long never seen, the blocks read from
     disk, and `prompt`'s greedy output."""
     if drop:
-        drop_from_page_cache(work / "disk")
+        drop_from_page_cache([path for path in (work / "disk").rglob("*") if path.is_file()])
     server = serve(work, "on", checkpoint, flags)
     try:
         warm_up = tokens(np.random.default_rng(args.seed + 6 + drop), args.restart_tokens, vocab)

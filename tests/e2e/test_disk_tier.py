@@ -8,36 +8,18 @@ serves no damaged block; the one that replaces it takes the spills up again."""
 import os
 import signal
 import threading
+import time
 
-import httpx
 import pytest
 
 from actors.cache_tier.actor import DEFAULT_DIR
-from actors.cache_tier.host_segment import SHM_DIR
-from actors.executor.kv_moves import segment_prefix
 from ops.local_server import start_server
+from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments
 
 POOL_BLOCKS = 24  # 384 tokens of 16: room for about two of the prompts below
 HOST_SLOTS = 32  # and the host for not many more
 FLAGS = ("--num-kv-blocks", str(POOL_BLOCKS), "--host-kv-blocks", str(HOST_SLOTS), "--disk-kv-gb", "1")
 TOPICS = ("river valley farmers", "mountain railway builders", "harbour town fishermen", "desert caravan guides")
-
-
-def prompt(topic: str) -> str:
-    return f"A long shared preamble about the {topic}, repeated so that it fills many KV blocks. " * 5
-
-
-def complete(server, text: str) -> dict:
-    body = {"model": "demo", "prompt": text, "max_tokens": 6, "temperature": 0}
-    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def cache_report(server) -> dict:
-    response = httpx.get(f"{server.base_url}/admin/cache", timeout=10)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def cached_tokens(reply: dict) -> int:
@@ -46,7 +28,6 @@ def cached_tokens(reply: dict) -> int:
 
 def settle(server) -> dict:
     """Waits until the disk tier has every block the host indexed (spills run in the background)."""
-    import time
 
     for _ in range(100):
         report = cache_report(server)
@@ -60,8 +41,7 @@ def settle(server) -> dict:
 def data_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("disk-tier")
     yield path
-    for segment in SHM_DIR.glob(f"{segment_prefix(str(path))}*"):
-        segment.unlink()
+    remove_segments(path)
 
 
 def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a_restart(data_dir):
@@ -132,3 +112,4 @@ def test_a_killed_cache_tier_loses_no_request_and_its_successor_spills_on(tmp_pa
             assert complete(server, prompt(topic))["choices"][0]["text"] == alone[topic]
     finally:
         server.stop()
+        remove_segments(tmp_path / "data")

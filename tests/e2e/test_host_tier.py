@@ -2,19 +2,13 @@
 larger than it. A prompt whose prefix the pool evicted is loaded back from host memory, not
 recomputed, and draws the tokens it drew when computed from scratch."""
 
-import httpx
 import pytest
 
-from actors.cache_tier.host_segment import SHM_DIR
-from actors.executor.kv_moves import segment_prefix
 from ops.local_server import start_server
+from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments
 
 POOL_BLOCKS = 24  # 384 tokens of 16: room for about two of the prompts below
 TOPICS = ("river valley farmers", "mountain railway builders", "harbour town fishermen")
-
-
-def prompt(topic: str) -> str:
-    return f"A long shared preamble about the {topic}, repeated so that it fills many KV blocks. " * 5
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +17,7 @@ def server(tmp_path_factory):
     running = start_server(data_dir, "--num-kv-blocks", str(POOL_BLOCKS), "--host-kv-blocks", "96")
     yield running
     running.stop()
-    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
-        segment.unlink()
-
-
-def complete(server, text: str) -> dict:
-    body = {"model": "demo", "prompt": text, "max_tokens": 6, "temperature": 0}
-    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def cache_report(server) -> dict:
-    response = httpx.get(f"{server.base_url}/admin/cache", timeout=10)
-    assert response.status_code == 200, response.text
-    return response.json()
+    remove_segments(data_dir)
 
 
 def test_an_evicted_prefix_is_loaded_from_the_host_and_draws_the_same_tokens(server):

@@ -1,0 +1,32 @@
+"""What the tier tests (test_host_tier.py, test_disk_tier.py) send and read: long prompts that fill
+many KV blocks, greedy completions of them, the cache's figures, and the host segments a server
+leaves in /dev/shm (they outlive it by design)."""
+
+from pathlib import Path
+
+import httpx
+
+from actors.cache_tier.host_segment import SHM_DIR
+from actors.executor.kv_moves import segment_prefix
+
+
+def prompt(topic: str) -> str:
+    return f"A long shared preamble about the {topic}, repeated so that it fills many KV blocks. " * 5
+
+
+def complete(server, text: str) -> dict:
+    body = {"model": "demo", "prompt": text, "max_tokens": 6, "temperature": 0}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def cache_report(server) -> dict:
+    response = httpx.get(f"{server.base_url}/admin/cache", timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def remove_segments(data_dir: Path) -> None:
+    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
+        segment.unlink()
