@@ -1,7 +1,8 @@
 """The paged KV cache: a fixed pool of blocks per layer, indexed by the block ids the scheduler hands out.
 
-Each layer is one tensor [num_blocks + 1, 2 (K, V), block_size, kv_heads, head_dim], FlashInfer's
-NHD paged layout, so its kernels read it as it is. Token slot `b * block_size + o` is block `b`,
+Each layer is a tensor [num_blocks + 1, 2 (K, V), block_size, kv_heads, head_dim], FlashInfer's
+NHD paged layout, so its kernels read it as it is. The layers are views of one allocation, so that
+a block of every layer is gathered or scattered in one operation (`rows`), not one per layer. Token slot `b * block_size + o` is block `b`,
 offset `o`; which tokens those are is known only through the sequences' block tables. One block past
 `num_blocks` is scratch that no sequence owns: padded rows of a CUDA-graph batch write there.
 While the server sleeps the pool is released, its memory back with the driver, and later
@@ -29,33 +30,43 @@ class KVCache:
         self.block_size = block_size
         self.scratch_block = num_blocks
         # Zeroed rather than empty: slots never written stay finite for kernels that mask by multiplying.
-        self.layers = [  # each [num_blocks + 1, 2, block_size, kv_heads, head_dim]
-            torch.zeros(num_blocks + 1, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
+        self._pool = torch.zeros(  # [num_layers, num_blocks + 1, 2, block_size, kv_heads, head_dim]
+            num_layers, num_blocks + 1, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        )
+        self.layers = list(self._pool.unbind(0))  # each [num_blocks + 1, 2, block_size, kv_heads, head_dim]
 
     @property
     def released(self) -> bool:
-        return self.layers[0].untyped_storage().nbytes() == 0
+        return self._pool.untyped_storage().nbytes() == 0
 
     @property
     def nbytes(self) -> int:
         """The device bytes the pool holds now (none while released)."""
-        return sum(layer.untyped_storage().nbytes() for layer in self.layers)
+        return self._pool.untyped_storage().nbytes()
 
     def release(self) -> None:
         """Frees the pool's memory (to torch's cache: `torch.cuda.empty_cache` gives it to the driver)
         and forgets its content. The layer tensors stay, sized to nothing, until `reallocate`."""
-        for layer in self.layers:
-            layer.untyped_storage().resize_(0)
+        self._pool.untyped_storage().resize_(0)
 
     def reallocate(self) -> None:
         """Gives a released pool memory again, zeroed as at the start; its addresses may differ, so
         whatever captured them (CUDA graphs) must be captured again."""
-        for layer in self.layers:
-            if layer.untyped_storage().nbytes() == 0:
-                layer.untyped_storage().resize_(layer.numel() * layer.element_size())
-                layer.zero_()
+        if self.released:
+            self._pool.untyped_storage().resize_(self._pool.numel() * self._pool.element_size())
+            self._pool.zero_()
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The pool as rows of one layer's block: [num_layers * (num_blocks + 1), 2 * block_size *
+        kv_heads * head_dim], row `layer * (num_blocks + 1) + block` (`row_ids`), a view."""
+        return self._pool.view(len(self.layers) * (self.num_blocks + 1), -1)
+
+    def row_ids(self, blocks: list[int]) -> list[int]:
+        """The `rows` of `blocks`, block by block, each block's layers in order: gathered in this order
+        they lie as blocks of every layer, [len(blocks), num_layers, ...]."""
+        stride = self.num_blocks + 1
+        return [layer * stride + block for block in blocks for layer in range(len(self.layers))]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -69,11 +80,10 @@ class KVCache:
 
     def copy_blocks(self, sources: list[int], targets: list[int]) -> None:
         """Block `targets[i]` becomes a copy of block `sources[i]`, in every layer."""
-        device = self.layers[0].device
-        source = torch.tensor(sources, dtype=torch.long, device=device)
-        target = torch.tensor(targets, dtype=torch.long, device=device)
-        for cache in self.layers:
-            cache.index_copy_(0, target, cache.index_select(0, source))
+        device = self._pool.device
+        source = torch.tensor(self.row_ids(sources), dtype=torch.long, device=device)
+        target = torch.tensor(self.row_ids(targets), dtype=torch.long, device=device)
+        self.rows.index_copy_(0, target, self.rows.index_select(0, source))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [T, kv_heads, head_dim]; slot_mapping: [T] flat slots. The fused GPU path writes in

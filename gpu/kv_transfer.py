@@ -5,9 +5,10 @@ back from the host or disk tiers.
 A slot holds one block of every layer, contiguous ([num_layers, 2, block_size, kv_heads, head_dim]
 in the pool's dtype), so a block crosses PCIe in one large copy: 2 MiB copies run at the link's
 rate where the 64 KiB of one layer's block crawl. On CUDA a block set is gathered from the layers
-into a staging buffer on the device, then copied per slot; the gathers run on one stream of this
-object's and the copies on another, through two staging halves, so the copy engine moves one chunk
-while the next is gathered, and neither waits on the step's work more than ordering requires.
+(in one operation: they are views of one allocation, gpu/kv_cache.py) into a staging buffer on the
+device, then copied per slot; the gathers run on one stream of this object's and the copies on
+another, through two staging halves, so the copy engine moves one chunk while the next is
+gathered, and neither waits on the step's work more than ordering requires.
 """
 
 import math
@@ -18,8 +19,8 @@ import torch
 from gpu.kv_cache import KVCache
 
 # Both staging halves together: chunks of blocks (64 of llama-3.1-8b a half), never one large
-# allocation. A chunk costs a gather per layer and a copy per run of slots, launched from the
-# executor's step loop, so larger chunks launch less per block.
+# allocation. A chunk costs one gather (or scatter) of every layer's rows and a copy per run of
+# slots, launched from the executor's step loop, so larger chunks launch less per block.
 STAGING_BYTES = 256 << 20
 
 
@@ -91,13 +92,12 @@ class KVTransfer:
         queued so far on the current stream leaves it; the current stream does not wait."""
         self._check(blocks, slots)
         self._wait(self._kernels, self._record(self._current()))
-        block_index = self._index(blocks)
+        rows, layers = self._rows(blocks), len(self._kv.layers)
         for half, start, stop in self._chunks(len(blocks)):
             staging = self._staging[half][: stop - start]
             with self._on(self._kernels):
                 self._wait(self._kernels, self._free[half])
-                for i, layer in enumerate(self._kv.layers):
-                    torch.index_select(layer, 0, block_index[start:stop], out=staging[:, i])
+                torch.index_select(self._kv.rows, 0, rows[start * layers : stop * layers], out=self._as_rows(staging))
                 gathered = self._record(self._kernels)
             with self._on(self._copies):
                 self._wait(self._copies, gathered)
@@ -113,7 +113,7 @@ class KVTransfer:
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
         # waits for it; the copies from the host need not.
         self._wait(self._kernels, self._record(self._current()))
-        block_index = self._index(blocks)
+        rows, layers = self._rows(blocks), len(self._kv.layers)
         for half, start, stop in self._chunks(len(blocks)):
             staging = self._staging[half][: stop - start]
             with self._on(self._copies):
@@ -123,8 +123,7 @@ class KVTransfer:
                 arrived = self._record(self._copies)
             with self._on(self._kernels):
                 self._wait(self._kernels, arrived)
-                for i, layer in enumerate(self._kv.layers):
-                    layer.index_copy_(0, block_index[start:stop], staging[:, i])
+                self._kv.rows.index_copy_(0, rows[start * layers : stop * layers], self._as_rows(staging))
                 self._free[half] = self._record(self._kernels)
         self._wait(self._current(), self._record(self._kernels))
 
@@ -171,8 +170,14 @@ class KVTransfer:
                 runs.append((row, slot, 1))
         return runs
 
-    def _index(self, ids: list[int]) -> torch.Tensor:
-        host = torch.tensor(ids, dtype=torch.long)
+    def _as_rows(self, staging: torch.Tensor) -> torch.Tensor:
+        """Staged blocks [count, num_layers, ...] as the pool's rows of one layer's block each."""
+        return staging.view(-1, self._kv.rows.shape[1])
+
+    def _rows(self, blocks: list[int]) -> torch.Tensor:
+        """The pool's rows of `blocks` (KVCache.row_ids), on the device: one gather or scatter moves
+        a chunk of blocks of every layer."""
+        host = torch.tensor(self._kv.row_ids(blocks), dtype=torch.long)
         if self._kernels is None:
             return host
         # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
