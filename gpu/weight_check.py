@@ -55,13 +55,23 @@ def checksum_on_device(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def finite_on_device(tensor: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool on `tensor`'s device: no NaN and no infinity in it. Its least and largest values
-    come from one pass over it, in its own dtype (NaN propagates to both; an infinity is one of
-    them), with nothing materialised beside it."""
+    """A 0-dim bool on `tensor`'s device, true when its values are all finite, and almost never false
+    when they are: the float32 sum of its values, one pass with nothing materialised beside it
+    (NaN propagates; an infinity stays one or meets its opposite as NaN). A finite tensor fails only
+    if its sum overflows float32, so a failure is confirmed by `exactly_finite`. A sum runs at the
+    memory's rate where `aminmax` reads bf16 at a third of it (a 1 GiB bucket: 1.7 ms on an H200)."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
+    return torch.isfinite(torch.sum(tensor, dtype=torch.float32))
+
+
+def exactly_finite(tensor: torch.Tensor) -> bool:
+    """Whether no value of `tensor` is NaN or infinite, exactly (its least and largest values; one
+    sync): the confirmation of a failed `finite_on_device`."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return True
     least, largest = torch.aminmax(tensor)
-    return torch.isfinite(least) & torch.isfinite(largest)
+    return bool((torch.isfinite(least) & torch.isfinite(largest)).item())
 
 
 def adjacent_runs(named: list[tuple[str, torch.Tensor]]) -> list[tuple[list[str], torch.Tensor]]:
@@ -110,8 +120,9 @@ class DeferredChecks:
         flags = torch.stack([flag for _, flag in self._finite]).tolist() if self._finite else []
         sums = torch.stack([s for *_, s in self._sums]).tolist() if self._sums else []
         for (names, _), ok in zip(self._finite, flags):
-            if not ok:
-                culprit = next((n for n in names if not finite_on_device(locate(n)).item()), names[0])
+            # A failed group is searched tensor by tensor, exactly; none found: its sum overflowed.
+            culprit = None if ok else next((n for n in names if not exactly_finite(locate(n))), None)
+            if culprit is not None:
                 raise WeightError(f"{culprit} has NaN or infinite values")
         for (name, nbytes, expected, _), value in zip(self._sums, sums):
             got = format_checksum(value, nbytes)

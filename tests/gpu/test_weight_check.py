@@ -69,6 +69,16 @@ def test_finite_checks_name_the_tensor():
         checks.verify(parts.__getitem__)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_finite_values_whose_sum_overflows_pass(dtype):
+    """The fast check sums in float32; a sum that overflows is not taken for an infinity."""
+    big = torch.full((8,), 3e38, dtype=dtype)
+    assert not finite_on_device(big).item()  # the sum overflowed: the group is searched exactly
+    checks = DeferredChecks()
+    checks.finite(["big"], big)
+    checks.verify(lambda name: big)
+
+
 def test_checksums_are_compared_at_the_end():
     t = sample(100)
     checks = DeferredChecks()
