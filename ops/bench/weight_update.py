@@ -1,12 +1,13 @@
 """Live weight updates through the whole system, each against a bound measured in the same run
 (issue 33's "Must show"). A random-weight checkpoint of a real shape is served on GPU 1 (the
 supervisor, the bus and every actor a process); trainer processes (ops/bench/weight_trainer.py)
-hold random weights of the same shape and push them over SGLang's HTTP routes:
+hold random weights of the same shape and push them over SGLang's HTTP routes. CUDA IPC and disk
+alone (`--transports ipc disk --streams 0`) run on one GPU:
 
 a. NCCL: a trainer on GPU 0 broadcasts every weight in flattened buckets into the server's weight
    group (`/update_weights_from_distributed` per bucket, under one pause): pause to resume, against
    a bare broadcast of `--bound-mb` between the same two GPUs (bytes / time). Target <= 0.3 s.
-b. CUDA IPC: a trainer on GPU 1 shares its weights (`/update_weights_from_tensor`, SGLang's
+b. CUDA IPC: a trainer on the server's GPU shares its weights (`/update_weights_from_tensor`, SGLang's
    serialized_named_tensors, flattened buckets): pause to resume, against a device copy of the
    same bytes. Target <= 0.1 s.
 c. Disk: `/update_weights_from_disk` of the checkpoint, its files dropped from the page cache
@@ -93,6 +94,11 @@ def broadcast_bound(args, device: torch.device) -> dict:
     return found
 
 
+def server_gpu() -> str:
+    """GPU 1, or GPU 0 on a machine with one (CUDA IPC and disk updates need no other)."""
+    return "1" if torch.cuda.device_count() > 1 else "0"
+
+
 def start(args, device: torch.device, work: Path, report: Report) -> tuple[RunningServer, Path]:
     """Writes the checkpoint (seed 0) and serves it on GPU 1 (or the CPU)."""
     raw = SHAPES[args.model]
@@ -105,7 +111,7 @@ def start(args, device: torch.device, work: Path, report: Report) -> tuple[Runni
         torch.cuda.empty_cache()
     flags = ["--device", device.type, "--dtype", dtype, "--num-kv-blocks", str(args.kv_blocks)]
     flags += ["--max-num-seqs", str(max(64, args.streams)), "--incremental-streaming-output"]
-    placed = {"NCCL_NVLS_ENABLE": "0"} | ({"CUDA_VISIBLE_DEVICES": "1"} if device.type == "cuda" else {})
+    placed = {"NCCL_NVLS_ENABLE": "0"} | ({"CUDA_VISIBLE_DEVICES": server_gpu()} if device.type == "cuda" else {})
     with environment(placed):
         server = start_server(work / "server", *flags, model=str(checkpoint))
     report.note(
@@ -225,10 +231,11 @@ def run(args) -> Report:
     report = Report()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report.details.run = run_identity(args.model, device_name, "ops.bench.weight_update")
-    if device.type == "cuda" and torch.cuda.device_count() < 2:
-        raise SystemExit("the benchmark needs two GPUs: the trainer's (0) and the server's (1)")
+    grouped = "group" in args.transports or args.streams > 0  # a trainer on another GPU
+    if device.type == "cuda" and torch.cuda.device_count() < 2 and grouped:
+        raise SystemExit("the group and the streams need two GPUs: the trainer's (0) and the server's (1)")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    bound = broadcast_bound(args, device)
+    bound = broadcast_bound(args, device) if "group" in args.transports else {}
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="weight-update-"))
     server, checkpoint = start(args, device, work, report)
     http = SglangHttp(server.base_url)
@@ -236,17 +243,19 @@ def run(args) -> Report:
     try:
         updates = [disk(http, checkpoint, args.repeats)] if "disk" in args.transports else []
         gpu = "0" if device.type == "cuda" else None
-        group = trainer("group", gpu, *options, "--device", device.type, stdin=True)  # the streams' too
+        group = trainer("group", gpu, *options, "--device", device.type, stdin=True) if grouped else None
         try:
             if "group" in args.transports:
                 updates.append(group_updates(group, backend, bound, args.repeats))
             if device.type == "cuda" and "ipc" in args.transports:
-                updates.append(ipc_updates(trainer("ipc", "1", *options, "--repeats", str(args.repeats))))
+                ipc = trainer("ipc", server_gpu(), *options, "--repeats", str(args.repeats))
+                updates.append(ipc_updates(ipc))
             vocab = SHAPES[args.model]["vocab_size"]
             through = asyncio.run(streams(args, http, group, vocab)) if args.streams else []
         finally:
-            group.stdin.close()
-            group.wait(timeout=120)
+            if group is not None:
+                group.stdin.close()
+                group.wait(timeout=120)
     finally:
         server.stop()
     report.note(
