@@ -9,7 +9,8 @@ namespace: a directory of the disk tier, one per state of the weights.
 
 The scheduler gives the cache_tier the slots of each move and keeps them from any other use until
 the reply, or until a cache_tier of another `instance_id` announces itself (the one that was
-reading or writing them is gone).
+reading or writing them is gone). It keeps a list of the blocks the disk holds too (ListBlocks, then
+what each spill stored), so that a prompt the disk cannot continue never waits on a fetch.
 """
 
 import msgspec
@@ -54,11 +55,22 @@ class BlocksFetched(msgspec.Struct, frozen=True, tag="blocks_fetched"):
     count: int  # slots[:count] hold hashes[:count]; the other slots are free of the cache_tier
 
 
+class ListBlocks(msgspec.Struct, frozen=True, tag="list_blocks"):
+    """Which blocks the disk holds in `namespace` (the segment names the block size)."""
+
+    segment: str
+    namespace: Namespace
+
+
+class BlocksListed(msgspec.Struct, frozen=True, tag="blocks_listed"):
+    hashes: list[bytes]
+
+
 class CacheTierStarted(msgspec.Struct, frozen=True, tag="cache_tier_started"):
     """Published by a cache_tier when it starts: the slots an earlier one was moving are free."""
 
     instance_id: str
 
 
-CacheTierRequest = SpillBlocks | FetchBlocks
-CacheTierReply = BlocksSpilled | BlocksFetched | Error
+CacheTierRequest = SpillBlocks | FetchBlocks | ListBlocks
+CacheTierReply = BlocksSpilled | BlocksFetched | BlocksListed | Error

@@ -22,7 +22,16 @@ from pathlib import Path
 from actors.cache_tier.disk_store import DiskStore
 from actors.cache_tier.host_segment import HostSegment
 from kernel.actor import Actor
-from schemas.cache import BlocksFetched, BlocksSpilled, CacheTierRequest, FetchBlocks, SpillBlocks
+from schemas.cache import (
+    BlocksFetched,
+    BlocksListed,
+    BlocksSpilled,
+    CacheTierReply,
+    CacheTierRequest,
+    FetchBlocks,
+    ListBlocks,
+    SpillBlocks,
+)
 from schemas.errors import Error
 
 OPEN_NAMESPACES = 2
@@ -45,9 +54,7 @@ class CacheTierActor(Actor):
         await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
         self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
 
-    async def _on_request(
-        self, message: CacheTierRequest, _reply_to: str | None
-    ) -> BlocksSpilled | BlocksFetched | Error:
+    async def _on_request(self, message: CacheTierRequest, _reply_to: str | None) -> CacheTierReply:
         if self.capacity_bytes <= 0:
             return Error("unavailable", "this server has no disk tier (--disk-kv-gb 0)")
         try:
@@ -56,7 +63,7 @@ class CacheTierActor(Actor):
             self.log.warning("disk_tier_request_failed", request=type(message).__name__, error=str(exc))
             return Error("unavailable", f"the disk tier cannot serve this request: {exc}", retriable=True)
 
-    def _handle(self, message: CacheTierRequest) -> BlocksSpilled | BlocksFetched:
+    def _handle(self, message: CacheTierRequest) -> CacheTierReply:
         slots = self._slots(message.segment)
         store = self._store(message.namespace, slots.shape[1])
         match message:
@@ -73,6 +80,8 @@ class CacheTierActor(Actor):
                 on_disk = store.longest_prefix(hashes)
                 out = [memoryview(slots[slot].numpy()) for slot in taken[:on_disk]]
                 return BlocksFetched(store.read(hashes[:on_disk], out, self.readers) if on_disk else 0)
+            case ListBlocks():
+                return BlocksListed(store.hashes())
 
     def _slots(self, name: str):
         """The host segment's slots, uint8 [num_slots, slot_bytes]; mapped again if the executor

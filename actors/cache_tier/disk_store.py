@@ -130,6 +130,10 @@ class DiskStore:
         """Whether the index has the block (no figure counts this look)."""
         return block_hash in self._blocks
 
+    def hashes(self) -> list[bytes]:
+        """Every block the index has."""
+        return list(self._blocks)
+
     def longest_prefix(self, hashes: list[bytes]) -> int:
         """How many leading blocks of the chain are on disk, from the index alone."""
         found = 0

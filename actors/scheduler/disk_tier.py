@@ -9,20 +9,37 @@ to `replied`.
   disk tier for the rest, once, before its admission: its blocks are read into reserved host slots,
   and the admission then loads them as any host hit. The request waits for the answer, not longer
   than FETCH_DEADLINE_S (then it goes on with the shorter hit); others are admitted meanwhile.
+- What the disk holds: listed once per namespace (ListBlocks), then followed by what each spill
+  stored, so a prompt the disk cannot continue (a new one) is admitted at once, not after a fetch
+  that waits behind the disk tier's writes. Until a namespace is listed every prompt asks; a block
+  the disk dropped since (its size cap) costs a fetch that finds nothing.
 """
 
+import time
 from dataclasses import dataclass
+from itertools import takewhile
 
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.sequence import Sequence
-from schemas.cache import BlocksFetched, BlocksSpilled, CacheTierReply, CacheTierRequest, FetchBlocks, SpillBlocks
+from schemas.cache import (
+    BlocksFetched,
+    BlocksListed,
+    BlocksSpilled,
+    CacheTierReply,
+    CacheTierRequest,
+    FetchBlocks,
+    ListBlocks,
+    Namespace,
+    SpillBlocks,
+)
 from schemas.errors import Error
 
 SPILL_BATCH = 64  # blocks per spill request
 MAX_FETCH = 1024  # blocks per fetch request
 FETCH_DEADLINE_S = 2.0  # a request waits no longer for its fetch
 ANSWER_TIMEOUT_S = 60.0  # the disk tier's answer to any request
+LIST_RETRY_S = 1.0  # a listing that failed (the disk tier not up yet) is asked again after this
 
 
 @dataclass
@@ -41,6 +58,8 @@ class DiskTier:
         self._fetches: dict[str, PendingFetch] = {}  # request id -> its fetch in flight
         self._requests: list[tuple[str | None, CacheTierRequest]] = []
         self._spilling = False
+        self._on_disk: dict[Namespace, set[bytes]] = {}  # the blocks the disk holds, once listed
+        self._list_after: dict[Namespace, float] = {}  # listings asked (or failed): when to ask again
         self.fetched_blocks = self.spilled_blocks = 0
 
     def waits(self, seq: Sequence, lookup: list[int]) -> bool:
@@ -54,6 +73,8 @@ class DiskTier:
         hashes = self.host.hashes(seq, lookup, whole)
         on_host = len(self.host.match(hashes[on_gpu:], count_misses=False))
         rest = hashes[on_gpu + on_host :][:MAX_FETCH]
+        if (listed := self._on_disk.get(self.host.key)) is not None:
+            rest = list(takewhile(listed.__contains__, rest))
         slots = self.host.reserve(len(rest)) if rest else []
         if not slots:
             return False
@@ -64,7 +85,11 @@ class DiskTier:
         return True
 
     def take_requests(self) -> list[tuple[str | None, CacheTierRequest]]:
-        """The requests to send now, each with the request id it is for (None: a spill)."""
+        """The requests to send now, each with the request id it is for (None: a spill or a listing)."""
+        key = self.host.key
+        if key not in self._on_disk and self._list_after.get(key, 0.0) <= time.monotonic():
+            self._list_after[key] = float("inf")  # asked: not again unless it fails
+            self._requests.append((None, ListBlocks(self.segment, key)))
         if not self._spilling and (spills := self.host.take_spill(SPILL_BATCH)):
             self._spilling = True
             tokens = [t for spill in spills for t in spill.token_ids]
@@ -85,19 +110,27 @@ class DiskTier:
         time: it may still be moving the slots, which stay out of use until it answers or restarts."""
         unanswered = isinstance(reply, Error) and reply.code == "timeout"
         match request:
-            case SpillBlocks(slots=slots):
+            case SpillBlocks(slots=slots, namespace=key):
                 self._spilling = False
                 if not unanswered:
                     self.host.spilled(slots)
                 if isinstance(reply, BlocksSpilled):
                     self.spilled_blocks += len(reply.stored)
+                    self._on_disk.get(key, set()).update(reply.stored)
             case FetchBlocks(segment=segment, slots=slots, hashes=hashes, namespace=key):
                 if not unanswered:
                     # Read into another executor's segment (one of another geometry): not these slots.
                     ours = isinstance(reply, BlocksFetched) and segment == self.segment
                     count = reply.count if ours else 0
                     self.fetched_blocks += self.host.fetched(slots, hashes, count, key)
+                    if ours and count < len(hashes):  # gone from the disk, or failed its check
+                        self._on_disk.get(key, set()).discard(hashes[count])
                 self.deadline_passed(request_id)
+            case ListBlocks(namespace=key):
+                if isinstance(reply, BlocksListed):
+                    self._on_disk[key] = set(reply.hashes)
+                else:
+                    self._list_after[key] = time.monotonic() + LIST_RETRY_S
 
     def deadline_passed(self, request_id: str | None) -> bool:
         """`request_id` stops waiting for its fetch (answered, or too late: a shorter hit); returns
@@ -112,10 +145,13 @@ class DiskTier:
         stay out of use until the disk tier answers, and the requests waiting for them wait on."""
         self.host.adopt_in_flight(old.host)
         self._fetches, self._spilling = old._fetches, old._spilling
+        self._on_disk, self._list_after = old._on_disk, old._list_after
 
     def restarted(self) -> None:
         """A new cache_tier: the old one's moves are void (their slots freed or spilled again)."""
         self.host.disk_tier_restarted()
         self._spilling = False
+        self._on_disk.clear()  # listed again: the new one checked its files at start
+        self._list_after.clear()
         for request_id in list(self._fetches):
             self.deadline_passed(request_id)

@@ -1,13 +1,15 @@
 """The disk tier's books (disk_tier.py, host_tier.py), bus-free: every indexed host block is spilled,
 oldest first, and evicted only once the disk tier had it; a request whose prefix the disk may hold
-waits for its fetch, which lands in host slots the admission then loads; slots the disk tier is
-moving stay out of use until it answers or restarts."""
+waits for its fetch, which lands in host slots the admission then loads, and once the disk's blocks
+are listed only a prompt the disk can continue waits; slots the disk tier is moving stay out of use
+until it answers or restarts."""
 
+from actors.scheduler import disk_tier
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
-from schemas.cache import BlocksFetched, BlocksSpilled, FetchBlocks, SpillBlocks
+from schemas.cache import BlocksFetched, BlocksListed, BlocksSpilled, FetchBlocks, ListBlocks, SpillBlocks
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import LoadBlocks
@@ -17,6 +19,11 @@ BS = 4
 
 def sequence(name: str, prompt: list[int]) -> Sequence:
     return Sequence(name, list(prompt), SamplingParams(max_tokens=8), "origin", 0)
+
+
+def moves(kv: KVManager) -> list:
+    """The disk tier's requests but the listing of its blocks, which is asked first and unanswered here."""
+    return [(rid, request) for rid, request in kv.disk.take_requests() if not isinstance(request, ListBlocks)]
 
 
 def test_indexed_blocks_are_spilled_oldest_first_and_not_evicted_while_read():
@@ -55,7 +62,7 @@ def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():
     kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
     seq = sequence("s", list(range(13)))  # three whole blocks matchable
     assert kv.waits_for_disk(seq)
-    ((request_id, fetch),) = kv.disk.take_requests()
+    ((request_id, fetch),) = moves(kv)
     assert request_id == "s" and isinstance(fetch, FetchBlocks) and len(fetch.hashes) == 3
     assert fetch.hashes == kv.host.hashes(seq, seq.prompt_ids, 3) and fetch.segment == "kvhost-x"
     assert kv.waits_for_disk(seq)  # until the answer
@@ -71,7 +78,7 @@ def test_slots_of_an_unanswered_move_stay_out_of_use_until_the_disk_tier_restart
     kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=2, fingerprint="m", disk_segment="kvhost-x")
     seq = sequence("s", list(range(9)))
     assert kv.waits_for_disk(seq)
-    ((request_id, fetch),) = kv.disk.take_requests()
+    ((request_id, fetch),) = moves(kv)
     kv.disk.replied(request_id, fetch, Error("timeout", "no answer", retriable=True))
     assert not seq.fetching and kv.host.stats().used == 2  # it goes on; the slots stay taken
     kv.disk.restarted()
@@ -86,8 +93,30 @@ def test_a_spill_the_disk_refused_still_frees_its_slots_for_eviction():
     host.saved([0])
     kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=1, fingerprint="m", disk_segment="kvhost-x")
     kv.host = kv.disk.host = host
-    ((_, spill),) = kv.disk.take_requests()
+    ((_, spill),) = moves(kv)
     assert isinstance(spill, SpillBlocks) and spill.hashes == hashes
     kv.disk.replied(None, spill, BlocksSpilled([]))  # the disk was full
     assert kv.disk.spilled_blocks == 0 and host.take_spill(8) == []
     assert host.to_save([b"x" * 16], [4], list(range(4)), b"r" * 16) == ([4], [0])
+
+
+def test_once_the_disk_is_listed_only_a_prompt_it_continues_waits_and_only_for_what_it_holds():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    ((_, listing),) = kv.disk.take_requests()
+    assert listing == ListBlocks("kvhost-x", kv.host.key)
+    assert kv.disk.take_requests() == []  # asked once
+    held, new = sequence("s", list(range(13))), sequence("t", list(range(50, 63)))
+    kv.disk.replied(None, listing, BlocksListed(kv.host.hashes(held, held.prompt_ids, 3)[:2]))
+    assert not kv.waits_for_disk(new)  # the disk holds none of it: admitted at once
+    assert kv.waits_for_disk(held)
+    ((_, fetch),) = kv.disk.take_requests()
+    assert fetch.hashes == kv.host.hashes(held, held.prompt_ids, 3)[:2]  # not the third: not on disk
+
+
+def test_a_listing_that_failed_is_asked_again(monkeypatch):
+    monkeypatch.setattr(disk_tier, "LIST_RETRY_S", 0.0)
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    ((_, listing),) = kv.disk.take_requests()
+    kv.disk.replied(None, listing, Error("unavailable", "no cache_tier yet", retriable=True))
+    assert kv.waits_for_disk(sequence("s", list(range(13))))  # meanwhile every prompt asks
+    assert any(isinstance(request, ListBlocks) for _, request in kv.disk.take_requests())
