@@ -6,9 +6,11 @@ gate/up into one matrix each, the per-module parameters becoming views of it: on
 three, and a weight update written in place (`param.copy_`) reaches the packed matrix. Attention is
 delegated to a backend, which reads the paged KV cache; on the GPU in bf16/fp16 the norms, rotary
 embedding, KV write and activation run as fused Triton kernels (gpu/kernels.py), and a single
-token's products as our matrix-vector kernel (gpu/gemv.py).
+token's products as our matrix-vector kernel (gpu/gemv.py). The products and the residual norm are
+`Operators` the layers hold: `--deterministic` swaps in gpu/invariant's (`use_operators`).
 """
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -22,7 +24,7 @@ from gpu.gemv import linear, silu_mul_linear
 from gpu.kv_cache import KVCache
 from gpu.layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
-__all__ = ["CausalLM", "LastLayer", "ModelConfig"]
+__all__ = ["CausalLM", "LastLayer", "ModelConfig", "Operators", "DEFAULT_OPERATORS"]
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -48,6 +50,38 @@ def _pack(module: nn.Module, parts: list[nn.Linear], name: str) -> None:
         row += rows
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x); with no residual yet, (norm(x), x). x: [T, hidden]"""
+    if _uses_kernels(x):
+        from gpu.kernels import add_rms_norm as fused
+
+        return fused(x, residual, norm.weight, norm.eps)
+    residual = x if residual is None else residual + x
+    return rms_norm(residual, norm.weight, norm.eps), residual
+
+
+def silu_mul_down(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """linear(silu(gate) * up, weight, bias): SwiGLU's down projection, the activation fused on the
+    GPU path. gate_up: [T, 2 * inner], weight: [hidden, inner] -> [T, hidden]"""
+    if _uses_kernels(gate_up):
+        return silu_mul_linear(gate_up, weight, bias)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, weight, bias)
+
+
+class Operators(NamedTuple):
+    """The operators a model computes its rows with. By default each is the quickest for its shape
+    (our GEMV for one row on the GPU, cuBLAS beyond), so a token's numbers depend in their last bits
+    on how many rows share its call; gpu/invariant's make every row the same bits in any batch."""
+
+    linear: Callable[..., torch.Tensor]  # (x [T, K], weight [N, K], bias [N] | None) -> [T, N]
+    silu_mul_down: Callable[..., torch.Tensor]  # (gate_up [T, 2I], weight [H, I], bias) -> [T, H]: SwiGLU, then down
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, residual, RMSNorm), as add_rms_norm
+
+
+DEFAULT_OPERATORS = Operators(linear=linear, silu_mul_down=silu_mul_down, add_rms_norm=add_rms_norm)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -67,6 +101,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.register_parameter("qkv_weight", None)  # packed by fuse(), after loading
         self.register_parameter("qkv_bias", None)
+        self.operators = DEFAULT_OPERATORS
 
     def fuse(self) -> None:
         _pack(self, [self.q_proj, self.k_proj, self.v_proj], "qkv")
@@ -77,7 +112,7 @@ class Attention(nn.Module):
         tokens = x.shape[0]
         if self.qkv_weight is None:
             raise RuntimeError("call CausalLM.fuse_projections() after loading the weights")
-        qkv = linear(x, self.qkv_weight, self.qkv_bias)  # [T, (heads + 2 kv_heads) * head_dim]
+        qkv = self.operators.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (heads + 2 kv_heads) * head_dim]
         if _uses_kernels(x):
             from gpu.kernels import rope_store_kv
 
@@ -108,7 +143,8 @@ class Attention(nn.Module):
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         # attended: [T, heads, head_dim] -> [T, hidden]
         tokens = attended.shape[0]
-        return linear(attended.reshape(tokens, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+        flat = attended.reshape(tokens, self.num_heads * self.head_dim)
+        return self.operators.linear(flat, self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -120,27 +156,15 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
         self.register_parameter("gate_up_weight", None)  # packed by fuse(), after loading
         self.register_parameter("gate_up_bias", None)
+        self.operators = DEFAULT_OPERATORS
 
     def fuse(self) -> None:
         _pack(self, [self.gate_proj, self.up_proj], "gate_up")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]; SwiGLU
-        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2 * inner]
-        if _uses_kernels(x):
-            return silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(residual + x), residual + x); with no residual yet, (norm(x), x). x: [T, hidden]"""
-    if _uses_kernels(x):
-        from gpu.kernels import add_rms_norm as fused
-
-        return fused(x, residual, norm.weight, norm.eps)
-    residual = x if residual is None else residual + x
-    return rms_norm(residual, norm.weight, norm.eps), residual
+        gate_up = self.operators.linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2 * inner]
+        return self.operators.silu_mul_down(gate_up, self.down_proj.weight, self.down_proj.bias)
 
 
 class RopeInputs:
@@ -170,6 +194,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.operators = DEFAULT_OPERATORS
 
     # A layer runs as query -> attention -> finish; CUDA graphs capture the two halves and leave the
     # attention, whose kernels depend on how the step's tokens split into sequences, outside.
@@ -178,12 +203,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the last sublayer's output [T, hidden] (the embeddings for layer 0, with no residual
         yet) -> (queries [T, heads, head_dim], residual [T, hidden]); writes the layer's new K/V."""
-        h, residual = add_rms_norm(x, residual, self.input_layernorm)
+        h, residual = self.operators.add_rms_norm(x, residual, self.input_layernorm)
         return self.self_attn.query(h, rope, kv), residual
 
     def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """attended: the attention's output [T, heads, head_dim] -> (the MLP's output, residual)"""
-        h, residual = add_rms_norm(self.self_attn.output(attended), residual, self.post_attention_layernorm)
+        h, residual = self.operators.add_rms_norm(
+            self.self_attn.output(attended), residual, self.post_attention_layernorm
+        )
         return self.mlp(h), residual
 
 
@@ -208,12 +235,19 @@ class CausalLM(nn.Module):
         # Made on the CPU even under a meta-device context, so a model built empty for loading
         # still has it; `.to(device)` moves it along with the weights.
         self.register_buffer("rope_inv_freq", rope_inv_freq(config.head_dim, config.rope), persistent=False)
+        self.operators = DEFAULT_OPERATORS
 
     def tie_weights(self) -> None:
         """Shares the embedding matrix with the output head when the checkpoint ties them; call it
         again after replacing the embedding."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def use_operators(self, operators: Operators) -> None:
+        """Computes every layer's products and norms, and the output head's, with `operators`."""
+        self.operators = operators
+        for layer in self.model.layers:
+            layer.operators = layer.self_attn.operators = layer.mlp.operators = operators
 
     def fuse_projections(self) -> None:
         """Packs q/k/v and gate/up; call once the weights are in place on their device."""
@@ -252,9 +286,12 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """float32 logits [R, vocab] of the tokens in `logits_index` [R] (all when None), from the
         last layer; written to `out` when given. A token's logits are the same numbers whichever
-        other tokens share the call (on the CPU exactly: gpu/gemv.py:linear)."""
+        other tokens share the call on the CPU (gpu/gemv.py:linear), and everywhere with the
+        deterministic operators."""
         final = self.final_hidden(last, logits_index)  # [R, hidden]
-        logits = linear(final, self.lm_head.weight)  # [R, vocab] in the model dtype, as transformers computes them
+        logits = self.operators.linear(
+            final, self.lm_head.weight
+        )  # [R, vocab] in the model dtype, as transformers computes them
         if out is None:
             return logits.float()
         return out.copy_(logits)
@@ -266,7 +303,7 @@ class CausalLM(nn.Module):
         x, residual = last
         if index is not None:
             x, residual = x[index], residual[index]  # copies: the fused norm adds into the residual
-        final, _ = add_rms_norm(x, residual, self.model.norm)
+        final, _ = self.operators.add_rms_norm(x, residual, self.model.norm)
         return final
 
 

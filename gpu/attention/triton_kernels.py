@@ -53,7 +53,7 @@ def _split_len(context_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _attend_keys(
+def attend_keys(
     acc,
     m,
     l,
@@ -168,7 +168,7 @@ def _attention_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max score of each row
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    acc, m, l = _attend_keys(
+    acc, m, l = attend_keys(
         acc,
         m,
         l,
@@ -191,7 +191,7 @@ def _attention_kernel(
         DOT_PRECISION,
         False,
     )
-    acc, m, l = _attend_keys(
+    acc, m, l = attend_keys(
         acc,
         m,
         l,
@@ -267,7 +267,11 @@ def extend_tiles(
 ) -> ExtendTiles:
     """The tiles of an extend step, computed on query_start's device; the host copy of the query
     lengths only sizes them, so nothing waits on the device."""
-    tokens = _config(group, head_dim, dtype, decode=False).block_m // group
+    return query_tiles(query_start, host_query_lens, _config(group, head_dim, dtype, decode=False).block_m // group)
+
+
+def query_tiles(query_start: torch.Tensor, host_query_lens: np.ndarray, tokens: int) -> ExtendTiles:
+    """Each sequence's new tokens cut into tiles of `tokens`, as extend_tiles does for any tile size."""
     total = int((-(-host_query_lens // tokens)).sum())
     tiles = (query_start[1:] - query_start[:-1] + tokens - 1) // tokens  # [S]
     seqs = torch.arange(len(tiles), dtype=torch.int32, device=query_start.device)

@@ -1,0 +1,126 @@
+"""The attention backend of `--deterministic`: attention_kernels.py over the paged cache, planned as
+the `triton` backend plans (from the batch's device metadata, sized by its host copies, so `prepare`
+never waits on the GPU; CUDA-graph decodes read fixed buffers that `prepare_graph` fills).
+
+What the batch may choose is only where a token's splits are computed, never how: a decode step
+whose sequences would leave most multiprocessors idle spreads each one's splits over programs and
+folds them in a second kernel; every other step folds them where they are made. Both give a token
+the same bits. A prefix shared by many decodes is read per sequence: FlashInfer's cascade
+(shared_prefix.py) does not run in this mode.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
+from gpu.attention.triton_kernels import ExtendTiles, query_tiles
+from gpu.forward_batch import ForwardBatch
+from gpu.invariant.attention_kernels import KV_SPLIT, Paged, attend, attention_config
+from gpu.kv_cache import KVCache
+
+MAX_SPLIT_PROGRAMS = 16
+PROGRAMS_PER_SM = 2  # spread a decode's splits until the grid covers the GPU this many times over
+
+
+@dataclass(frozen=True)
+class _Plan:
+    paged: Paged
+    query_start: torch.Tensor | None = None  # [S+1] int32; extend only
+    tiles: ExtendTiles | None = None  # extend only; None: a decode step
+    split_programs: int = 0  # decode: programs per (sequence, KV head) its splits spread over; 0: none
+    max_splits: int = 0  # decode with split programs: room for this many splits per token
+
+
+class InvariantAttention(AttentionBackend):
+    supports_cuda_graphs = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_graph_batch: int = 0,
+        max_pages_per_seq: int = 0,
+        block_size: int = 16,
+        split_programs: int | None = None,
+    ) -> None:
+        """`split_programs`: programs per sequence and KV head a decode spreads its splits over (0:
+        none); None picks them from the batch size and the GPU's multiprocessor count (none on the
+        CPU). Either way a token's result is the same."""
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} attention heads do not split evenly over {num_kv_heads} KV heads")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("deterministic attention needs a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
+        if split_programs is not None and split_programs < 0:
+            raise ValueError(f"split_programs must be 0 or more, got {split_programs}")
+        self.scale = scale
+        self._num_kv_heads = num_kv_heads
+        self._tile_tokens = attention_config(num_heads // num_kv_heads, head_dim).block_m // (num_heads // num_kv_heads)
+        self._split_programs = split_programs
+        self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+        # A graph's split decode is captured with room for the longest context a sequence may have.
+        self._graph_max_splits = triton.cdiv(max(1, max_pages_per_seq * block_size), KV_SPLIT)
+        self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
+        self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
+        self._plan: _Plan | None = None
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        paged = Paged(batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len)
+        host = batch.host
+        if host.is_decode:
+            longest = int(host.context_lens.max()) if host.num_seqs else 1
+            self._plan = _Plan(
+                paged, split_programs=self._programs(host.num_seqs), max_splits=triton.cdiv(longest, KV_SPLIT)
+            )
+        else:
+            tiles = query_tiles(batch.query_start, host.query_lens, self._tile_tokens)
+            self._plan = _Plan(paged, query_start=batch.query_start, tiles=tiles)
+
+    def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
+        size, pages = batch.num_seqs, batch.kv_indices.numel()
+        if size > len(self._graph_last_page_len) or pages > len(self._graph_indices):
+            raise ValueError(
+                f"no CUDA-graph decode buffers for {size} sequences over {pages} pages; built for "
+                f"{len(self._graph_last_page_len)} sequences over {len(self._graph_indices)} pages"
+            )
+        indptr, last_page_len = self._graph_indptr[: size + 1], self._graph_last_page_len[:size]
+        indptr.copy_(batch.kv_indptr, non_blocking=True)
+        last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
+        self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
+        # The programs depend on the size alone, so a replay launches what was captured.
+        self._plan = _Plan(
+            Paged(indptr, self._graph_indices, last_page_len),
+            split_programs=self._programs(size),
+            max_splits=self._graph_max_splits,
+        )
+        return PLAIN_GRAPH
+
+    def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
+        plan = self._plan
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+        return attend(
+            q,
+            kv.layers[layer],  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
+            plan.paged,
+            self.scale,
+            out,
+            tiles=plan.tiles,
+            query_start=plan.query_start,
+            split_programs=plan.split_programs,
+            max_splits=plan.max_splits,
+        )  # [T, heads, head_dim]
+
+    def _programs(self, num_seqs: int) -> int:
+        if self._split_programs is not None:
+            return self._split_programs
+        # Few sequences leave most multiprocessors idle unless their splits are spread over
+        # programs. Powers of two only: each count is a kernel compiled of its own.
+        wanted = -(-PROGRAMS_PER_SM * self._sm_count // (num_seqs * self._num_kv_heads))
+        return 0 if wanted <= 1 else min(MAX_SPLIT_PROGRAMS, triton.next_power_of_2(wanted))

@@ -1,0 +1,135 @@
+"""Matrix products whose every output row is the same bits whatever else shares the call: the
+linear layers (qkv, o, gate_up, down, lm_head) under `--deterministic`.
+
+cuBLAS picks a kernel, a tile and a split of K by the call's shape, and our batch-1 GEMV
+(gpu/gemv.py) sums a row in another order than any tiled product, so by default a token's product
+differs in its last bits between a decode of one and a prompt chunk of 4,096. Here the products
+with one weight always run one kernel with one configuration (`config_for`, chosen from the
+weight's shape alone, never from the number of rows): each output element is summed over K in
+BLOCK_K steps, in order, by the same tensor-core instructions into one float32 accumulator, with
+no split of K. Rows past the call's end are loaded as zeros and never stored; a row's products do
+not read the other rows. One compiled kernel serves every row count (`rows` is not specialized),
+so CUDA graphs capture it at any batch size and no size compiles mid-run.
+"""
+
+from functools import cache
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+# A one-row call (a batch-1 decode) runs one program per BLOCK_N columns of the weight. It streams
+# the weight near the copy rate only if that spreads the weight over most of the GPU: a tile is
+# made narrower until the call gets at least this many programs (132 multiprocessors on an H100).
+MIN_ONE_ROW_PROGRAMS = 96
+
+
+class MatmulConfig(NamedTuple):
+    block_m: int  # rows of the call per program
+    block_n: int  # columns of the weight (output features) per program
+    block_k: int  # the reduction's step: fixed per weight, the order every element is summed in
+    group_m: int  # programs of neighbouring rows that share a weight tile in L2
+    num_warps: int
+    num_stages: int
+
+
+@cache
+def config_for(n_cols: int, k_cols: int, dtype: torch.dtype) -> MatmulConfig:
+    """The one configuration of every product with an [n_cols, k_cols] weight of `dtype`.
+
+    128-row tiles of 64 reduction steps in 8 warps: the tile Thinking Machines' batch-invariant
+    matmul uses on Hopper, large enough that a prompt of thousands of tokens runs near the tensor
+    cores' rate. A one-row call computes 127 rows of zeros beside its own, which the tensor cores
+    do while the weight streams in. Its width is the widest that keeps a one-row call at
+    MIN_ONE_ROW_PROGRAMS programs (gate_up and the LM head take 128, llama-3.1-8b's qkv 64, its o
+    and down 32). float32 takes half the reduction step: twice the bytes a step."""
+    block_k = 32 if dtype == torch.float32 else 64
+    block_n = next((n for n in (128, 64) if triton.cdiv(n_cols, n) >= MIN_ONE_ROW_PROGRAMS), 32)
+    return MatmulConfig(block_m=128, block_n=block_n, block_k=block_k, group_m=8, num_warps=8, num_stages=3)
+
+
+@triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every row count
+def _matmul_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    rows,
+    n_cols,
+    k_cols,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # x: [rows, K] and y: [rows, N] contiguous; w: [N, K] contiguous (nn.Linear's layout).
+    # Programs run down GROUP_M row tiles before the next columns, so a weight tile read from
+    # memory serves those row tiles from L2. Which program computes a tile changes no arithmetic.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(rows, BLOCK_M)
+    tiles_n = tl.cdiv(n_cols, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = pid // per_group * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (pid % per_group) % group_rows
+    tile_n = (pid % per_group) // group_rows
+
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < rows
+    n_valid = offs_n < n_cols
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * k_cols
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * k_cols
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for start in range(0, k_cols, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        k_valid = cols < k_cols
+        x = tl.load(x_rows + cols[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)  # [BM, BK]
+        w = tl.load(w_rows + cols[None, :], mask=n_valid[:, None] & k_valid[None, :], other=0.0)  # [BN, BK]
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
+    y = y_ptr + offs_m.to(tl.int64)[:, None] * n_cols + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
+
+
+def matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: MatmulConfig | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias, each row's result independent of the others'. x: [T, K]; weight: [N, K]
+    contiguous; bias: [N] -> [T, N] in x's dtype. `config` (benchmarks only) replaces the weight's
+    own, and with it the bits of every result."""
+    rows, k_cols = x.shape
+    n_cols = weight.shape[0]
+    if weight.shape[1] != k_cols or not weight.is_contiguous() or x.dtype != weight.dtype:
+        raise ValueError(
+            f"matmul needs x [T, K] and a contiguous weight [N, K] of one dtype, got {tuple(x.shape)} "
+            f"{x.dtype} and {tuple(weight.shape)} {weight.dtype}"
+        )
+    y = torch.empty(rows, n_cols, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    config = config or config_for(n_cols, k_cols, weight.dtype)
+    grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(n_cols, config.block_n),)
+    _matmul_kernel[grid](
+        x.contiguous(),
+        weight,
+        bias if bias is not None else weight,
+        y,
+        rows,
+        n_cols,
+        k_cols,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        # float32 stays float32: TF32 would cost it the precision it was chosen for.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return y
