@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from gpu import invariant
 from gpu.attention import make_backend
 from gpu.batch import HostBatch
 from gpu.batch_limits import BatchLimits
@@ -77,7 +78,9 @@ class ModelRunner:
     project's Triton kernels; torch on CPU), torch, flashinfer or triton.
     `cuda_graphs`: capture decode steps at `cuda_graph_batch_sizes` and steps with prompt tokens
     at `cuda_graph_token_counts` (empty: those run eagerly); None means wherever the backend allows
-    (CUDA with FlashInfer or Triton)."""
+    (CUDA with FlashInfer or Triton).
+    `deterministic`: compute with the batch-invariant operators (gpu/invariant/), so a token's
+    logits are the same bits whatever shares its steps; the attention backend must be auto."""
 
     def __init__(
         self,
@@ -91,13 +94,15 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
         cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
+        deterministic: bool = False,
     ) -> None:
         config = ModelConfig.from_pretrained(model_dir)
         device_ = torch.device(device)
         dtype_ = resolve_dtype(dtype, device_)
         model = load_model(model_dir, config, device_, dtype_)
         options = (num_kv_blocks, kv_cache_bytes, block_size, attention_backend, cuda_graphs)
-        self._setup(config, model, device_, dtype_, *options, cuda_graph_batch_sizes, cuda_graph_token_counts)
+        graph_sizes = (cuda_graph_batch_sizes, cuda_graph_token_counts)
+        self._setup(config, model, device_, dtype_, *options, *graph_sizes, deterministic)
 
     @classmethod
     def with_random_weights(
@@ -124,10 +129,12 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
         cuda_graph_token_counts: tuple[int, ...] = DEFAULT_TOKEN_COUNTS,
+        deterministic: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.config, self.model, self.device, self.dtype = config, model, device, dtype
+        self.deterministic = deterministic
         self.block_size = block_size
         self.vocab_size = config.vocab_size
         self.eos_token_ids = list(config.eos_token_ids)
@@ -135,8 +142,10 @@ class ModelRunner:
         self.max_model_len = min(config.max_position_embeddings, config.sliding_window or 1 << 62)
         max_graph_batch = max(cuda_graph_batch_sizes) if cuda_graph_batch_sizes and cuda_graphs is not False else 0
         self.model.attention_backend = make_backend(
-            attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size
+            attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size, deterministic
         )
+        if deterministic and invariant.runs_here(device):
+            self.model.use_operators(invariant.INVARIANT_OPERATORS)
         self.attention_backend_name = type(self.model.attention_backend).__name__
         self.kv = KVCache.for_model(config, block_size, dtype, device, num_kv_blocks, kv_cache_bytes)
         self.num_kv_blocks = self.kv.num_blocks
