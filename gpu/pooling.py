@@ -1,9 +1,12 @@
 """Hidden states pooled for embeddings, on the device right behind the forward pass, with no host sync.
 
 An input that asks (`SequenceInput.pooled_tokens`) gets the sum of the final hidden states (after
-the model's last norm: what the LM head reads) of its last `pooled_tokens` tokens, in float32: all
-of a chunk's tokens for mean pooling, the prompt's last token for last pooling. The sums of a step
-travel to pinned memory with its drawn tokens; the executor adds a prompt's chunks up and divides.
+the model's last norm: what the LM head reads) of its last `pooled_tokens` tokens, in float64: all
+of a chunk's tokens for mean pooling, the prompt's last token for last pooling. A bf16 or fp16
+state has 8 or 11 significant bits, so float64 adds up a prompt of 100K of them exactly unless
+their sizes span more than 2^25: a mean is then the same bits whatever the order of the device's
+atomic adds and however the prompt was chunked, as `--deterministic` promises. The sums of a step travel to pinned memory
+with its drawn tokens; the executor adds a prompt's chunks up, in float64 too, and divides.
 A step where no input asks does no pooling work (`PoolingRequests.of` is None): one where every
 input draws (decodes) is not even looked at, one with prompt chunks costs a pass over its inputs.
 """
@@ -57,14 +60,14 @@ class PoolingRequests:
     def compute(
         self, arrays: PoolingArrays[torch.Tensor], final_hidden: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        """The pooled sums [P, hidden] float32, enqueued on the device. `final_hidden(index)`: the
+        """The pooled sums [P, hidden] float64, enqueued on the device. `final_hidden(index)`: the
         hidden states [n, hidden] after the final norm of the step's tokens at `index` [n]."""
-        states = final_hidden(arrays.token_index).float()  # [N, hidden]
+        states = final_hidden(arrays.token_index).double()  # [N, hidden]
         sums = states.new_zeros(len(self.seqs), states.shape[-1])  # [P, hidden]
         return sums.index_add_(0, arrays.row, states)
 
     def unpack(self, sums: np.ndarray, num_seqs: int) -> list[np.ndarray | None]:
-        """One entry per input of the step: its pooled sum [hidden] float32 from `sums` [P, hidden]
+        """One entry per input of the step: its pooled sum [hidden] float64 from `sums` [P, hidden]
         on the host, None where it pooled nothing."""
         cut: list[np.ndarray | None] = [None] * num_seqs
         for row, seq in enumerate(self.seqs):

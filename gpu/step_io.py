@@ -83,7 +83,7 @@ class PendingStep:
         self._done = done
         # The step's asks and their packed result [size] float32 on the host, written with `drawn`.
         self._logprobs = logprobs
-        self._pooled = pooled  # the step's pooling asks and their sums [P, hidden] float32, written with `drawn`
+        self._pooled = pooled  # the step's pooling asks and their sums [P, hidden] float64, written with `drawn`
         self._tokens: list[int | None] | None = None
         self._unpacked: list[StepLogprobs | None] | None = None
 
@@ -143,7 +143,7 @@ class PendingStep:
 
     def pooled(self) -> list[np.ndarray | None] | None:
         """Waits for the step (as `tokens` does) and returns one entry per sequence: its pooled sum
-        [hidden] float32, None where it pooled nothing; None when no sequence of the step pooled."""
+        [hidden] float64, None where it pooled nothing; None when no sequence of the step pooled."""
         if self._pooled is None:
             return None
         self.tokens()

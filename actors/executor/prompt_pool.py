@@ -24,7 +24,7 @@ class PromptPool:
         return 1 if final else 0
 
     def add(self, sums: np.ndarray, tokens: int) -> None:
-        """Adds the runner's sum [hidden] float32 of `tokens` tokens' hidden states."""
+        """Adds the runner's sum [hidden] float64 of `tokens` tokens' hidden states."""
         self.total = sums.astype(np.float64) if self.total is None else self.total + sums
         self.tokens += tokens
 
