@@ -49,6 +49,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     device: Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: Literal["auto", "flashinfer", "triton", "torch"] = "auto"
+    deterministic: bool = False
     max_model_len: AtLeastOne | None = None
     block_size: AtLeastOne = 16
     num_kv_blocks: AtLeastOne | None = None
@@ -154,6 +155,10 @@ HELP = {
     "dtype": "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16 on CUDA)",
     "attention_backend": "auto (FlashInfer on CUDA where installed and it fits, else our Triton kernels; torch on CPU), "
     "flashinfer, triton or torch",
+    "deterministic": "compute with batch-invariant kernels (matrix products, attention, norms): a request's tokens "
+    "and logprobs are the same bits alone or in any batch, however its prompt was chunked or cached, after a "
+    "preemption or a restart; on the same GPU model with the same versions (docs/api.md, determinism). Costs "
+    "speed; needs --attention-backend auto",
     "max_model_len": "context window in tokens (prompt + output); default: the model's",
     "block_size": "tokens per KV cache block",
     "num_kv_blocks": "KV cache blocks to allocate; default: sized from free memory",

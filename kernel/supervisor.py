@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     config_module.add_arguments(parser)
     config, _ = config_module.parse(parser, argv)
+    if config.engine.deterministic and config.engine.attention_backend != "auto":
+        parser.error("--deterministic attends with its own batch-invariant kernels: leave --attention-backend at auto")
     if config.bus.nats_url and config.bus.nats_credentials:
         try:
             bus_auth.load_credentials(config.bus.nats_credentials)

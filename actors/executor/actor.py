@@ -60,6 +60,7 @@ class ExecutorActor(Actor):
             num_kv_blocks=cfg.num_kv_blocks,
             block_size=cfg.block_size,
             attention_backend=cfg.attention_backend,
+            deterministic=cfg.deterministic,
         )
         pool_tokens = self.runner.num_kv_blocks * self.runner.block_size
         self.max_model_len = min(cfg.max_model_len or self.runner.max_model_len, self.runner.max_model_len, pool_tokens)

@@ -38,6 +38,7 @@ class FrontdoorActor(Actor):
             engine.max_num_seqs,
             engine.max_prefill_tokens,
             engine.max_model_len,
+            engine.deterministic,
         )
         app = HttpApi(
             self.pipeline,

@@ -38,6 +38,7 @@ class ServerFacts:
     max_running_requests: int
     max_prefill_tokens: int
     context_length: int | None  # None: the model's own
+    deterministic: bool = False  # --deterministic: batch-invariant kernels
 
 
 class SGLangInfo:
@@ -104,6 +105,7 @@ class SGLangInfo:
                 "chunked_prefill_size": facts.max_prefill_tokens,
                 "max_total_num_tokens": load["max_total_num_tokens"],
                 "weight_version": weights.weight_version,
+                "enable_deterministic_inference": facts.deterministic,  # SGLang's name for it
                 "internal_states": [load],
                 "version": VERSION,
             }

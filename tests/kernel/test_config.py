@@ -134,6 +134,11 @@ def test_a_toml_setting_out_of_range_names_the_file_and_its_flag(tmp_path, toml,
     assert_usage_error(run_cli(tmp_path, "--config", str(path)), f"invalid configuration: {path}: {message}")
 
 
+def test_deterministic_with_another_attention_backend_is_a_usage_error(tmp_path):
+    done = run_cli(tmp_path, "--deterministic", "--attention-backend", "flashinfer")
+    assert_usage_error(done, "--deterministic attends with its own batch-invariant kernels")
+
+
 def test_a_missing_toml_file_is_a_usage_error(tmp_path):
     missing = tmp_path / "missing.toml"
     assert_usage_error(run_cli(tmp_path, "--config", str(missing)), f"invalid configuration: --config {missing}: ")
@@ -167,6 +172,7 @@ def test_help_groups_the_same_flags_by_component():
             "--device",
             "--dtype",
             "--attention-backend",
+            "--deterministic",
             "--max-model-len",
             "--block-size",
             "--num-kv-blocks",
