@@ -3,6 +3,12 @@ which half want token ids and no text; half greedy, half seeded), kills one acto
 mid-stream, and reports what the clients saw against an uninterrupted run of the same workload.
 
     python -m ops.fault_drill --kill tokenizer --tokenizers 2 --requests 32 --max-tokens 24
+
+`--shape` serves random weights of a real model's shape (ops/bench/shapes.py) instead of the demo
+model, written as a checkpoint from the GPU first; `--deterministic` serves with batch-invariant
+kernels, where every request, greedy or seeded, must come out as in the uninterrupted run:
+
+    python -m ops.fault_drill --kill executor --shape llama-3.1-8b --deterministic --requests 16 --max-tokens 200
 """
 
 import argparse
@@ -17,6 +23,8 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
+from kernel.model_source import DEMO_MODEL
+from ops.bench.shapes import SHAPES
 from ops.bus_client import stream_generate
 from ops.local_server import RunningServer, start_server
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
@@ -184,8 +192,37 @@ async def restarted(server: RunningServer, actor: str, pid: int) -> bool:
     return True
 
 
-async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_dir: Path) -> dict:
-    server = start_server(data_dir, "--num-kv-blocks", "512", "--tokenizers", str(tokenizers))
+def write_shape(shape: str, out: Path) -> Path:
+    """Random bf16 weights of `shape`, made on the GPU and written as a checkpoint into `out`; the
+    device's memory is handed back for the server."""
+    import torch
+
+    from gpu.config import ModelConfig
+    from gpu.weights import random_model
+    from ops.bench.checkpoint import write_checkpoint
+
+    model = random_model(ModelConfig.from_dict(SHAPES[shape]), torch.device("cuda"), torch.bfloat16, seed=0)
+    write_checkpoint(model, SHAPES[shape], out, {"model": shape, "seed": 0})
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+async def drill(
+    actor: str,
+    count: int,
+    max_tokens: int,
+    tokenizers: int,
+    data_dir: Path,
+    shape: str | None = None,
+    deterministic: bool = False,
+) -> dict:
+    flags = ["--num-kv-blocks", "512", "--tokenizers", str(tokenizers)]
+    flags += ["--deterministic"] if deterministic else []
+    model = DEMO_MODEL
+    if shape is not None:  # the HTTP clients ask for the demo model by name
+        model, flags = str(write_shape(shape, data_dir / "model")), [*flags, "--served-model-name", DEMO_MODEL]
+    server = start_server(data_dir / "server", *flags, model=model)
     try:
         reference, _ = await run_workload(server, count, max_tokens)
         if failures(reference):
@@ -195,6 +232,8 @@ async def drill(actor: str, count: int, max_tokens: int, tokenizers: int, data_d
         differing, token_errors = compare(reference, logs)
         return {
             "actor": actor,
+            "model": shape or DEMO_MODEL,
+            "deterministic": deterministic,
             "tokenizers": tokenizers,
             "requests": count,
             "max_tokens": max_tokens,
@@ -214,9 +253,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--tokenizers", type=int, default=1)
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="serve random weights of this shape (needs a GPU)")
+    parser.add_argument("--deterministic", action="store_true", help="serve with --deterministic")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
-        result = asyncio.run(drill(args.kill, args.requests, args.max_tokens, args.tokenizers, Path(data_dir)))
+        result = asyncio.run(
+            drill(
+                args.kill,
+                args.requests,
+                args.max_tokens,
+                args.tokenizers,
+                Path(data_dir),
+                args.shape,
+                args.deterministic,
+            )
+        )
     print(" | ".join(f"{k}={v}" for k, v in result.items()))
 
 
