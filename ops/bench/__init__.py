@@ -5,6 +5,7 @@ against a ceiling measured in the same run. Runnable modules:
                                  engine (actors/inprocess.py); --mode http also through the whole system
     python -m ops.bench.prefix   multi-turn chat and n-sampling, prefix sharing on and off
     python -m ops.bench.gemv     batch-1 decode's matrix products: cuBLAS against gpu/gemv.py
+    python -m ops.bench.invariant_matmul  --deterministic's products against the default ones, 1 to 4096 rows
     python -m ops.bench.sampler  the GPU sampler against the torch one
     python -m ops.bench.load     loading weights onto the GPU, against the disk's read rate
     python -m ops.bench.plot     the HTTP sweep's plot, from `python -m ops.bench --json`'s file
@@ -18,7 +19,7 @@ The rest serve them: `testbed` (the model on the device, and the ceilings), `inp
 workloads in this process), `system` (the same requests served by a real deployment over HTTP,
 through `checkpoint`, `http_clients` and `process_cpu`), `requests` (requests and their timings),
 `records` (the results, typed), `report` (the table and the JSON), `ceilings`, `shapes`,
-`hf_baseline` (transformers on the same weights), `feature_cost` (`--feature-cost`: a feature's
-cost as the same workloads with and without it) and `kernel_profile`. Importing this package
+`hf_baseline` (transformers on the same weights), `feature_cost` (`--feature-cost` and
+`--deterministic`: a feature's cost as the same workloads with and without it) and `kernel_profile`. Importing this package
 imports none of them, so each tool loads only what it uses.
 """

@@ -19,6 +19,8 @@ e: low load: single requests one at a time (--low-load-*: 40 of 500 prompt + 16 
 Every request draws greedily unless --temperature (and --top-p, --top-k, --min-p) say otherwise.
 --feature-cost logprobs,rules,json_schema: a and d again with every request asking for the feature,
    each beside the run without it (ops/bench/feature_cost.py).
+--deterministic: a and d again on a runner with --deterministic's batch-invariant kernels (the same
+   weights), each beside the default run (target: within 1.15x); later workloads run on it.
 --mode http (runs d and e in-process first, whatever --workloads says): the same weights written
    as a checkpoint and served by `python -m kernel.supervisor` with the engine's settings; d's
    requests from as many streaming clients at once (target: >= 0.95 of the in-process tokens/s), e's
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ops.bench.feature_cost import FEATURES, measure_feature_cost
+from ops.bench.feature_cost import FEATURES, measure_deterministic_cost, measure_feature_cost
 from ops.bench.inprocess import InProcessBench
 from ops.bench.report import Report, run_identity
 from ops.bench.requests import BenchRequest, Sampling, random_requests
@@ -123,6 +125,11 @@ def parse_args() -> argparse.Namespace:
         help="comma-separated features (logprobs, rules, json_schema) whose cost on workloads a and d to measure; "
         "runs a and d",
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="workloads a and d again with --deterministic's batch-invariant kernels, beside the default run",
+    )
     parser.add_argument("--kernel-profile", action="store_true", help="GPU time per kernel of a decode step")
     parser.add_argument("--hf-diagnose", type=int, default=0, help="time transformers' decode step at this batch")
     args = parser.parse_args()
@@ -131,7 +138,7 @@ def parse_args() -> argparse.Namespace:
     for feature in args.feature_cost:
         if feature not in FEATURES:
             parser.error(f"unknown feature {feature!r} for --feature-cost; choose from {','.join(FEATURES)}")
-    if args.feature_cost:
+    if args.feature_cost or args.deterministic:
         args.workloads |= {"a", "d"}  # the runs without the features
     if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
         parser.error(
@@ -200,6 +207,9 @@ def main() -> None:
             measure_feature_cost(testbed, feature, args.context, details.a, details.d, offline)
             for feature in args.feature_cost
         ]
+    if args.deterministic:
+        cost = measure_deterministic_cost(testbed, args.context, details.a, details.d, warm, offline)
+        details.feature_cost = [*(details.feature_cost or []), cost]
     if "d" in workloads and args.hf_requests != 0:
         details.d_hf = bench.hf_baseline("d", details.d, offline[: args.hf_requests])
     try:

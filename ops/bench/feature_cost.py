@@ -2,7 +2,9 @@
 and d (offline throughput) rerun in the same run with every request using the feature, each beside
 the run without it. Targets from issue 32: logprobs (sampled + top-5) keep d >= 0.97 and a within
 +2%; penalties, a bias and a mask on every row keep d >= 0.95. From issue 35: a JSON schema on
-every request (structured output) keeps d >= 0.90.
+every request (structured output) keeps d >= 0.90. From issue 36: the batch-invariant kernels of
+`--deterministic` (`measure_deterministic_cost`, a runner of their own on the same weights) keep a
+within 1.15x and d within 1/1.15.
 
 The JSON schema's grammar is compiled for a real vocabulary, the default model's tokenizer (a BPE of
 49,152 tokens, read from its GGUF file) where its package is installed: the masks of a real BPE cost
@@ -70,6 +72,7 @@ def feature_fields(feature: str, vocab_size: int) -> dict:
 
 # Targets: a's step ratio, d's.
 FEATURES = {"logprobs": ("<= 1.02", ">= 0.97"), "rules": ("", ">= 0.95"), "json_schema": ("", ">= 0.90")}
+DETERMINISTIC_TARGETS = ("<= 1.15", ">= 0.87")
 
 
 def grammar_tokenizer(out: Path, vocab_size: int) -> str:
@@ -100,11 +103,10 @@ def measure_feature_cost(
     fields = feature_fields(feature, testbed.config.vocab_size)
     sampling = replace(testbed.args.sampling, more=fields)
     step_target, throughput_target = FEATURES[feature]
-    report = testbed.report
     with tempfile.TemporaryDirectory(prefix="bench-grammar-") as work:
         grammars = None
         if "constraint" in fields:  # compiled once, in a warm-up, before anything is timed
-            report.note(f"{feature}: grammars for {grammar_tokenizer(Path(work), testbed.config.vocab_size)}")
+            testbed.report.note(f"{feature}: grammars for {grammar_tokenizer(Path(work), testbed.config.vocab_size)}")
             runner = testbed.runner
             grammars = Grammars(work, runner.vocab_size, runner.eos_token_ids)
         bench = InProcessBench(testbed, sampling, grammars)
@@ -112,22 +114,53 @@ def measure_feature_cost(
             bench.warm_up([replace(request, output_tokens=4) for request in offline[:2]])
         step = bench.decode(f"a+{feature}", 1, context, 129, "")
         throughput = bench.throughput(f"d+{feature}", offline)
-    report.add(
+    cost = FeatureCost(feature, fields, step.wall_s, step_off.wall_s, throughput.output_tok_s, offline_off.output_tok_s)
+    report_cost(testbed, cost, step_target, throughput_target)
+    return cost
+
+
+def measure_deterministic_cost(
+    testbed: Testbed,
+    context: int,
+    step_off: DecodeFigures,
+    offline_off: OfflineFigures,
+    warm: list[BenchRequest],
+    offline: list[BenchRequest],
+) -> FeatureCost:
+    """Workloads a and d on a runner with `--deterministic`'s batch-invariant kernels, built on the
+    same weights (the same seed) once the default one is freed; `step_off` and `offline_off` are the
+    default runner's figures of this run. The test bed keeps the deterministic runner."""
+    testbed.free()
+    testbed.build_runner(deterministic=True)
+    bench = InProcessBench(testbed)
+    bench.warm_up(warm)  # kernels compile and the allocator grows here, as for the default runner
+    step = bench.decode("a+deterministic", 1, context, 129, "")
+    throughput = bench.throughput("d+deterministic", offline)
+    cost = FeatureCost(
+        "deterministic", {}, step.wall_s, step_off.wall_s, throughput.output_tok_s, offline_off.output_tok_s
+    )
+    report_cost(testbed, cost, *DETERMINISTIC_TARGETS)
+    return cost
+
+
+def report_cost(testbed: Testbed, cost: FeatureCost, step_target: str, throughput_target: str) -> None:
+    """The two rows of a feature's cost: a's step and d's throughput, with it and without."""
+    feature = cost.feature
+    testbed.report.add(
         Row(
             f"a+{feature}: batch-1 step with {feature} / without",
-            f"{step.wall_s * 1e3:.3f} ms",
-            f"{step_off.wall_s * 1e3:.3f} ms",
-            f"{step.wall_s / step_off.wall_s:.3f}",
+            f"{cost.step_s * 1e3:.3f} ms",
+            f"{cost.step_off_s * 1e3:.3f} ms",
+            f"{cost.step_s / cost.step_off_s:.3f}",
             step_target,
         )
     )
-    report.add(
+    testbed.report.add(
         Row(
             f"d+{feature}: offline throughput with {feature} / without",
-            f"{throughput.output_tok_s:,.0f} out tok/s",
-            f"{offline_off.output_tok_s:,.0f} out tok/s",
-            f"{throughput.output_tok_s / offline_off.output_tok_s:.3f}",
+            f"{cost.output_tok_s:,.0f} out tok/s",
+            f"{cost.output_tok_s_off:,.0f} out tok/s",
+            f"{cost.output_tok_s / cost.output_tok_s_off:.3f}",
             throughput_target,
         )
     )
-    return FeatureCost(feature, fields, step.wall_s, step_off.wall_s, throughput.output_tok_s, offline_off.output_tok_s)

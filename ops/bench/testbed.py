@@ -43,7 +43,8 @@ class Testbed:
         self.report.add(Row("ceiling: device copy (read + write)", f"{self.bandwidth / 1e12:.3f} TB/s", "", ""))
         self.report.add(Row(f"ceiling: bf16 GEMM {n}^3", f"{self.gemm / 1e12:.1f} TFLOP/s", "", ""))
 
-    def build_runner(self) -> None:
+    def build_runner(self, deterministic: bool = False) -> None:
+        """The runner of the run's weights (the seed's); `deterministic`: with the batch-invariant kernels."""
         started = time.perf_counter()
         kv_bytes = int(self.args.kv_cache_gb * (1 << 30)) if self.args.kv_cache_gb else None
         self.runner = ModelRunner.with_random_weights(
@@ -53,6 +54,7 @@ class Testbed:
             seed=self.args.seed,
             kv_cache_bytes=kv_bytes or self._default_kv_bytes(),
             attention_backend=self.args.attention_backend,
+            deterministic=deterministic,
         )
         self.setup_seconds = time.perf_counter() - started
         freeze_startup_objects()  # as every actor does after its start-up
@@ -93,6 +95,7 @@ class Testbed:
             f"device: {self.device_name}; torch {torch.__version__}; flashinfer {fi}",
             f"model: {self.args.model} shape, random bf16 weights ({self.weight_bytes / 1e9:.2f} GB), "
             f"attention {self.runner.attention_backend_name}, CUDA graphs {'on' if self.graphs_on else 'off'}, "
+            f"{'deterministic, ' if self.runner.deterministic else ''}"
             f"block size {self.runner.block_size}, {self.runner.num_kv_blocks} KV blocks, "
             f"prefill budget {MAX_PREFILL_TOKENS} tokens/step, {self.args.sampling.describe()}",
             f"setup (weights, KV pool, graph capture): {self.setup_seconds:.1f} s",
