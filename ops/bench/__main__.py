@@ -138,6 +138,8 @@ def parse_args() -> argparse.Namespace:
     for feature in args.feature_cost:
         if feature not in FEATURES:
             parser.error(f"unknown feature {feature!r} for --feature-cost; choose from {','.join(FEATURES)}")
+    if args.deterministic and args.attention_backend != "auto":
+        parser.error("--deterministic attends with its own batch-invariant kernels: leave --attention-backend at auto")
     if args.feature_cost or args.deterministic:
         args.workloads |= {"a", "d"}  # the runs without the features
     if not (0 <= args.temperature <= 2 and 0 < args.top_p <= 1 and args.top_k >= -1 and 0 <= args.min_p <= 1):
