@@ -8,6 +8,8 @@ batch-1 decode step), and at 256 rows of 128K logits they read the logits severa
    ties by lower id over the whole row.
 2. One program per row: the log-sum-exp from the blocks' sums, the best `top` of the blocks' keys,
    and each entry's logprob (logit - log-sum-exp): the drawn token's, the top ones', the asked ids'.
+A row's blocks lie at fixed offsets and fold in one order whatever the number of rows, so its
+logprobs are the same bits in any batch, which `--deterministic` relies on.
 """
 
 import torch
