@@ -38,14 +38,17 @@ class MatmulConfig(NamedTuple):
 def config_for(n_cols: int, k_cols: int, dtype: torch.dtype) -> MatmulConfig:
     """The one configuration of every product with an [n_cols, k_cols] weight of `dtype`.
 
-    128-row tiles of 64 reduction steps in 8 warps: the tile Thinking Machines' batch-invariant
-    matmul uses on Hopper, large enough that a prompt of thousands of tokens runs near the tensor
-    cores' rate. A one-row call computes 127 rows of zeros beside its own, which the tensor cores
-    do while the weight streams in. Its width is the widest that keeps a one-row call at
-    MIN_ONE_ROW_PROGRAMS programs (gate_up and the LM head take 128, llama-3.1-8b's qkv 64, its o
-    and down 32). float32 takes half the reduction step: twice the bytes a step."""
-    block_k = 32 if dtype == torch.float32 else 64
+    128-row tiles in 8 warps (two warp groups), as Thinking Machines' batch-invariant matmul runs on
+    Hopper: large enough that a prompt of thousands of tokens runs near the tensor cores' rate. A
+    one-row call computes 127 rows of zeros beside its own, which the tensor cores do while the
+    weight streams in. The width is the widest that keeps a one-row call at MIN_ONE_ROW_PROGRAMS
+    programs (gate_up and the LM head take 128, llama-3.1-8b's qkv 64, its o and down 32). A narrow
+    tile reads few weight bytes a step, so it takes steps of 128 to keep more in flight; 128-wide
+    tiles keep steps of 64, which fit two programs on a multiprocessor. Three stages stay within
+    an A100's shared memory (at most 144 KB). float32 takes half the step: the same bytes. A first
+    choice, reasoned, not measured: `python -m ops.bench.invariant_matmul --sweep` times others."""
     block_n = next((n for n in (128, 64) if triton.cdiv(n_cols, n) >= MIN_ONE_ROW_PROGRAMS), 32)
+    block_k = (64 if block_n == 128 else 128) // (2 if dtype == torch.float32 else 1)
     return MatmulConfig(block_m=128, block_n=block_n, block_k=block_k, group_m=8, num_warps=8, num_stages=3)
 
 
