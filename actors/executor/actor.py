@@ -103,6 +103,7 @@ class ExecutorActor(Actor):
             max_model_len=self.max_model_len,
             device=str(self.runner.device),
             dtype=str(self.runner.dtype),
+            deterministic=cfg.deterministic,
         )
 
     async def stop(self) -> None:

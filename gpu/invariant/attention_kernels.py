@@ -8,7 +8,7 @@ folded in order, elementwise. Prefill tiles, chunks on a cached prefix and decod
 batches fold their splits in the program that made them; small decode batches, which would leave
 the GPU idle, spread the splits over programs that store them, and `_fold_kernel` folds them in
 the same order with the same arithmetic. A split's reduction runs in one kernel configuration
-(`_config`, from the model's shape alone) for decode and prefill alike: its dot products and row
+(`attention_config`, from the model's shape alone) for decode and prefill alike: its dot products and row
 reductions are the same instructions over the same tiles, with a token in any row of a tile.
 Key tiles past a token's position are masked to exact zeros, and splits past it are left out of
 its fold. Every launch disables floating-point fusion, so no compiler contracts a fold's multiply
