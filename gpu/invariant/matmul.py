@@ -3,13 +3,19 @@ linear layers (qkv, o, gate_up, down, lm_head) under `--deterministic`.
 
 cuBLAS picks a kernel, a tile and a split of K by the call's shape, and our batch-1 GEMV
 (gpu/gemv.py) sums a row in another order than any tiled product, so by default a token's product
-differs in its last bits between a decode of one and a prompt chunk of 4,096. Here the products
-with one weight always run one kernel with one configuration (`config_for`, chosen from the
-weight's shape alone, never from the number of rows): each output element is summed over K in
-BLOCK_K steps, in order, by the same tensor-core instructions into one float32 accumulator, with
-no split of K. Rows past the call's end are loaded as zeros and never stored; a row's products do
-not read the other rows. One compiled kernel serves every row count (`rows` is not specialized),
-so CUDA graphs capture it at any batch size and no size compiles mid-run.
+differs in its last bits between a decode of one and a prompt chunk of 4,096. Here every product
+with one weight sums each output element over K in the same BLOCK_K steps (`block_k_for`, from the
+weight's shape alone, never from the number of rows), in order, by tensor-core instructions into
+one float32 accumulator, with no split of K. The tile around those steps (rows and columns per
+program, warps, pipeline stages) does change with the row count (`config_for`): a one-row decode
+wants narrow tiles over many programs to stream the weight, a prompt chunk wide ones to keep the
+tensor cores busy. The tile does not change the bits: on an H200, each of 5 products of
+llama-3.1-8b's shape gave the same bits for every row under each of 14 to 59 tiles with one K step
+(tiles of 64 or 128 rows, 32 to 256 columns, 4 or 8 warps, 2 to 5 stages), and
+tests/gpu/test_invariant_kernels.py checks rows alone against rows among thousands on the GPU.
+Rows past the call's end are loaded as zeros and never stored; a row's products do not read the
+other rows. The kernel is compiled once per tile, not per row count (`rows` is not specialized),
+so CUDA graphs capture it at any batch size.
 """
 
 from functools import cache
@@ -23,6 +29,9 @@ import triton.language as tl
 # the weight near the copy rate only if that spreads the weight over most of the GPU: a tile is
 # made narrower until the call gets at least this many programs (132 multiprocessors on an H100).
 MIN_ONE_ROW_PROGRAMS = 96
+# Up to this many rows a call is a decode batch (memory-bound: narrow tiles); past it, prefill-like
+# (compute-bound: wide tiles). Measured on an H200 with ops.bench.invariant_matmul's sweep.
+DECODE_ROWS = 64
 
 
 class MatmulConfig(NamedTuple):
@@ -35,21 +44,46 @@ class MatmulConfig(NamedTuple):
 
 
 @cache
-def config_for(n_cols: int, k_cols: int, dtype: torch.dtype) -> MatmulConfig:
-    """The one configuration of every product with an [n_cols, k_cols] weight of `dtype`.
+def block_k_for(n_cols: int, k_cols: int, dtype: torch.dtype) -> int:
+    """The K step of every product with an [n_cols, k_cols] weight: what fixes its bits. A weight
+    whose one-row tiles are narrow (under 128 columns) takes steps of 128, so that a one-row call
+    keeps enough weight bytes in flight; wide ones take 64 (faster for those by the sweep). float32
+    takes half the step: the same bytes."""
+    narrow = _decode_block_n(n_cols) < 128
+    return (128 if narrow else 64) // (2 if dtype == torch.float32 else 1)
 
-    128-row tiles in 8 warps (two warp groups), as Thinking Machines' batch-invariant matmul runs on
-    Hopper: large enough that a prompt of thousands of tokens runs near the tensor cores' rate. A
-    one-row call computes 127 rows of zeros beside its own, which the tensor cores do while the
-    weight streams in. The width is the widest that keeps a one-row call at MIN_ONE_ROW_PROGRAMS
-    programs (gate_up and the LM head take 128, llama-3.1-8b's qkv 64, its o and down 32). A narrow
-    tile reads few weight bytes a step, so it takes steps of 128 to keep more in flight; 128-wide
-    tiles keep steps of 64, which fit two programs on a multiprocessor. Three stages stay within
-    an A100's shared memory (at most 144 KB). float32 takes half the step: the same bytes. A first
-    choice, reasoned, not measured: `python -m ops.bench.invariant_matmul --sweep` times others."""
-    block_n = next((n for n in (128, 64) if triton.cdiv(n_cols, n) >= MIN_ONE_ROW_PROGRAMS), 32)
-    block_k = (64 if block_n == 128 else 128) // (2 if dtype == torch.float32 else 1)
-    return MatmulConfig(block_m=128, block_n=block_n, block_k=block_k, group_m=8, num_warps=8, num_stages=3)
+
+def config_for(n_cols: int, k_cols: int, dtype: torch.dtype, rows: int) -> MatmulConfig:
+    """The tile of a product of `rows` rows with an [n_cols, k_cols] weight of `dtype`; its K step
+    is the weight's whatever `rows` is. Decode batches take 64-row tiles in 4 warps, as wide as
+    MIN_ONE_ROW_PROGRAMS programs allow, with 5 stages in flight; larger calls take 128 x 128 tiles
+    in 8 warps (128 x 256 where the K step is 64), as many stages as the shared memory holds."""
+    return _config(n_cols, k_cols, dtype, rows <= DECODE_ROWS)
+
+
+@cache
+def _config(n_cols: int, k_cols: int, dtype: torch.dtype, decode: bool) -> MatmulConfig:
+    block_k = block_k_for(n_cols, k_cols, dtype)
+    if decode:
+        block_m, block_n, warps = 64, _decode_block_n(n_cols), 4
+    else:
+        block_m, block_n, warps = 128, 128 if block_k * dtype.itemsize >= 256 else 256, 8
+    stage_bytes = (block_m + block_n) * block_k * dtype.itemsize
+    stages = max(2, min(5 if decode else 3, _shared_memory_bytes() // stage_bytes))
+    return MatmulConfig(block_m, block_n, block_k, group_m=8, num_warps=warps, num_stages=stages)
+
+
+def _decode_block_n(n_cols: int) -> int:
+    return next((n for n in (128, 64) if triton.cdiv(n_cols, n) >= MIN_ONE_ROW_PROGRAMS), 32)
+
+
+@cache
+def _shared_memory_bytes() -> int:
+    """What one program may use (an H100's or H200's 227 KiB; an A100's 163 KiB); the CPU's
+    interpreter has no limit, so a Hopper's is assumed for it."""
+    if not torch.cuda.is_available():
+        return 227 * 1024
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
 
 
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every row count
@@ -103,8 +137,8 @@ def matmul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: MatmulConfig | None = None
 ) -> torch.Tensor:
     """x @ weight.T + bias, each row's result independent of the others'. x: [T, K]; weight: [N, K]
-    contiguous; bias: [N] -> [T, N] in x's dtype. `config` (benchmarks only) replaces the weight's
-    own, and with it the bits of every result."""
+    contiguous; bias: [N] -> [T, N] in x's dtype. `config` (benchmarks only) replaces the one
+    `config_for` chooses; another K step than the weight's changes the bits of every result."""
     rows, k_cols = x.shape
     n_cols = weight.shape[0]
     if weight.shape[1] != k_cols or not weight.is_contiguous() or x.dtype != weight.dtype:
@@ -115,7 +149,7 @@ def matmul(
     y = torch.empty(rows, n_cols, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
-    config = config or config_for(n_cols, k_cols, weight.dtype)
+    config = config or config_for(n_cols, k_cols, weight.dtype, rows)
     grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(n_cols, config.block_n),)
     _matmul_kernel[grid](
         x.contiguous(),

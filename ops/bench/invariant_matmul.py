@@ -8,8 +8,8 @@ it from HBM, not L2.
 
 `--sweep` also times a grid of tile configurations on each product and prints the best few by the
 sum of their times at 1 and at 4096 rows, each row count's time beside the default's: what
-`gpu.invariant.matmul.config_for` is chosen from. A configuration is one for every row count, so
-it must serve the batch-1 decode and the prefill at once.
+`gpu.invariant.matmul.config_for` is chosen from. The grid keeps each weight's K step, which alone
+fixes the bits; the tile may differ between a decode batch and a prefill.
 """
 
 import argparse
@@ -19,18 +19,22 @@ import torch
 
 from gpu.config import ModelConfig
 from gpu.gemv import linear
-from gpu.invariant.matmul import MatmulConfig, config_for, matmul
+from gpu.invariant.matmul import MatmulConfig, block_k_for, config_for, matmul
 from ops.bench.gemv import graph_time_s
 from ops.bench.shapes import SHAPES
 
 ROWS = (1, 16, 256, 4096)
 SHARED_MEMORY_BYTES = 227 * 1024  # an H100's or H200's per block
+
+
 # Tiles of one warp group's rows (4 warps) or two (8), as wide as a one-row call can afford.
-SWEEP = [
-    MatmulConfig(m, n, k, 8, m // 16, stages)
-    for m, n, k, stages in itertools.product((64, 128), (32, 64, 128), (64, 128), (3, 4))
-    if stages * (m + n) * k * 2 <= SHARED_MEMORY_BYTES
-]
+def sweep(block_k: int) -> list[MatmulConfig]:
+    """Tiles around one K step: of one warp group's rows (4 warps) or two (8)."""
+    return [
+        MatmulConfig(m, n, block_k, 8, m // 16, stages)
+        for m, n, stages in itertools.product((64, 128), (32, 64, 128, 256), (3, 4, 5))
+        if stages * (m + n) * block_k * 2 <= SHARED_MEMORY_BYTES and (m, n) != (64, 256)
+    ]
 
 
 def products(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
@@ -77,10 +81,11 @@ def main() -> None:
             totals[r][0] += ours[r] * count
             totals[r][1] += default[r] * count
         cells = " | ".join(f"{ours[r] * 1e6:8.1f} / {default[r] * 1e6:8.1f}" for r in ROWS)
-        print(f"{name:8s} {n_cols:>6d} x {k_cols:<6d} {tuple(config_for(n_cols, k_cols, torch.bfloat16))} | {cells}")
+        tiles = [tuple(config_for(n_cols, k_cols, torch.bfloat16, r)) for r in (1, 4096)]
+        print(f"{name:8s} {n_cols:>6d} x {k_cols:<6d} {tiles[0]}, {tiles[1]} | {cells}")
         if args.sweep:
             timed = []
-            for candidate in SWEEP:
+            for candidate in sweep(block_k_for(n_cols, k_cols, torch.bfloat16)):
                 product = lambda x, w, c=candidate: matmul(x, w, config=c)  # noqa: E731
                 times = {r: time_per_product(product, weights, r) for r in ROWS}
                 timed.append((times[1] + times[4096], candidate, times))
