@@ -31,6 +31,8 @@ from schemas.generate import SamplingParams
 from schemas.requests import Tenant
 from schemas.step import StepOutput
 
+IDLE_WAIT_S = 0.001  # a round with nothing to launch waits this long before the next
+
 
 class InProcessEngine:
     """`grammars`: what constrained requests (structured output) compile their constraints with, for
@@ -144,11 +146,15 @@ class InProcessEngine:
         self, before_step: Callable[[int], None] | None = None, min_steps: int = 0, max_steps: int = 100_000
     ) -> None:
         """Steps until every request has finished and `min_steps` have passed; `before_step(i)`
-        may submit more requests on the way."""
+        may submit more requests on the way. A round that launches nothing while requests wait (for
+        their grammar's compile in its thread: seconds for a vocabulary of 128K) sleeps a little
+        rather than spin through `max_steps`."""
         for i in range(max_steps):
             if before_step:
                 before_step(i)
             if i >= min_steps and not self.busy:
                 return
             self.step()
+            if self.launch_s == 0.0 and self.in_flight is None:
+                time.sleep(IDLE_WAIT_S)
         raise RuntimeError(f"requests still running after {max_steps} steps")
