@@ -6,7 +6,6 @@ ENOSPC) degrades the tier to reads and a warning."""
 import multiprocessing
 import os
 import random
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from structlog.testing import capture_logs
 
 from actors.cache_tier.disk_store import DiskStore
 from actors.lib.block_hashes import block_hashes, namespace_key
+from tests.full_disk import small_tmpfs
 
 BLOCK_SIZE = 4  # tokens per block
 BLOCK_BYTES = 1024
@@ -232,15 +232,8 @@ def test_put_refuses_hashes_that_do_not_follow_from_the_tokens(tmp_path):
 
 @pytest.fixture
 def full_disk(tmp_path):
-    """A real tmpfs of 32 KiB (needs root, or CAP_SYS_ADMIN): writes past it fail with ENOSPC
-    from the kernel, as on a full disk."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(mount_point)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    with small_tmpfs(tmp_path / "tmpfs", "32k") as mount_point:
+        yield mount_point
 
 
 def test_a_full_disk_fails_writes_with_a_warning_and_reads_go_on(full_disk):

@@ -3,7 +3,8 @@ set, a disk tier behind them (the cache_tier actor). A prompt whose blocks left 
 host is read back from disk instead of recomputed, also after the whole server restarted on the same
 data dir, and draws the tokens it drew when computed from scratch; a damaged block file is detected
 and recomputed, with the same tokens. A cache_tier killed while it moves blocks loses no request and
-serves no damaged block; the one that replaces it takes the spills up again."""
+serves no damaged block; the one that replaces it takes the spills up again. A disk that fills
+costs recomputes and a warning, never a request."""
 
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from actors.cache_tier.actor import DEFAULT_DIR
 from ops.local_server import start_server
 from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments
+from tests.full_disk import small_tmpfs
 
 POOL_BLOCKS = 24  # 384 tokens of 16: room for about two of the prompts below
 HOST_SLOTS = 32  # and the host for not many more
@@ -113,3 +115,20 @@ def test_a_killed_cache_tier_loses_no_request_and_its_successor_spills_on(tmp_pa
     finally:
         server.stop()
         remove_segments(tmp_path / "data")
+
+
+def test_a_full_disk_costs_recomputes_and_a_warning_and_the_server_serves_on(tmp_path):
+    """The disk tier's directory on a disk with room for about one block of the default model:
+    spills fail with a warning naming ENOSPC, the prompts the disk did not take are recomputed with
+    the tokens they drew before, and the server serves on."""
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        server = start_server(tmp_path / "data", *FLAGS, "--disk-kv-dir", str(disk))
+        try:
+            first = [complete(server, prompt(topic)) for topic in TOPICS]
+            settle(server)
+            assert server.find("disk_tier_write_failed", errno="ENOSPC")
+            again = [complete(server, prompt(topic)) for topic in TOPICS]  # the pool and the host moved on
+            assert [r["choices"][0]["text"] for r in again] == [r["choices"][0]["text"] for r in first]
+        finally:
+            server.stop()
+            remove_segments(tmp_path / "data")
