@@ -4,8 +4,10 @@ host is read back from disk instead of recomputed, also after the whole server r
 data dir, and draws the tokens it drew when computed from scratch; a damaged block file is detected
 and recomputed, with the same tokens. A cache_tier killed while it moves blocks loses no request and
 serves no damaged block; the one that replaces it takes the spills up again. A disk that fills
-costs recomputes and a warning, never a request."""
+costs recomputes and a warning, never a request. Blocks kept under old weights are never served
+under new ones."""
 
+import asyncio
 import os
 import signal
 import threading
@@ -14,8 +16,11 @@ import time
 import pytest
 
 from actors.cache_tier.actor import DEFAULT_DIR
+from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
+from schemas.weights import UpdateFromDisk, WeightsUpdated
 from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments
+from tests.e2e.weights_client import Reference, ask, generate
 from tests.full_disk import small_tmpfs
 
 POOL_BLOCKS = 24  # 384 tokens of 16: room for about two of the prompts below
@@ -132,3 +137,27 @@ def test_a_full_disk_costs_recomputes_and_a_warning_and_the_server_serves_on(tmp
         finally:
             server.stop()
             remove_segments(tmp_path / "data")
+
+
+async def test_blocks_kept_under_old_weights_are_never_served_under_new_ones(tmp_path):
+    """Prompts computed under one checkpoint leave their blocks in the pool, the host and the disk;
+    after an update from disk to other weights, the same prompts draw the new weights' tokens
+    (transformers'), not tokens of the kept KV."""
+    base = build_model_dir(tmp_path / "base", arch="llama", size="tiny", seed=3)
+    new = build_model_dir(tmp_path / "new", arch="llama", size="tiny", seed=4)
+    prompts = [[10 + (7 * i + 3 * j) % 900 for j in range(200)] for i in range(4)]  # 12 whole blocks each
+    server = start_server(tmp_path / "data", *FLAGS, model=str(base))
+    nc = await server.connect_nats()
+    try:
+        for ids in prompts:
+            await generate(nc, ids, 4)
+        assert (await asyncio.to_thread(settle, server))["disk_spilled_blocks"] > 0  # on every tier now
+        updated = await ask(nc, UpdateFromDisk(str(new)))
+        assert isinstance(updated, WeightsUpdated) and updated.success, updated
+        reference = Reference(new)
+        for ids in prompts:
+            assert (await generate(nc, ids, 4)).token_ids == reference(ids, 4)
+    finally:
+        await nc.drain()
+        server.stop()
+        remove_segments(tmp_path / "data")
