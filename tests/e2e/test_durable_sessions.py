@@ -1,8 +1,8 @@
 """Sessions outlive the processes that hold them, tested by killing those: a session continues
 after its scheduler is killed (-9) and after the whole server restarts, with the output of a run
-that never restarted; the snapshot actor killed mid-write under load loses and corrupts nothing;
-an expired session is not restored, and an unreadable session file is set aside while the rest
-restore."""
+that never restarted, and after the restart its earlier turns come back from the disk tier, not
+recomputed; the snapshot actor killed mid-write under load loses and corrupts nothing; an expired
+session is not restored, and an unreadable session file is set aside while the rest restore."""
 
 import os
 import signal
@@ -18,8 +18,9 @@ from actors.snapshot.session_store import UNREADABLE_DIR, decode_file, encode_fi
 from ops.local_server import RunningServer, start_server
 from schemas.requests import Tenant
 from schemas.snapshot import SessionRecord, TurnRecord
+from tests.e2e.tier_requests import remove_segments
 
-FLAGS = ("--num-kv-blocks", "256")
+FLAGS = ("--num-kv-blocks", "256", "--host-kv-blocks", "64", "--disk-kv-gb", "1")
 TURNS = [list(range(300, 340)), list(range(700, 711)), list(range(900, 917))]  # each turn's new tokens
 
 
@@ -40,6 +41,7 @@ def deployment(tmp_path_factory):
     running = Deployment(tmp_path_factory.mktemp("durable"))
     yield running
     running.server.stop()
+    remove_segments(running.data_dir)
 
 
 def open_session(server: RunningServer, **body) -> str:
@@ -56,9 +58,15 @@ def take_turn(server: RunningServer, session_id: str, new_ids: list[int], max_ne
 
 def turn_output(server: RunningServer, session_id: str, new_ids: list[int]) -> tuple[int, list[int]]:
     """The turn's whole prompt length, and its output (greedy)."""
+    meta, output = turn_reply(server, session_id, new_ids)
+    return meta["prompt_tokens"], output
+
+
+def turn_reply(server: RunningServer, session_id: str, new_ids: list[int]) -> tuple[dict, list[int]]:
+    """The turn's meta_info and its output (greedy)."""
     response = take_turn(server, session_id, new_ids)
     assert response.status_code == 200, response.text
-    return response.json()["meta_info"]["prompt_tokens"], response.json()["output_ids"]
+    return response.json()["meta_info"], response.json()["output_ids"]
 
 
 def saved(server: RunningServer) -> dict[str, SessionRecord]:
@@ -171,7 +179,10 @@ def whole_restart(deployment):
 def test_a_session_outlives_a_whole_server_restart(whole_restart):
     server, session, _, first_two, never_restarted = whole_restart
     assert first_two == never_restarted[:2]
-    assert turn_output(server, session, TURNS[2]) == never_restarted[2]
+    meta, output = turn_reply(server, session, TURNS[2])
+    assert (meta["prompt_tokens"], output) == never_restarted[2]
+    first_turn_blocks = (first_two[0][0] + len(first_two[0][1])) // 16 * 16  # long on disk before the stop
+    assert meta["cached_tokens"] >= first_turn_blocks  # read back from the disk tier, not recomputed
 
 
 def test_an_expired_session_is_not_restored(whole_restart):
