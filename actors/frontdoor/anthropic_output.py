@@ -12,6 +12,7 @@ import json
 from aiohttp import web
 
 from actors.frontdoor.chat_reply import ReplyDelta
+from actors.frontdoor.chat_translation import ParamMap
 from actors.frontdoor.dialect_serving import Ending
 from actors.lib.tool_calls.sections import assemble
 from schemas.errors import Error
@@ -37,11 +38,16 @@ def anthropic_error(error: Error) -> dict:
 
 
 class AnthropicDialect:
-    def __init__(self, model: str, stop_sequences: list[str]) -> None:
+    """`params`: the Messages body's fields of the chat path's; None before a body was read."""
+
+    def __init__(self, model: str, stop_sequences: list[str], params: ParamMap | None = None) -> None:
         self.model = model
         self.stop_sequences = stop_sequences
+        self.params = params
 
     def error_response(self, error: Error) -> web.Response:
+        if self.params is not None:  # an error of the chat path: named by the Messages body's field
+            error = self.params.client_error(error)
         return web.json_response(anthropic_error(error), status=error.http_status)
 
     def writer(self, request_id: str, created: int, input_tokens: int) -> "MessageWriter":

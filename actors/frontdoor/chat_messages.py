@@ -1,12 +1,17 @@
 """OpenAI's chat messages in, the conversation the tokenizer renders out (`ChatMessage`s): text
 content, an assistant's tool calls and the tool results that answer them.
 
-No I/O. A message the template could not render faithfully is refused with the field named:
-content parts other than text, a tool result that answers no earlier call, arguments that are not
-JSON (templates read them decoded, as vLLM hands them over).
+No I/O. Each role is a Struct of its own, tagged by `role`, so the decoder (and /openapi.json, made
+from the same Structs) refuses a field a role does not take, and every field a role takes is
+rendered, but one: an assistant's `reasoning_content`, which this server's own replies carry and
+clients send back with the history, is accepted and not rendered, as earlier thinking is dropped on
+every route. What the decoder cannot see is checked here, with the field named: a tool result that
+answers no earlier call, arguments that are not JSON (templates read them decoded, as vLLM hands
+them over).
 """
 
 import json
+from typing import Literal
 
 import msgspec
 
@@ -15,62 +20,76 @@ from schemas.errors import Error
 from schemas.generate import ChatMessage, ChatToolCall, ToolCallFunction
 
 
-class ContentPart(msgspec.Struct):
-    type: str
-    text: str | None = None
+class TextPart(msgspec.Struct, forbid_unknown_fields=True):
+    """A content part: text only (images, audio and files are not read by the models served)."""
+
+    type: Literal["text"]
+    text: str
 
 
-class CalledFunction(msgspec.Struct):
+Content = str | list[TextPart]  # parts are joined by newlines, as vLLM joins them
+
+
+class CalledFunction(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     arguments: str  # JSON text, as OpenAI gives it
 
 
-class MessageToolCall(msgspec.Struct):
+class MessageToolCall(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     function: CalledFunction
-    type: str = "function"
+    type: Literal["function"] = "function"
 
 
-class OpenAIMessage(msgspec.Struct):
-    role: str
-    content: str | list[ContentPart] | None = None
-    tool_calls: list[MessageToolCall] | None = None  # an assistant's
-    tool_call_id: str | None = None  # a tool's: the call it answers
+class SystemMessage(msgspec.Struct, tag_field="role", tag="system", forbid_unknown_fields=True):
+    content: Content
+
+
+class DeveloperMessage(msgspec.Struct, tag_field="role", tag="developer", forbid_unknown_fields=True):
+    """OpenAI's newer name of a system message."""
+
+    content: Content
+
+
+class UserMessage(msgspec.Struct, tag_field="role", tag="user", forbid_unknown_fields=True):
+    content: Content
+
+
+class AssistantMessage(msgspec.Struct, tag_field="role", tag="assistant", forbid_unknown_fields=True):
+    content: Content | None = None  # none with tool calls (or a refusal)
+    tool_calls: list[MessageToolCall] | None = None
+    reasoning_content: str | None = None  # accepted, not rendered: earlier thinking is dropped
+
+
+class ToolMessage(msgspec.Struct, tag_field="role", tag="tool", forbid_unknown_fields=True):
+    content: Content
+    tool_call_id: str  # the call it answers
+
+
+OpenAIMessage = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
 
 
 def chat_messages(messages: list[OpenAIMessage]) -> list[ChatMessage] | Error:
-    if not messages:
-        return invalid("messages must not be empty", "messages")
     parsed = []
     call_ids: set[str] = set()  # of the calls made so far, which tool results answer
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
-        role = "system" if message.role == "developer" else message.role  # OpenAI's newer name
-        if role == "function":
-            return invalid("function messages are not supported; send tool messages", f"{param}.role")
-        if role not in ("system", "user", "assistant", "tool"):
-            return invalid(f"unknown role `{message.role}`", f"{param}.role")
-        calls = None
-        if message.tool_calls:
-            if role != "assistant":
-                return invalid("only an assistant's message makes tool calls", f"{param}.tool_calls")
-            calls = _tool_calls(message.tool_calls, f"{param}.tool_calls")
-            if isinstance(calls, Error):
-                return calls
-            call_ids.update(call.id for call in calls)
-        content = _message_text(message.content, role, f"{param}.content")
-        if isinstance(content, Error):
-            return content
-        answered = None
-        if role == "tool":
-            answered = message.tool_call_id
-            if answered is None:
-                return invalid("a tool message needs `tool_call_id`", f"{param}.tool_call_id")
-            if answered not in call_ids:
-                return invalid(f"no earlier tool call has the id `{answered}`", f"{param}.tool_call_id")
-        parsed.append(ChatMessage(role, content, tool_calls=calls, tool_call_id=answered))
-    if not any(m.content or m.tool_calls for m in parsed):
-        return invalid("messages are empty: every content is blank", "messages")
+        content = _text(message.content)
+        match message:
+            case SystemMessage() | DeveloperMessage():
+                parsed.append(ChatMessage("system", content))
+            case UserMessage():
+                parsed.append(ChatMessage("user", content))
+            case AssistantMessage():
+                calls = _tool_calls(message.tool_calls or [], f"{param}.tool_calls")
+                if isinstance(calls, Error):
+                    return calls
+                call_ids.update(call.id for call in calls)
+                parsed.append(ChatMessage("assistant", content, tool_calls=calls or None))
+            case ToolMessage():
+                if message.tool_call_id not in call_ids:
+                    return invalid(f"no earlier tool call has the id `{message.tool_call_id}`", f"{param}.tool_call_id")
+                parsed.append(ChatMessage("tool", content, tool_call_id=message.tool_call_id))
     return parsed
 
 
@@ -85,17 +104,9 @@ def _tool_calls(calls: list[MessageToolCall], param: str) -> list[ChatToolCall] 
     return parsed
 
 
-def _message_text(content: str | list[ContentPart] | None, role: str, param: str) -> str | Error:
+def _text(content: Content | None) -> str:
     if content is None:
-        # OpenAI lets an assistant turn omit content (one with tool calls, or a refusal).
-        return "" if role == "assistant" else invalid("content is required", param)
+        return ""
     if isinstance(content, str):
         return content
-    texts = []
-    for i, part in enumerate(content):
-        if part.type != "text":
-            return invalid(f"content parts of type `{part.type}` are not supported yet", f"{param}[{i}].type")
-        if part.text is None:
-            return invalid("a text content part needs `text`", f"{param}[{i}].text")
-        texts.append(part.text)
-    return "\n".join(texts)  # as vLLM joins them, so prompts match across servers
+    return "\n".join(part.text for part in content)

@@ -29,28 +29,36 @@ FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 _REASONING_START: dict[str, ReasoningStart] = {"deepseek-r1": "open", "deepseek_r1": "open", "qwen3": "optional"}
 
 
-class FunctionDefinition(msgspec.Struct, omit_defaults=True):
+class FunctionDefinition(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    # A demanded call (tool_choice required or named) follows `parameters` whatever `strict` says;
+    # under "auto" the reply is not constrained, strict or not.
     strict: bool | None = None
 
 
-class FunctionTool(msgspec.Struct):
+class FunctionTool(msgspec.Struct, forbid_unknown_fields=True):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionChoice(msgspec.Struct):
+class FunctionChoice(msgspec.Struct, forbid_unknown_fields=True):
     name: str
 
 
-class NamedToolChoice(msgspec.Struct):
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
     type: Literal["function"]
     function: FunctionChoice
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+# The template's own variables; the names apply_chat_template keeps for itself are refused
+# (`_check_kwargs`), and /openapi.json says so.
+TemplateKwargs = Annotated[
+    dict[str, Any],
+    msgspec.Meta(extra_json_schema={"propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}),
+]
 
 
 class ToolFields(Protocol):
@@ -59,7 +67,7 @@ class ToolFields(Protocol):
     tools: list[FunctionTool] | None
     tool_choice: ToolChoice | None
     parallel_tool_calls: bool | None
-    chat_template_kwargs: dict[str, Any] | None  # the template's own variables, e.g. enable_thinking
+    chat_template_kwargs: TemplateKwargs | None  # the template's own variables, e.g. enable_thinking
     include_reasoning: bool | None  # vLLM's: False leaves reasoning_content out
     separate_reasoning: bool | None  # SGLang's: False leaves the thinking in content
 

@@ -15,7 +15,7 @@ import msgspec
 
 from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.openai_protocol import ParsedRequest, parse_chat_request
-from actors.frontdoor.request_fields import invalid
+from actors.frontdoor.request_fields import validation_error
 from schemas.errors import Error
 
 T = TypeVar("T")
@@ -47,15 +47,19 @@ class ParamMap:
             rest = param[match.end() :]
             head, dot, tail = rest.partition(".")
             return f"{match.group(1)}.{self.tool_fields.get(head, head)}{dot}{tail}"
-        head, dot, tail = param.partition(".")
-        return self.fields.get(head, head) + dot + tail
+        for chat_field in sorted(self.fields, key=len, reverse=True):  # the longest first: `a.b` before `a`
+            if param == chat_field or param.startswith(chat_field + ".") or param.startswith(chat_field + "["):
+                return self.fields[chat_field] + param[len(chat_field) :]
+        return param
+
+    def client_error(self, error: Error) -> Error:
+        """An error of the chat path, downstream ones included, naming the client's own field."""
+        return msgspec.structs.replace(error, param=self.client_param(error.param))
 
 
 def onto_chat(chat_body: dict, served_model: str, chat_format: ChatFormat, params: ParamMap) -> ParsedRequest | Error:
     parsed = parse_chat_request(msgspec.json.encode(chat_body), served_model, chat_format)
-    if isinstance(parsed, Error):
-        return msgspec.structs.replace(parsed, param=params.client_param(parsed.param))
-    return parsed
+    return params.client_error(parsed) if isinstance(parsed, Error) else parsed
 
 
 def convert(value: Any, kind: type[T], param: str) -> T | Error:
@@ -63,10 +67,4 @@ def convert(value: Any, kind: type[T], param: str) -> T | Error:
     try:
         return msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
-        detail, _, path = str(exc).partition(" - at `$")
-        path = param + path.rstrip("`")
-        for prefix, say in (("Object missing required field `", "is required"),):
-            if detail.startswith(prefix):
-                path += "." + detail.removeprefix(prefix).rstrip("`")
-                return invalid(f"`{path}` {say}", path)
-        return invalid(f"Invalid value for `{path}`: {detail}", path)
+        return validation_error(str(exc), at=param)

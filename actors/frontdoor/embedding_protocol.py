@@ -1,8 +1,8 @@
 """The bodies of the embedding and scoring routes in, the bus's `EmbedRequest` and `ScoreRequest`
 (schemas/embed.py) out: OpenAI's `/v1/embeddings`, SGLang's `/encode`, `/v1/score` (log-likelihoods
 of outputs given an input) and `/v1/similarity` (the cosine of two inputs' embeddings, in the shape
-of vLLM's `/score` for embedding models). Unknown keys are ignored, as on the other OpenAI routes;
-a known key with a bad value is refused with its name. No I/O.
+of vLLM's `/score` for embedding models). The rule of every body (request_fields.py): a key is
+honoured or refused naming it, unknown keys among the refused. No I/O.
 """
 
 from dataclasses import dataclass
@@ -10,19 +10,25 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.frontdoor.request_fields import decode_body, invalid
+from actors.frontdoor.request_fields import (
+    TOKEN_ID_SCHEMA,
+    TokenId,
+    beyond_schema,
+    decode_body,
+    exactly_one,
+    integral,
+    invalid,
+)
 from schemas.embed import MAX_INPUTS, EmbedRequest, ScoreRequest
 from schemas.errors import Error
-from schemas.generate import INT32_MAX, TokenId
 
-Dimensions = Annotated[int, msgspec.Meta(ge=1)]
+Dimensions = Annotated[int, msgspec.Meta(ge=1), beyond_schema("at most the model's hidden size")]
 # Described in /openapi.json as they are checked: no empty text, no empty list, at most MAX_INPUTS.
 Text = Annotated[str, msgspec.Meta(min_length=1)]
 Texts = Annotated[list[Text], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)]
-_TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
 _STRINGS = {"items": {"type": "string", "minLength": 1}}
-_IDS = {"items": _TOKEN_ID}
-_ID_LISTS = {"items": {"type": "array", "items": _TOKEN_ID, "minItems": 1}}
+_IDS = {"items": TOKEN_ID_SCHEMA}
+_ID_LISTS = {"items": {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1}}
 # Strings, token ids, or lists of token ids, never mixed: msgspec decodes no union of list types, so
 # the checks are ours (`_inputs`), and the document says them.
 Inputs = Annotated[
@@ -34,7 +40,7 @@ TokenInputs = Annotated[
 ]
 
 
-class EmbeddingsBody(msgspec.Struct, kw_only=True):
+class EmbeddingsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input: Text | Inputs  # a string, strings, token ids, or lists of token ids
     model: str | None = None  # OpenAI requires it; a missing one means the model served
     encoding_format: Literal["float", "base64"] | None = None
@@ -42,7 +48,7 @@ class EmbeddingsBody(msgspec.Struct, kw_only=True):
     user: str | None = None  # names the tenant when no API keys are configured
 
 
-class EncodeBody(msgspec.Struct, kw_only=True):
+class EncodeBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """SGLang's `EmbeddingReqInput`, the fields this server uses."""
 
     text: Text | Texts | None = None
@@ -50,7 +56,7 @@ class EncodeBody(msgspec.Struct, kw_only=True):
     dimensions: Dimensions | None = None
 
 
-class ScoreBody(msgspec.Struct, kw_only=True):
+class ScoreBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One input and one output or a list of them, each as text or token ids."""
 
     input: Text | None = None
@@ -61,13 +67,18 @@ class ScoreBody(msgspec.Struct, kw_only=True):
     user: str | None = None
 
 
-class SimilarityBody(msgspec.Struct, kw_only=True):
+class SimilarityBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's `/score` body for embedding models: one text against one or many, or pairs in order."""
 
-    text_1: Text | Texts
-    text_2: Text | Texts
+    text_1: Annotated[Text | Texts, beyond_schema("one text, or as many as text_2 has")]
+    text_2: Annotated[Text | Texts, beyond_schema(f"at most {MAX_INPUTS} texts in text_1 and text_2 together")]
     model: str | None = None
     user: str | None = None
+
+
+# /openapi.json's bodies: the Structs and the rules their decoders cannot see.
+ENCODE_BODY = Annotated[EncodeBody, exactly_one(("text", "input_ids"))]
+SCORE_BODY = Annotated[ScoreBody, exactly_one(("input", "input_ids"), ("output", "output_ids"))]
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,7 @@ def _inputs(
         return given, None
     batch = given if isinstance(given[0], list) else [given]
     try:
-        ids = msgspec.convert(batch, list[list[TokenId]])
+        ids = msgspec.convert(integral(batch), list[list[TokenId]])
     except msgspec.ValidationError as exc:
         detail, _, where = str(exc).partition(" - at `$")
         at = where.rstrip("`")

@@ -1,9 +1,12 @@
-"""The bodies of this server's own routes (`/admin/publish`, `POST /v1/sessions`). Our own API, so
-unknown fields are refused by name. SGLang's native `/generate` is in `sglang_protocol`."""
+"""The bodies of this server's own routes (`/admin/publish`, `POST /v1/sessions`), under the rule
+of every body (request_fields.py): unknown fields are refused by name. SGLang's native `/generate`
+is in `sglang_protocol`."""
+
+from typing import Annotated
 
 import msgspec
 
-from actors.frontdoor.request_fields import Body, decode_body, invalid
+from actors.frontdoor.request_fields import decode_body, exactly_one, invalid
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, TokenId
 from schemas.session import IdleTimeout
@@ -13,29 +16,23 @@ from schemas.session import TokenCount as SessionTokens
 class PublishBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`POST /admin/publish`: a prefix every tenant may read from the cache."""
 
-    text: str | None = None
-    input_ids: list[TokenId] | None = None
+    text: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    input_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)] | None = (
+        None  # not checked: such a prefix is never met
+    )
+
+
+PUBLISH_BODY = Annotated[PublishBody, exactly_one(("text", "input_ids"))]  # as /openapi.json says it
 
 
 def parse_publish_request(body: bytes) -> GenerateRequest | Error:
     """The prefix as a prompt to encode (text is encoded as a completions prompt is)."""
-    req = _decode_tokens_body(body, PublishBody, "prefix")
-    if isinstance(req, Error):
-        return req
-    return GenerateRequest(text=req.text, input_ids=req.input_ids)
-
-
-def _decode_tokens_body(body: bytes, struct_type: type[Body], what: str) -> Body | Error:
-    """Decodes a native body, which gives its tokens (the `what`) as text or as ids: exactly one,
-    and not empty."""
-    req = decode_body(body, struct_type)
+    req = decode_body(body, PublishBody)
     if isinstance(req, Error):
         return req
     if (req.text is None) == (req.input_ids is None):
         return invalid("give exactly one of text and input_ids", "text")
-    if not (req.text or req.input_ids):
-        return invalid(f"the {what} is empty", "text" if req.text is not None else "input_ids")
-    return req
+    return GenerateRequest(text=req.text, input_ids=req.input_ids)
 
 
 class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

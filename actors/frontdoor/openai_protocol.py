@@ -1,11 +1,14 @@
 """OpenAI's chat and completions bodies in, our `GenerateRequest` out: the HTTP edge's validation.
 
 Pure functions with no I/O, so the HTTP handlers stay thin. A body either becomes a
-`ParsedRequest` or an `Error` that names the field at fault; a field we cannot honour is
-refused rather than ignored, so a client never gets output it did not ask for. vLLM's extras are
-taken too (its sampling controls, `prompt_logprobs`, `return_token_ids`, `cache_salt`). A chat's
-messages are read by `chat_messages`, its tool and reasoning fields by `chat_tools`. SGLang's
-native bodies are in `sglang_protocol`; the response builders live in `openai_responses`.
+`ParsedRequest` or an `Error` that names the field at fault. The rule (request_fields.py): every
+field declared here is honoured, or accepted with no effect where it carries no meaning for
+generation (`metadata`, `store: false`, `service_tier`, each marked so), and any other field is
+refused with 400 naming it, OpenAI's own fields this server does not implement among them
+(`suffix`, `functions`, `audio`, ...). vLLM's extras are honoured too (its sampling controls,
+`prompt_logprobs`, `return_token_ids`, `cache_salt`). A chat's messages are read by
+`chat_messages`, its tool and reasoning fields by `chat_tools`. SGLang's native bodies are in
+`sglang_protocol`; the response builders live in `openai_responses`.
 """
 
 import json
@@ -17,11 +20,15 @@ import msgspec
 from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.chat_messages import OpenAIMessage, chat_messages
 from actors.frontdoor.chat_reply import ReplyOptions
-from actors.frontdoor.chat_tools import FunctionTool, ToolChoice, chat_tools
+from actors.frontdoor.chat_tools import FunctionTool, TemplateKwargs, ToolChoice, chat_tools
 from actors.frontdoor.request_fields import (
+    TOKEN_ID_SCHEMA,
+    WINDOW,
     Id,
     SamplingFields,
+    beyond_schema,
     decode_body,
+    integral,
     invalid,
     sampling_params,
     session_turn,
@@ -59,13 +66,12 @@ class ParsedRequest:
     tool_constraint: ToolCallConstraint | None = None
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool | None = None
 
 
 class OpenAIFields(SamplingFields, kw_only=True):
-    """Fields shared by chat and completions. Unknown fields are ignored (clients send many),
-    but the ones listed must have the right type, and those we cannot honour are refused."""
+    """Fields shared by chat and completions (unknown ones are refused, as SamplingFields says)."""
 
     model: str | None = None
     stream: bool | None = None
@@ -73,11 +79,12 @@ class OpenAIFields(SamplingFields, kw_only=True):
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
     user: str | None = None  # names the tenant when no API keys are configured
     # A turn of a session (POST /v1/sessions): the prompt continues the parent turn's conversation.
-    session_id: Id | None = None
+    session_id: Annotated[Id | None, beyond_schema("given with session_parent or session_replace")] = None
     session_parent: Id | None = None  # the id of the turn to continue; default: the latest
     session_replace: bool | None = None  # drop the turns after the parent once this one is done
-    cache_salt: str | None = None  # vLLM's: prefixes are cached apart from other salts'
-    prompt_logprobs: TopLogprobs | None = None  # vLLM's
+    # vLLM's: prefixes are cached apart from other salts'
+    cache_salt: Annotated[str | None, beyond_schema("not with session_id: a session reads its own prefix")] = None
+    prompt_logprobs: Annotated[TopLogprobs | None, beyond_schema("not with stream")] = None  # vLLM's
     return_token_ids: bool | None = None  # vLLM's
     return_tokens_as_token_ids: bool | None = None  # vLLM's
     # Logprobs of the raw logits (the default), or of the distribution drawn from: the values of
@@ -85,28 +92,68 @@ class OpenAIFields(SamplingFields, kw_only=True):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
 
 
+# The conversation is the chat template's to render, which may refuse one (a role order it does not
+# take): its 400 names `messages`.
+Messages = Annotated[
+    list[OpenAIMessage],
+    msgspec.Meta(min_length=1),
+    beyond_schema("rendered by the model's chat template; a tool message answers an earlier call's id"),
+]
+
+
 class ChatCompletionRequest(OpenAIFields, kw_only=True):
-    messages: list[OpenAIMessage]
-    max_completion_tokens: TokenCount | None = None  # the newer name of max_tokens
+    messages: Messages
+    max_completion_tokens: Annotated[
+        TokenCount | None, beyond_schema(f"the newer name of max_tokens: given both, they agree; {WINDOW}")
+    ] = None
     logprobs: bool | None = None
-    top_logprobs: TopLogprobs | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: ToolChoice | None = None
+    top_logprobs: Annotated[TopLogprobs | None, beyond_schema("more than 0 needs logprobs true")] = None
+    tools: Annotated[
+        list[FunctionTool] | None,
+        beyond_schema("names differ; a demanded call's parameters are a schema a grammar follows"),
+    ] = None
+    tool_choice: Annotated[
+        ToolChoice | None,
+        beyond_schema("required or a name needs tools, and no structured output; a name is one of tools"),
+    ] = None
     parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking
+    chat_template_kwargs: TemplateKwargs | None = None  # the template's own variables, e.g. enable_thinking
     include_reasoning: bool | None = None  # vLLM's: False leaves reasoning_content out
     separate_reasoning: bool | None = None  # SGLang's: False leaves the thinking in content
-    functions: list[Any] | None = None
-    function_call: str | dict[str, Any] | None = None
+    # Accepted with no effect: they carry no meaning for generation. OpenAI keeps `metadata` with a
+    # stored completion, and nothing is stored here (so `store: true` is refused); one server has
+    # one service tier.
+    metadata: dict[str, str] | None = None
+    store: Literal[False] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+
+
+_PROMPT_TEXT = {"type": "string", "minLength": 1}
+_PROMPT_IDS = {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1}
+# str, [str], [int] or [[int]], a batch of one at most; msgspec cannot tell two array types apart in
+# one union, so `_completion_prompt` checks the lists, and the document says what it takes.
+Prompt = (
+    Annotated[str, msgspec.Meta(min_length=1)]
+    | Annotated[
+        list[Any],
+        msgspec.Meta(
+            min_length=1,
+            extra_json_schema={
+                "anyOf": [
+                    {"items": _PROMPT_TEXT, "maxItems": 1},
+                    _PROMPT_IDS,
+                    {"items": _PROMPT_IDS, "maxItems": 1},
+                ]
+            },
+        ),
+    ]
+)
 
 
 class CompletionRequest(OpenAIFields, kw_only=True):
-    # str, [str], [int] or [[int]]; msgspec cannot tell two array types apart in one union.
-    prompt: str | list[Any]
+    prompt: Prompt
     echo: bool | None = None
-    best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
     logprobs: TopLogprobs | None = None  # even 0 asks for the chosen token's logprob
-    suffix: str | None = None
 
 
 def parse_chat_request(body: bytes, served_model: str, chat_format: ChatFormat = ChatFormat()) -> ParsedRequest | Error:
@@ -114,8 +161,7 @@ def parse_chat_request(body: bytes, served_model: str, chat_format: ChatFormat =
     req = decode_body(body, ChatCompletionRequest)
     if isinstance(req, Error):
         return req
-    error = _check_model(req.model, served_model) or _refuse_unsupported(_chat_unsupported(req))
-    if error:
+    if error := _check_model(req.model, served_model):
         return error
     messages = chat_messages(req.messages)
     if isinstance(messages, Error):
@@ -146,8 +192,7 @@ def parse_completion_request(body: bytes, served_model: str) -> ParsedRequest | 
     req = decode_body(body, CompletionRequest)
     if isinstance(req, Error):
         return req
-    error = _check_model(req.model, served_model) or _refuse_unsupported(_completion_unsupported(req))
-    if error:
+    if error := _check_model(req.model, served_model):
         return error
     prompt = _completion_prompt(req.prompt)
     if isinstance(prompt, Error):
@@ -164,27 +209,6 @@ def _check_model(model: str | None, served_model: str) -> Error | None:
     return None
 
 
-def _chat_unsupported(req: ChatCompletionRequest) -> dict[str, bool]:
-    return {
-        "functions": bool(req.functions),
-        "function_call": req.function_call not in (None, "none", "auto"),
-    }
-
-
-def _completion_unsupported(req: CompletionRequest) -> dict[str, bool]:
-    return {
-        "best_of > 1": (req.best_of or 1) > 1,
-        "suffix": bool(req.suffix),
-    }
-
-
-def _refuse_unsupported(asked: dict[str, bool]) -> Error | None:
-    for feature, is_asked in asked.items():
-        if is_asked:
-            return invalid(f"{feature} is not supported yet", feature.split(" ")[0])
-    return None
-
-
 def _completion_prompt(prompt: str | list[Any]) -> GenerateRequest | Error:
     if isinstance(prompt, list) and all(isinstance(p, str | list) for p in prompt):
         if len(prompt) > 1:
@@ -196,7 +220,7 @@ def _completion_prompt(prompt: str | list[Any]) -> GenerateRequest | Error:
     if isinstance(prompt, str):
         return GenerateRequest(text=prompt)
     try:
-        return GenerateRequest(input_ids=msgspec.convert(prompt, list[TokenId]))
+        return GenerateRequest(input_ids=msgspec.convert(integral(prompt), list[TokenId]))
     except msgspec.ValidationError as exc:
         detail, _, index = str(exc).partition(" - at `$")
         return invalid(f"prompt must be a string or a list of token ids: {detail}", f"prompt{index.rstrip('`')}")

@@ -2,18 +2,30 @@
 `SamplingParams`), the per-token controls and their checks, and the decoding that turns msgspec's
 complaints into an `Error` naming the field at fault.
 
-Used by the OpenAI routes (openai_protocol) and SGLang's (sglang_protocol); no I/O.
+The rule of every body the HTTP routes take: each field a Struct declares is honoured, or is
+declared accepted-with-no-effect with the reason beside it (it carries no meaning for generation:
+`metadata`, `store: false`, `service_tier`); every other field is refused with 400 naming it, the
+fields of OpenAI's, vLLM's or SGLang's APIs that this server does not implement among them
+(`NOT_IMPLEMENTED` says what to send instead). So every request Struct forbids unknown fields, and
+/openapi.json, made from the same Structs, says `additionalProperties: false`.
+
+Used by every route's body (openai_protocol, sglang_protocol, embedding_protocol, ...); no I/O.
 """
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 
-from actors.frontdoor.structured_output import ResponseFormat, StructuredOutputs, openai_constraint
+from actors.frontdoor.structured_output import (
+    Choices,
+    JsonSchema,
+    ResponseFormat,
+    StructuredOutputs,
+    openai_constraint,
+)
 from schemas.errors import Error
 from schemas.generate import (
-    INT32_MAX,
     MAX_STOP_STRINGS,
     Bias,
     Count,
@@ -27,76 +39,161 @@ from schemas.generate import (
     StopStrings,
     Temperature,
     TokenCount,
-    TokenId,
     TopK,
     TopP,
 )
+from schemas.generate import TokenId as BusTokenId
 
 Body = TypeVar("Body", bound=msgspec.Struct)
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+COMPONENT_REF = "#/components/schemas/{name}"  # where /openapi.json keeps the Structs' schemas
+# A token id the scheduler checks against the vocabulary: openapi.py bounds it by the vocabulary
+# the executor reports. (Stop token ids are not checked: one outside the vocabulary is never drawn.)
+TokenId = Annotated[BusTokenId, msgspec.Meta(extra_json_schema={"x-token-id": True})]
+TOKEN_ID_SCHEMA = msgspec.json.schema(TokenId)  # for schemas written by hand: lists msgspec cannot tell apart
+# JSON keys are strings: a token id as its digits (the vocabulary is checked downstream).
+TokenKey = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}$")]
+IN_VOCABULARY = "token ids of the served model's vocabulary"
+WINDOW = "with the prompt's tokens, within the model's context window"
+StopRegexes = Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
+REGEX = "Python regular expressions that compile"
+GRAMMAR = "a constraint a tokenizer can compile (xgrammar's); one structured output field at most"
+# Fields of OpenAI's, vLLM's and SGLang's APIs that this server does not implement, by their path
+# (list indexes left out): refused as every unknown field is, with what to send instead.
+NOT_IMPLEMENTED = {
+    "functions": "OpenAI's deprecated functions: send `tools`",
+    "function_call": "OpenAI's deprecated functions: send `tool_choice`",
+    "suffix": "text insertion is not implemented",
+    "best_of": "only one sequence is drawn per choice: send `n`",
+    "reasoning_effort": 'send `chat_template_kwargs` {"enable_thinking": ...}',
+    "messages.name": "the chat template receives no participant names",
+    "sampling_params.structural_tag": "send `json_schema`, `regex` or `ebnf`",
+    "session_params.offset": "a session continues after its parent turn's whole output",
+    "session_params.drop_previous_output": "a session continues after its parent turn's whole output",
+    "thinking.budget_tokens": 'thinking is not bounded on this server: send {"type": "adaptive"}',
+    "previous_response_id": "this server keeps no responses: send the whole conversation in `input`",
+    "reasoning.summary": "the thinking is given whole, never summarised",
+    # SGLang's update-from-disk switches, taken only as false or null:
+    "is_async": "every update is applied before the server answers",
+    "keep_pause": "pause with /pause_generation before the update; an update leaves that pause in place",
+    "manifest": "an update from disk loads the whole checkpoint of the directory",
+    "lora_path": "LoRA adapters are not served",
+    "custom_logit_processor": "custom logit processors are not run",
+    "return_hidden_states": "hidden states are not returned",
+}
+
+
+def beyond_schema(rule: str) -> msgspec.Meta:
+    """Marks a field with a rule JSON Schema cannot state (it needs the model, a compiler, or another
+    field's value): /openapi.json says the rule in words, as `x-beyond-schema`, and the server's 400
+    for a body the schema allows names such a field (tests/e2e/test_openapi_fuzz.py holds it to that)."""
+    return msgspec.Meta(extra_json_schema={"x-beyond-schema": rule})
+
+
+def exactly_one(*groups: tuple[str, ...]) -> msgspec.Meta:
+    """For a body Struct: of each group of fields, exactly one is given and not null (a null counts
+    as absent, as every optional field's null does), in /openapi.json as the server checks it."""
+    rules = [
+        {"oneOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in group]} for group in groups
+    ]
+    return msgspec.Meta(extra_json_schema={"allOf": rules})
+
+
 # A turn is named by its request id; the id of an OpenAI response is that with a prefix.
 RESPONSE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
-StopRegexes = Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What the OpenAI routes accept for sampling, with vLLM's extras; None means "the default".
     The ranges are those of `SamplingParams` (schemas/generate.py), so HTTP and the bus refuse the
     same values."""
 
-    max_tokens: TokenCount | None = None
+    max_tokens: Annotated[TokenCount | None, beyond_schema(WINDOW)] = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
     min_p: MinP | None = None
     seed: Seed | None = None
     stop: StopString | StopStrings | None = None  # OpenAI takes one string or a list
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[BusTokenId] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     min_tokens: Count | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
-    logit_bias: dict[str, Bias] | None = None  # token id (as JSON keys are strings) -> bias
-    allowed_token_ids: list[TokenId] | None = None
-    disallowed_token_ids: list[TokenId] | None = None
+    logit_bias: Annotated[dict[TokenKey, Bias] | None, beyond_schema(IN_VOCABULARY)] = None  # token id -> bias
+    allowed_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)] | None = None  # never empty
+    disallowed_token_ids: Annotated[
+        list[TokenId] | None, beyond_schema("leaving a token to draw (one of allowed_token_ids, if given)")
+    ] = None
     final_temperature: Temperature | None = None  # with temperature_schedule_tokens: a schedule
     temperature_schedule_tokens: Count | None = None
-    stop_regex: StopString | StopRegexes | None = None
+    stop_regex: Annotated[StopString | StopRegexes | None, beyond_schema(REGEX)] = None
     include_stop_str_in_output: bool | None = None
     # Structured output (structured_output.py): OpenAI's, then vLLM's newer and older fields; one at most.
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: Any = None  # a JSON schema, as an object or as its JSON text
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    response_format: Annotated[ResponseFormat | None, beyond_schema(GRAMMAR)] = None
+    structured_outputs: Annotated[StructuredOutputs | None, beyond_schema(GRAMMAR)] = None
+    guided_json: Annotated[JsonSchema | str | None, beyond_schema(GRAMMAR)] = None  # a JSON schema, or its JSON text
+    guided_regex: Annotated[str | None, beyond_schema(GRAMMAR)] = None
+    guided_choice: Annotated[Choices | None, beyond_schema(GRAMMAR)] = None
+    guided_grammar: Annotated[str | None, beyond_schema(GRAMMAR)] = None
 
 
 def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:
     try:
         return msgspec.json.decode(body, type=struct_type)
     except msgspec.ValidationError as exc:
-        return _validation_error(str(exc))
+        if "got `float`" in str(exc):
+            return _decode_integral(body, struct_type)
+        return validation_error(str(exc))
     except msgspec.DecodeError as exc:
         return invalid(f"The request body is not valid JSON: {exc}")
     except RecursionError:
         return invalid("The request body is nested too deeply")
 
 
-def _validation_error(text: str) -> Error:
-    """Rewrites msgspec's "Expected `int`, got `str` - at `$.max_tokens`" with the field as `param`."""
-    detail, _, path = text.partition(" - at `$")
-    path = path.rstrip("`").lstrip(".").removesuffix("[...]")  # "[...]": a value of a dict
-    for prefix, say in (
-        ("Object missing required field `", "is required"),
-        ("Object contains unknown field `", "is not a known field"),
-    ):
-        if detail.startswith(prefix):
-            field = ".".join(filter(None, (path, detail.removeprefix(prefix).rstrip("`"))))
-            return invalid(f"`{field}` {say}", field)
+def _decode_integral(body: bytes, struct_type: type[Body]) -> Body | Error:
+    """JSON has one kind of number: `2.0` is the integer 2 to JSON Schema (and so to /openapi.json)
+    and to clients that write every number as a float; msgspec wants `2`. The slow way, taken only
+    when the fast one met a float."""
+    try:
+        return msgspec.convert(integral(msgspec.json.decode(body)), struct_type)
+    except msgspec.ValidationError as exc:
+        return validation_error(str(exc))
+    except RecursionError:
+        return invalid("The request body is nested too deeply")
+
+
+def integral(value):
+    """`value` with every float of no fraction an int (floats stay floats where a float is
+    wanted: msgspec takes an int for a float)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(item) for item in value]
+    if isinstance(value, dict):
+        return {key: integral(item) for key, item in value.items()}
+    return value
+
+
+def validation_error(text: str, at: str = "") -> Error:
+    """Rewrites msgspec's "Expected `int`, got `str` - at `$.max_tokens`" with the field as `param`;
+    `at`: where in the body the decoded value was (a piece decoded on its own)."""
+    detail, _, where = text.partition(" - at `")
+    where = where.removeprefix("key` in `")  # a dict's key: the dict is the field at fault
+    path = (at + where.removeprefix("$").rstrip("`").removesuffix("[...]")).lstrip(".")  # "[...]": a dict's value
+    if detail.startswith("Object missing required field `"):
+        field = ".".join(filter(None, (path, detail.removeprefix("Object missing required field `").rstrip("`"))))
+        return invalid(f"`{field}` is required", field)
+    if detail.startswith("Object contains unknown field `"):
+        name = detail.removeprefix("Object contains unknown field `").rstrip("`")
+        field = ".".join(filter(None, (path, name)))
+        why = NOT_IMPLEMENTED.get(re.sub(r"\[\d+\]", "", field), "this route takes no such field (docs/api.md)")
+        return invalid(f"`{field}` is not supported: {why}", field)
+    if why := NOT_IMPLEMENTED.get(re.sub(r"\[\d+\]", "", path)):  # a field taken as its no-op value alone
+        return invalid(f"`{path}` is not supported: {why}", path)
     if not path:
         return invalid(f"The request body must be a JSON object: {detail}")
     return invalid(f"Invalid value for `{path}`: {detail}", path)
@@ -116,15 +213,10 @@ def session_turn(session_id: str | None, parent: str | None, replace: bool | Non
     return SessionTurn(session_id, parent, bool(replace))
 
 
-def logit_bias_ids(bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float] | Error:
-    """JSON keys are strings: each must be a token id. Whether it is in the vocabulary, the
-    scheduler checks (it knows the model)."""
-    ids = {}
-    for key, value in (bias or {}).items():
-        if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
-            return invalid(f"logit_bias keys must be token ids, not {key!r}", param)
-        ids[int(key)] = value
-    return ids
+def logit_bias_ids(bias: dict[str, float] | None) -> dict[int, float]:
+    """JSON keys are strings, decoded as `TokenKey`s: digits. Whether each is in the vocabulary,
+    the scheduler checks (it knows the model)."""
+    return {int(key): value for key, value in (bias or {}).items()}
 
 
 def stop_regexes(patterns: str | list[str] | None, param: str = "stop_regex") -> list[str] | Error:
@@ -138,12 +230,6 @@ def stop_regexes(patterns: str | list[str] | None, param: str = "stop_regex") ->
     return patterns
 
 
-def allowed_ids(ids: list[int] | None, param: str = "allowed_token_ids") -> list[int] | None | Error:
-    if ids is not None and not ids:
-        return invalid("allowed_token_ids must not be empty: nothing could be drawn", param)
-    return ids
-
-
 def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingParams | Error:
     """Ranges were checked while decoding; here an absent or null field takes our default, and the
     checks that need more than a range are made."""
@@ -152,9 +238,7 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
     def given(value, fallback):
         return fallback if value is None else value
 
-    bias = logit_bias_ids(fields.logit_bias)
     regexes = stop_regexes(fields.stop_regex)
-    allowed = allowed_ids(fields.allowed_token_ids)
     guided = {
         "guided_json": fields.guided_json,
         "guided_regex": fields.guided_regex,
@@ -162,7 +246,7 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
         "guided_grammar": fields.guided_grammar,
     }
     constraint = openai_constraint(fields.response_format, fields.structured_outputs, guided)
-    for checked in (bias, regexes, allowed, constraint):
+    for checked in (regexes, constraint):
         if isinstance(checked, Error):
             return checked
     return SamplingParams(
@@ -180,8 +264,8 @@ def sampling_params(fields: SamplingFields, max_tokens: int | None) -> SamplingP
         presence_penalty=given(fields.presence_penalty, 0.0),
         frequency_penalty=given(fields.frequency_penalty, 0.0),
         repetition_penalty=given(fields.repetition_penalty, 1.0),
-        logit_bias=bias,
-        allowed_token_ids=allowed,
+        logit_bias=logit_bias_ids(fields.logit_bias),
+        allowed_token_ids=fields.allowed_token_ids,
         disallowed_token_ids=given(fields.disallowed_token_ids, []),
         final_temperature=fields.final_temperature,
         temperature_schedule_tokens=given(fields.temperature_schedule_tokens, 0),

@@ -23,10 +23,12 @@ Event = tuple[str, dict]
 class ResponsesDialect:
     def __init__(self, parsed: ResponsesParsed, model: str) -> None:
         self.echo = parsed.echo
+        self.params = parsed.params
         self.model = model
 
     def error_response(self, error: Error):
-        return error_response(error)  # OpenAI's error body, as every OpenAI route answers
+        # OpenAI's error body, as every OpenAI route answers, naming the Responses body's field.
+        return error_response(self.params.client_error(error))
 
     def writer(self, request_id: str, created: int, input_tokens: int) -> "ResponseWriter":
         return ResponseWriter(self, request_id, created)

@@ -1,10 +1,11 @@
 """SGLang's native bodies in (`/generate`, `/abort_request`), our `GenerateRequest`s out.
 
 Clients written for SGLang send what SGLang takes: one prompt or a batch (`text` or `input_ids`,
-with per-item lists for the other fields), sampling keys this server does not use, and explicit
-nulls. Unknown keys are ignored, as SGLang ignores them; a known key with a bad value is refused
-with its name, and so is a constraint we cannot honour (`regex`, `json_schema`, ...). The field
-meanings follow SGLang's `GenerateReqInput` (python/sglang/srt/managers/io_struct.py). No I/O.
+with per-item lists for the other fields), and explicit nulls, which mean the default. The rule of
+every body (request_fields.py) holds here too: a key is honoured, or accepted with no effect where
+marked so (`image_data: null`), or refused naming it, SGLang's keys this server does not implement
+among them (`lora_path`, `return_hidden_states`, ...). The field meanings follow SGLang's
+`GenerateReqInput` (python/sglang/srt/managers/io_struct.py). No I/O.
 """
 
 import uuid
@@ -13,39 +14,65 @@ from typing import Annotated, Any
 
 import msgspec
 
-from actors.frontdoor.request_fields import decode_body, invalid
+from actors.frontdoor.request_fields import TOKEN_ID_SCHEMA, beyond_schema, decode_body, exactly_one, integral, invalid
 from actors.frontdoor.sglang_sampling import LogprobAsk, SGLangSampling, sampling_params
 from schemas.errors import Error
 from schemas.generate import MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS, GenerateRequest, SessionTurn, TokenId
 
 
-class SessionParams(msgspec.Struct, kw_only=True):
+class SessionParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """SGLang's `session_params`: the prompt continues a session (POST /v1/sessions) from its turn
     `rid` (default: the latest), dropping the turns after it with `replace`."""
 
     id: str
     rid: str | None = None
     replace: bool | None = None
-    offset: int | None = None
-    drop_previous_output: bool | None = None
 
 
-class GenerateBody(msgspec.Struct, kw_only=True):
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None  # [int] or [[int]]: msgspec cannot tell two array types apart
-    rid: str | list[str] | None = None
-    sampling_params: SGLangSampling | list[SGLangSampling] | None = None
-    return_logprob: bool | list[bool] | None = None
-    logprob_start_len: int | list[int] | None = None  # -1: the output's logprobs only
-    top_logprobs_num: int | list[int] | None = None
-    token_ids_logprob: list[Any] | None = None  # [int] for every item or [[int]] per item
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+_IDS = {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1}
+_ASKED_IDS = {"type": "array", "items": TOKEN_ID_SCHEMA, "maxItems": MAX_LOGPROB_TOKEN_IDS}
+PER_ITEM = "a list gives one value per prompt of the batch"
+# [int] or [[int]]: msgspec cannot tell two array types apart, so `_prompts` checks the lists.
+InputIds = Annotated[list[Any], msgspec.Meta(min_length=1, extra_json_schema={"anyOf": [_IDS, {"items": _IDS}]})]
+TopLogprobsNum = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+LogprobStart = Annotated[int, msgspec.Meta(ge=-1)]
+
+
+class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    text: Text | Annotated[list[Text], msgspec.Meta(min_length=1)] | None = None
+    input_ids: InputIds | None = None
+    rid: Annotated[Text | list[Text] | None, beyond_schema(PER_ITEM + "; ids differ")] = None
+    sampling_params: Annotated[
+        SGLangSampling | list[SGLangSampling] | None,
+        beyond_schema(PER_ITEM + ", each with the same n; n is 1 with max_new_tokens 0"),
+    ] = None
+    return_logprob: Annotated[bool | list[bool] | None, beyond_schema(PER_ITEM)] = None
+    logprob_start_len: Annotated[
+        LogprobStart | list[LogprobStart] | None,
+        beyond_schema(PER_ITEM + "; -1 (the output's logprobs only) or a position of the prompt"),
+    ] = None
+    top_logprobs_num: Annotated[TopLogprobsNum | list[TopLogprobsNum] | None, beyond_schema(PER_ITEM)] = None
+    token_ids_logprob: Annotated[
+        list[Any] | None,
+        msgspec.Meta(extra_json_schema={"anyOf": [_ASKED_IDS, {"items": _ASKED_IDS}]}),
+        beyond_schema("[ids] for every prompt, or [[ids]], one list per prompt of the batch"),
+    ] = None
     return_text_in_logprobs: bool | None = None
     stream: bool | None = None
-    cache_salt: str | list[str] | None = None
-    session_params: SessionParams | None = None
+    cache_salt: Annotated[
+        str | list[str] | None, beyond_schema(PER_ITEM + "; not with session_params: a session reads its own prefix")
+    ] = None
+    session_params: Annotated[SessionParams | None, beyond_schema("one prompt, not a batch")] = None
+    # Accepted as null alone (AReaL sends it for text prompts): the models served read no images.
+    image_data: None = None
 
 
-class AbortBody(msgspec.Struct, kw_only=True):
+# /openapi.json's body: the Struct and the rule its decoder cannot see.
+GENERATE_BODY = Annotated[GenerateBody, exactly_one(("text", "input_ids"))]
+
+
+class AbortBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rid: str | list[str] | None = ""
     abort_all: bool | None = False
 
@@ -126,16 +153,11 @@ def _prompts(req: GenerateBody) -> list[str] | list[list[int]] | Error:
     if (req.text is None) == (req.input_ids is None):
         return invalid("give exactly one of text and input_ids", "text")
     if req.text is not None:
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        if not texts or not all(texts):
-            return invalid("the prompt is empty", "text")
-        return texts
+        return [req.text] if isinstance(req.text, str) else req.text
     ids = req.input_ids
-    if not ids:
-        return invalid("input_ids must not be empty", "input_ids")
     batch = ids if isinstance(ids[0], list) else [ids]
     try:
-        prompts = msgspec.convert(batch, list[list[TokenId]])
+        prompts = msgspec.convert(integral(batch), list[list[TokenId]])
     except msgspec.ValidationError as exc:
         detail, _, where = str(exc).partition(" - at `$")
         return invalid(f"input_ids must be token ids, or a list of such lists: {detail}", f"input_ids{where[:-1]}")
@@ -163,8 +185,6 @@ def _rids(rid: str | list[str] | None, given: list, count: int, single: bool) ->
         rids = [rid] if single else [f"{rid}_{i}" for i in range(count)]
     else:
         rids = given
-    if any(not r for r in rids):
-        return invalid("a rid must not be empty", "rid")
     if len(set(rids)) != len(rids):
         return invalid("the rids of a batch must differ", "rid")
     return rids
@@ -177,7 +197,9 @@ def _token_ids_logprob(value: list | None, count: int) -> list[list[int] | None]
     if len(lists) != count:
         return invalid(f"token_ids_logprob has {len(lists)} lists for a batch of {count}", "token_ids_logprob")
     try:
-        checked = msgspec.convert(lists, list[Annotated[list[TokenId], msgspec.Meta(max_length=MAX_LOGPROB_TOKEN_IDS)]])
+        checked = msgspec.convert(
+            integral(lists), list[Annotated[list[TokenId], msgspec.Meta(max_length=MAX_LOGPROB_TOKEN_IDS)]]
+        )
     except msgspec.ValidationError as exc:
         return invalid(f"token_ids_logprob must be token ids: {exc}", "token_ids_logprob")
     return [ids or None for ids in checked]
@@ -188,8 +210,6 @@ def _session(params: SessionParams | None, count: int) -> SessionTurn | None | E
         return None
     if count > 1:
         return invalid("a batch cannot continue a session", "session_params")
-    if params.offset is not None or params.drop_previous_output:
-        return invalid("session_params.offset and drop_previous_output are not supported", "session_params")
     return SessionTurn(params.id, params.rid, bool(params.replace))
 
 
@@ -202,9 +222,7 @@ def _item(
     session: SessionTurn | None,
     stream: bool,
 ) -> GenerateItem | Error:
-    if not 0 <= ask.top_n <= MAX_TOP_LOGPROBS:
-        return invalid(f"top_logprobs_num must be 0 to {MAX_TOP_LOGPROBS}", "top_logprobs_num")
-    if ask.start_len < -1 or (isinstance(prompt, list) and ask.return_logprob and ask.start_len >= len(prompt)):
+    if isinstance(prompt, list) and ask.return_logprob and ask.start_len >= len(prompt):
         return invalid(f"logprob_start_len {ask.start_len} is past the prompt's last token", "logprob_start_len")
     params = sampling_params(sampling, ask)
     if isinstance(params, Error):

@@ -31,6 +31,7 @@ SGLANG_NAMES = {  # our fields, as SGLang's clients name them
     "prompt_logprobs_from": "logprob_start_len",
     "logprob_token_ids": "token_ids_logprob",
     "max_tokens": "sampling_params.max_new_tokens",
+    "n": "sampling_params.n",
     "min_tokens": "sampling_params.min_new_tokens",
     "logit_bias": "sampling_params.logit_bias",
     "allowed_token_ids": "sampling_params.allowed_token_ids",

@@ -10,37 +10,52 @@ tool call whose arguments must match its function's parameters).
 """
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
 from schemas.errors import Error
 from schemas.generate import Constraint
 
+# A JSON schema as JSON Schema allows one: an object or a boolean. Whether xgrammar can follow it, a
+# tokenizer checks (the schema language cannot say).
+JsonSchema = dict[str, Any] | bool
 
-class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`response_format.json_schema`. Every schema is followed strictly (no properties it does not
-    name), as `strict: true` asks; `name` and `description` only label it."""
+    name), as `strict: true` asks, so `strict` changes nothing; `name` and `description` only label it."""
 
     name: str | None = None
-    schema: Any = None  # a JSON schema: an object (or a boolean)
+    schema: JsonSchema
     strict: bool | None = None
     description: str | None = None
 
 
-class ResponseFormat(msgspec.Struct, kw_only=True):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+class TextFormat(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
+    """Free text: no constraint."""
 
 
-class StructuredOutputs(msgspec.Struct, kw_only=True):
+class JsonObjectFormat(msgspec.Struct, tag_field="type", tag="json_object", forbid_unknown_fields=True):
+    """Any JSON object."""
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, tag_field="type", tag="json_schema", forbid_unknown_fields=True):
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
+Choices = Annotated[list[str], msgspec.Meta(min_length=1)]
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's `structured_outputs`: one of these."""
 
-    json: Any = None  # a JSON schema, as an object or as its JSON text
+    json: JsonSchema | str | None = None  # a JSON schema, or its JSON text
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: Choices | None = None
     grammar: str | None = None  # EBNF (xgrammar's), or Lark
-    json_object: bool | None = None
+    json_object: bool | None = None  # false: none
 
 
 def json_schema_constraint(schema: Any, param: str) -> Constraint | Error:
@@ -70,8 +85,11 @@ def openai_constraint(
     """The constraint of an OpenAI body: `response_format`, vLLM's `structured_outputs`, or its
     `guided_*` fields (`guided`: each given one by name); at most one of them. None: none."""
     asked: list[Constraint | Error] = []
-    if response_format is not None and response_format.type != "text":
-        asked.append(_response_format(response_format))
+    if isinstance(response_format, JsonObjectFormat):
+        asked.append(Constraint("json_object", param="response_format"))
+    elif isinstance(response_format, JsonSchemaResponseFormat):
+        schema = response_format.json_schema.schema
+        asked.append(json_schema_constraint(schema, "response_format.json_schema.schema"))
     if structured_outputs is not None:
         fields = msgspec.structs.asdict(structured_outputs).items()
         given = {name: value for name, value in fields if value is not None and value is not False}
@@ -93,14 +111,6 @@ def sglang_constraint(json_schema: Any, regex: str | None, ebnf: str | None) -> 
     return _one(asked)
 
 
-def _response_format(response_format: ResponseFormat) -> Constraint | Error:
-    if response_format.type == "json_object":
-        return Constraint("json_object", param="response_format")
-    if response_format.json_schema is None or response_format.json_schema.schema is None:
-        return invalid("a json_schema response_format needs json_schema.schema", "response_format.json_schema.schema")
-    return json_schema_constraint(response_format.json_schema.schema, "response_format.json_schema.schema")
-
-
 def _vllm(kind: str, value: Any, param: str) -> Constraint | Error:
     """One of vLLM's fields: `kind` json, regex, choice, grammar or json_object."""
     match kind:
@@ -108,8 +118,6 @@ def _vllm(kind: str, value: Any, param: str) -> Constraint | Error:
             return json_schema_constraint(value, param)
         case "json_object":
             return Constraint("json_object", param=param)
-        case "choice" if not value:
-            return invalid("choice needs at least one string", param)
         case "choice":
             return Constraint("grammar", choice_grammar(value), param)
         case "regex":

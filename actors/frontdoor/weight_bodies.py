@@ -5,19 +5,20 @@ Each body has the fields and defaults of SGLang's io_struct.py (`UpdateWeightFro
 `UpdateWeightsFromDistributedReqInput`, `UpdateWeightsFromTensorReqInput`,
 `InitWeightsUpdateGroupReqInput`, `DestroyWeightsUpdateGroupReqInput`,
 `UpdateWeightVersionReqInput`, `GetWeightsByNameReqInput`, `Release`/`ResumeMemoryOccupationReqInput`),
-so an RL client's request decodes unchanged. SGLang's switches that change nothing here
-(`torch_empty_cache`, `recapture_cuda_graph`, `token_step`, `disable_draft_model`) are accepted; those
-asking for a behaviour this server lacks (`is_async`, `keep_pause`, `manifest`) and any unknown field
-get a 400 rather than being dropped silently. Beyond SGLang's: `pause_mode` on every update (what
+so an RL client's request decodes unchanged. The rule of every body (request_fields.py) holds:
+SGLang's switches that change nothing here (`torch_empty_cache`, `recapture_cuda_graph`, `token_step`,
+`disable_draft_model`) are accepted with no effect, each saying why; those asking for a behaviour
+this server lacks (`is_async`, `keep_pause`, `manifest`) are taken only as their no-op value
+(false, null), and any unknown field gets a 400 rather than being dropped silently. Beyond SGLang's: `pause_mode` on every update (what
 happens to requests in flight, schemas/weights.py's `UpdatePause`) and `checksums` on a distributed
 one (one per tensor, checked before it is written).
 """
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
-from actors.frontdoor.request_fields import decode_body, invalid
+from actors.frontdoor.request_fields import beyond_schema, decode_body, invalid
 from schemas.errors import Error
 from schemas.weights import (
     DestroyWeightGroup,
@@ -34,15 +35,10 @@ from schemas.weights import (
 )
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+BucketFormat = Literal["direct", "flattened_bucket"]  # a list of (name, tensor) pairs, or one packed bucket
+PER_TENSOR = "one entry per name"
 Dim = Annotated[int, msgspec.Meta(ge=0)]
 GROUP_NAME = "weight_update_group"  # SGLang's default
-GROUP_BACKENDS = ("nccl", "gloo")
-# SGLang's update-from-disk switches for behaviours this server lacks, and what to do instead.
-REFUSALS = {
-    "is_async": "every update is applied before the server answers",
-    "keep_pause": "pause with /pause_generation before the update; an update leaves that pause in place",
-    "manifest": "an update from disk loads the whole checkpoint of the directory",
-}
 # The old single-tensor body of /update_weights_from_distributed, and what replaced each field.
 SINGULAR = {"name": "names", "dtype": "dtypes", "shape": "shapes"}
 
@@ -54,7 +50,6 @@ class Body(msgspec.Struct, forbid_unknown_fields=True):
 class _Update(Body):
     """What every update shares: SGLang's fields, and ours (`pause_mode`)."""
 
-    load_format: str | None = None
     weight_version: NonEmpty | None = None
     abort_all_requests: bool = False
     flush_cache: bool = True
@@ -63,38 +58,45 @@ class _Update(Body):
 
 
 class DiskBody(_Update, kw_only=True):
-    model_path: NonEmpty
+    model_path: Annotated[NonEmpty, beyond_schema("a checkpoint directory on the server, of the served architecture")]
+    load_format: Literal["auto", "safetensors"] | None = None
     recapture_cuda_graph: bool = False  # SGLang's: graphs read the weights in place, so stay valid
     token_step: int = 0  # SGLang's trainer step, for its own metrics
-    is_async: bool = False
-    keep_pause: bool = False
-    manifest: dict[str, Any] | None = None
+    is_async: Literal[False] = False  # request_fields.NOT_IMPLEMENTED says what to do instead
+    keep_pause: Literal[False] = False
+    manifest: None = None
 
 
 class DistributedBody(_Update, kw_only=True):
-    names: list[NonEmpty]
-    dtypes: list[NonEmpty]  # "bfloat16", as slime and AReaL send them ("torch.bfloat16" is accepted)
-    shapes: list[list[Dim]]
-    group_name: NonEmpty = GROUP_NAME
-    checksums: list[str] = []
+    names: Annotated[list[NonEmpty], msgspec.Meta(min_length=1), beyond_schema("tensors of the served model")]
+    # "bfloat16", as slime and AReaL send them ("torch.bfloat16" is accepted)
+    dtypes: Annotated[list[NonEmpty], beyond_schema(PER_TENSOR + ", a torch dtype")]
+    shapes: Annotated[list[list[Dim]], beyond_schema(PER_TENSOR)]
+    group_name: Annotated[NonEmpty, beyond_schema("a group joined by /init_weights_update_group")] = GROUP_NAME
+    checksums: Annotated[list[str], beyond_schema(PER_TENSOR + ", or none")] = []
+    load_format: BucketFormat | None = None
 
 
 class TensorBody(_Update, kw_only=True):
-    serialized_named_tensors: list[bytes]  # base64 in JSON, as SGLang's HTTP callers send them
+    # base64 in JSON, as SGLang's HTTP callers send them
+    serialized_named_tensors: Annotated[
+        list[bytes], msgspec.Meta(min_length=1), beyond_schema("SGLang's serialized tensors, shared by CUDA IPC")
+    ]
+    load_format: BucketFormat | None = None
     disable_draft_model: bool | None = None  # SGLang's; there is no draft model
 
 
 class InitGroupBody(Body):
     master_address: NonEmpty
-    master_port: int | str  # AReaL sends a string
-    rank_offset: int
-    world_size: int
+    master_port: Annotated[int | str, beyond_schema("a port number, 1 to 65535")]  # AReaL sends a string
+    rank_offset: Annotated[int, beyond_schema("in [1, world_size): rank 0 is the trainer's")]
+    world_size: Annotated[int, msgspec.Meta(ge=2)]  # the trainer and this server at least
     group_name: NonEmpty = GROUP_NAME
-    backend: str = "nccl"
+    backend: Literal["nccl", "gloo"] = "nccl"
 
 
 class DestroyGroupBody(Body):
-    group_name: NonEmpty = GROUP_NAME
+    group_name: Annotated[NonEmpty, beyond_schema("a group this server has joined")] = GROUP_NAME
 
 
 class VersionBody(Body):
@@ -103,7 +105,7 @@ class VersionBody(Body):
 
 
 class WeightsByNameBody(Body):
-    name: NonEmpty
+    name: Annotated[NonEmpty, beyond_schema("a weight of the served checkpoint")]
     truncate_size: Annotated[int, msgspec.Meta(ge=1)] = 100
 
 
@@ -124,13 +126,6 @@ def parse_disk(body: bytes) -> UpdateFromDisk | Error:
     parsed = decode_body(body, DiskBody)
     if isinstance(parsed, Error):
         return parsed
-    for refused, given in (
-        ("is_async", parsed.is_async),
-        ("keep_pause", parsed.keep_pause),
-        ("manifest", parsed.manifest is not None),
-    ):
-        if given:
-            return invalid(f"`{refused}` is not supported: {REFUSALS[refused]}", refused)
     return carried(parsed, UpdateFromDisk)
 
 
@@ -144,8 +139,6 @@ def parse_distributed(body: bytes) -> UpdateFromDistributed | Error:
                 parsed.param,
             )
         return parsed
-    if not parsed.names:
-        return invalid("`names` is empty: name at least one tensor", "names")
     for field, values in (("dtypes", parsed.dtypes), ("shapes", parsed.shapes), ("checksums", parsed.checksums)):
         if len(values) != len(parsed.names) and (values or field != "checksums"):
             return invalid(f"`{field}` has {len(values)} entries for {len(parsed.names)} names: one per tensor", field)
@@ -156,8 +149,6 @@ def parse_tensor(body: bytes) -> UpdateFromTensor | Error:
     parsed = decode_body(body, TensorBody)
     if isinstance(parsed, Error):
         return parsed
-    if not parsed.serialized_named_tensors:
-        return invalid("`serialized_named_tensors` is empty: nothing to load", "serialized_named_tensors")
     return carried(parsed, UpdateFromTensor)
 
 
@@ -170,10 +161,6 @@ def parse_init_group(body: bytes) -> InitWeightGroup | Error:
         port = int(port) if port.isascii() and port.isdigit() else -1
     if not 0 < port < 65536:
         return invalid(f"`master_port` must be a port number, not {parsed.master_port!r}", "master_port")
-    if parsed.backend not in GROUP_BACKENDS:
-        return invalid(f"`backend` must be one of {list(GROUP_BACKENDS)}, not {parsed.backend!r}", "backend")
-    if parsed.world_size < 2:
-        return invalid("`world_size` must be at least 2: the trainer (rank 0) and this server", "world_size")
     if not 0 < parsed.rank_offset < parsed.world_size:
         message = f"`rank_offset` must be in [1, world_size): rank 0 is the trainer's, not {parsed.rank_offset}"
         return invalid(message, "rank_offset")

@@ -96,7 +96,7 @@ class WeightRoutes:
 
     def _query_read(self, request: web.Request) -> GetWeightsByName | Error:
         truncate = request.query.get("truncate_size", "100")
-        if not truncate.isdigit() or int(truncate) < 1:
+        if not (truncate.isascii() and truncate.isdigit()) or int(truncate) < 1:  # "²" is a digit to isdigit
             return invalid(f"truncate_size must be a positive integer, not {truncate!r}", "truncate_size")
         name = request.query.get("name", "")
         return GetWeightsByName(name, int(truncate)) if name else invalid("`name` is required", "name")

@@ -104,7 +104,7 @@ def test_a_conversation_with_tool_results_is_kept_whole():
         ),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools", "not a template variable"),
         ({"chat_template_kwargs": []}, "chat_template_kwargs", ""),
-        ({"messages": [*USER, {"role": "tool", "content": "1"}]}, "messages[1].tool_call_id", "needs"),
+        ({"messages": [*USER, {"role": "tool", "content": "1"}]}, "messages[1].tool_call_id", "is required"),
         (
             {"messages": [*CALLED[:2], {"role": "tool", "tool_call_id": "call_9", "content": "1"}]},
             "messages[2].tool_call_id",
@@ -113,7 +113,7 @@ def test_a_conversation_with_tool_results_is_kept_whole():
         (
             {"messages": [*USER, {"role": "user", "content": "x", "tool_calls": CALLED[1]["tool_calls"]}]},
             "messages[1].tool_calls",
-            "assistant",
+            "no such field",  # a user's message has no tool calls
         ),
         (
             {
@@ -128,7 +128,11 @@ def test_a_conversation_with_tool_results_is_kept_whole():
             "messages[1].tool_calls[0].function.arguments",
             "not JSON",
         ),
-        ({"messages": [{"role": "function", "content": "1", "name": "f"}]}, "messages[0].role", "tool messages"),
+        (
+            {"messages": [{"role": "function", "content": "1", "name": "f"}]},
+            "messages[0].role",
+            "Invalid value 'function'",
+        ),
     ],
 )
 def test_bad_tool_fields_name_the_field(fields, param, words):

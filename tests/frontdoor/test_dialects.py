@@ -106,11 +106,58 @@ def test_responses_input_items_become_the_chat_conversation():
         ),
         ({"input": "Hi", "max_output_tokens": -1}, "max_output_tokens"),
         ({"input": "Hi", "temperature": 9}, "temperature"),
-        ({"input": "Hi", "text": {"format": {"type": "json_schema"}}}, "text.format.type"),
+        ({"input": "Hi", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"input": "Hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": "Hi", "store": True}, "store"),
+        ({"input": "Hi", "background": True}, "background"),
+        ({"input": "Hi", "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
+        ({"input": "Hi", "include": ["reasoning.encrypted_content"]}, "include"),
+        ({"input": "Hi", "truncation": "auto"}, "truncation"),
+        ({"input": [{"type": {}}]}, "input[0].type"),
     ],
 )
 def test_responses_bad_input_names_the_field(fields, param):
     assert_invalid(responses(**fields), param)
+
+
+def test_responses_text_format_is_the_chat_routes_response_format():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fields = {"type": "json_schema", "name": "A", "schema": schema, "strict": True}
+    parsed = responses(input="Hi", text={"format": fields})
+    constraint = parsed.chat.request.params.constraint
+    assert (constraint.kind, json.loads(constraint.text)) == ("json_schema", schema)
+    assert parsed.echo["text"] == {"format": fields}
+    assert responses(input="Hi", text={"format": {"type": "json_object"}}).chat.request.params.constraint.kind == (
+        "json_object"
+    )
+
+
+def test_responses_take_an_earlier_responses_output_back_as_input():
+    """Output items carry ids, statuses and annotations, which mean nothing for the next reply."""
+    output = [
+        {"id": "rs_1", "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Looking.", "annotations": [], "logprobs": []}],
+        },
+        {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
+    parsed = responses(
+        input=[
+            {"role": "user", "content": "Hi"},
+            *output,
+            {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        ]
+    )
+    call = ChatToolCall("c1", ToolCallFunction("f", {}))
+    assert parsed.chat.request.messages == [
+        ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Looking.", tool_calls=[call]),
+        ChatMessage("tool", "1", tool_call_id="c1"),
+    ]
 
 
 def test_messages_blocks_become_the_chat_conversation():
@@ -138,7 +185,7 @@ def test_messages_blocks_become_the_chat_conversation():
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
         stop_sequences=["END"],
         top_k=5,
-        thinking={"type": "enabled", "budget_tokens": 1024},
+        thinking={"type": "enabled"},
     )
     request = parsed.chat.request
     call = ChatToolCall("toolu_1", ToolCallFunction("get_weather", {"city": "Paris"}))
@@ -180,6 +227,16 @@ def test_messages_blocks_become_the_chat_conversation():
         ),
         ({"messages": [{"role": "user", "content": "Hi"}], "top_p": 2}, "top_p"),
         ({"messages": [{"role": "user", "content": "Hi"}], "stop_sequences": 3}, "stop_sequences"),
+        (
+            {"messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "enabled", "budget_tokens": 1024}},
+            "thinking.budget_tokens",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "citations": []}]}]},
+            "messages[0].content[0].citations",
+        ),
+        ({"messages": [{"role": "user", "content": "Hi"}], "system": [{"text": "Be brief."}]}, "system[0].type"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "container": "c"}, "container"),
     ],
 )
 def test_messages_bad_input_names_the_field(fields, param):
@@ -287,3 +344,27 @@ def test_messages_stop_reasons(ending, stop_reason, sequence):
     parsed = messages(messages=[{"role": "user", "content": "Hi"}], stop_sequences=["END"])
     whole = AnthropicDialect(MODEL, ["END"]).writer("r", 0, 1).whole(_reader(parsed).push("Hello", final=True), ending)
     assert (whole["stop_reason"], whole["stop_sequence"]) == (stop_reason, sequence)
+
+
+def test_messages_fields_of_no_meaning_for_generation_are_taken_and_change_nothing():
+    cache = {"type": "ephemeral"}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "boom", "is_error": True, "cache_control": cache}
+    conversation = [
+        {"role": "user", "content": [{"type": "text", "text": "Go", "cache_control": cache}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [result]},
+    ]
+    taken = messages(messages=conversation, system=[{"type": "text", "text": "Be brief.", "cache_control": cache}])
+    plain = messages(
+        messages=[
+            {
+                **m,
+                "content": [
+                    {k: v for k, v in b.items() if k not in ("cache_control", "is_error")} for b in m["content"]
+                ],
+            }
+            for m in conversation
+        ],
+        system="Be brief.",
+    )
+    assert taken.chat.request == plain.chat.request

@@ -69,7 +69,7 @@ def test_body_that_is_not_a_json_object_is_refused(parse, raw, words):
 
 def test_deeply_nested_unknown_field_is_refused_not_raised():
     deep = b'{"messages": [{"role": "user", "content": "hi"}], "extra": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
-    assert_invalid(protocol.parse_chat_request(deep, MODEL), None, "nested too deeply")
+    assert_invalid(protocol.parse_chat_request(deep, MODEL), "extra", "not supported")
 
 
 def test_wrong_types_name_the_field():
@@ -85,22 +85,33 @@ def test_wrong_types_name_the_field():
     assert_invalid(completion(ignore_eos=1), "ignore_eos")
 
 
-def test_unknown_openai_fields_are_ignored():
-    parsed = chat(
-        user="u1",
-        metadata={"a": "b"},
-        store=False,
-        parallel_tool_calls=True,
-        stream_options=None,
-        presence_penalty=0,
-        frequency_penalty=0.0,
-        logit_bias={},
-        bad_words=[],
-        tools=[],
-        n=1,
-        logprobs=False,
-    )
-    assert isinstance(parsed, ParsedRequest)
+def test_fields_of_no_meaning_for_generation_are_taken_and_change_nothing():
+    taken = chat(user="u1", metadata={"a": "b"}, store=False, service_tier="auto")
+    assert isinstance(taken, ParsedRequest)
+    assert taken.request == chat(user="u1").request
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"bad_words": []}, "bad_words", "no such field"),  # vLLM's, not implemented
+        ({"store": True}, "store", ""),  # nothing is stored
+        ({"stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats", "no such"),
+        ({"reasoning_effort": "low"}, "reasoning_effort", "chat_template_kwargs"),
+        ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name", "participant"),
+        ({"response_format": {"type": "text", "strict": True}}, "response_format.strict", "no such"),
+    ],
+)
+def test_every_other_field_is_refused_by_name(fields, param, words):
+    assert_invalid(chat(**fields), param, words)
+
+
+def test_integers_written_as_floats_are_integers():
+    """JSON has one number type: 16.0 is 16 to JSON Schema, and so to /openapi.json."""
+    parsed = completion(prompt=[1.0, 2.0], max_tokens=16.0, n=2.0, stop_token_ids=[3.0], temperature=1)
+    assert (parsed.request.input_ids, parsed.request.params.max_tokens, parsed.request.n) == ([1, 2], 16, 2)
+    assert parsed.request.params.stop_token_ids == [3]
+    assert_invalid(completion(max_tokens=16.5), "max_tokens", "got `float`")
 
 
 # --- requests: model ----------------------------------------------------------------------------
@@ -125,10 +136,11 @@ def test_missing_model_means_the_served_one():
     ("fields", "param"),
     [
         ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
     ],
 )
 def test_chat_features_we_cannot_honour_are_refused(fields, param):
-    assert_invalid(chat(**fields), param, "is not supported yet")
+    assert_invalid(chat(**fields), param, "is not supported: OpenAI's deprecated functions")
 
 
 def test_chat_defaults_of_unsupported_features_pass():
@@ -152,7 +164,7 @@ def test_n_choices_reach_the_request():
     ],
 )
 def test_completion_features_we_cannot_honour_are_refused(fields, param):
-    assert_invalid(completion(**fields), param, "is not supported yet")
+    assert_invalid(completion(**fields), param, "is not supported")
 
 
 # --- requests: chat messages --------------------------------------------------------------------
@@ -162,7 +174,7 @@ def test_chat_builds_messages_and_params():
     messages = [
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
-        {"role": "assistant", "content": "Hi!", "name": "bot"},
+        {"role": "assistant", "content": "Hi!", "reasoning_content": "a greeting, then"},
         {"role": "user", "content": ""},
     ]
     parsed = chat(messages=messages, temperature=0, stream=True, stream_options={"include_usage": True})
@@ -200,23 +212,32 @@ def test_usage_only_streams_when_streaming_and_asked():
 @pytest.mark.parametrize(
     ("messages", "param", "words"),
     [
-        ([], "messages", "must not be empty"),
-        ([{"role": "user", "content": ""}], "messages", "messages are empty"),
-        ([{"role": "system", "content": ""}, {"role": "user", "content": []}], "messages", "messages are empty"),
+        ([], "messages", "length >= 1"),
         ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0].tool_call_id", "no earlier tool call"),
         (
             [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}],
             "messages[0].tool_calls[0].function",
             "is required",
         ),
-        ([{"role": "robot", "content": "hi"}], "messages[0].role", "unknown role"),
-        ([{"role": "user", "content": None}], "messages[0].content", "required"),
+        ([{"role": "robot", "content": "hi"}], "messages[0].role", "Invalid value 'robot'"),
+        ([{"role": "user", "content": None}], "messages[0].content", "got `null`"),
         (
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             "messages[0].content[0].type",
-            "not supported yet",
+            "Invalid enum value 'image_url'",
         ),
-        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "needs `text`"),
+        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "is required"),
+        ([{"role": "user", "tool_call_id": "c1", "content": "x"}], "messages[0].tool_call_id", "not supported"),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ],
+            "messages[0].tool_calls[0].type",
+            "Invalid enum value 'custom'",
+        ),
         ("hi", "messages", "Expected `array`"),
     ],
 )
@@ -248,8 +269,8 @@ def test_completion_prompt_forms(prompt, text, ids):
     [
         (["a", "b"], "prompt", "batched prompts are not supported yet"),
         ([[1], [2]], "prompt", "batched prompts are not supported yet"),
-        ("", "prompt", "empty"),
-        ([], "prompt", "empty"),
+        ("", "prompt", "length >= 1"),
+        ([], "prompt", "length >= 1"),
         ([""], "prompt", "empty"),
         ([[]], "prompt", "empty"),
         ([1, "a"], "prompt[1]", "token ids"),
@@ -435,10 +456,10 @@ def test_sampling_controls_reach_sampling_params():
         ({"top_logprobs": 2}, "top_logprobs", "needs logprobs"),
         ({"prompt_logprobs": 21}, "prompt_logprobs", "<= 20"),
         ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "streaming"),
-        ({"logit_bias": {"x": 1}}, "logit_bias", "token ids"),
-        ({"logit_bias": {"-3": 1}}, "logit_bias", "token ids"),
+        ({"logit_bias": {"x": 1}}, "logit_bias", "matching regex"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias", "matching regex"),
         ({"logit_bias": {"5": 101}}, "logit_bias", "<= 100"),
-        ({"allowed_token_ids": []}, "allowed_token_ids", "must not be empty"),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "length >= 1"),
         ({"stop_regex": "(unclosed"}, "stop_regex", "not a valid regular expression"),
         ({"stop_regex": ["ok", "[z-a]"]}, "stop_regex", "not a valid regular expression"),
         ({"presence_penalty": 2.5}, "presence_penalty", "<= 2.0"),

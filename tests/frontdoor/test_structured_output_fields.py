@@ -94,15 +94,25 @@ def test_each_field_becomes_a_constraint_naming_it(parsed, expected):
 @pytest.mark.parametrize(
     ("parsed", "param", "words"),
     [
-        (chat(response_format={"type": "json_schema"}), "response_format.json_schema.schema", "needs"),
+        (chat(response_format={"type": "json_schema"}), "response_format.json_schema", "is required"),
+        (
+            chat(response_format={"type": "json_schema", "json_schema": {"name": "a"}}),
+            "response_format.json_schema.schema",
+            "is required",
+        ),
         (
             chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": [1]}}),
             "response_format.json_schema.schema",
-            "an object or a boolean",
+            "Expected `bool | object`",
+        ),
+        (
+            chat(response_format={"type": "text", "json_schema": {"schema": {}}}),
+            "response_format.json_schema",
+            "no such",
         ),
         (chat(response_format={"type": "xml"}), "response_format.type", ""),
         (chat(guided_json="{not json"), "guided_json", "not JSON"),
-        (chat(guided_choice=[]), "guided_choice", "at least one"),
+        (chat(guided_choice=[]), "guided_choice", "length >= 1"),
         (chat(response_format={"type": "json_object"}, guided_regex="a"), "guided_regex", "not several"),
         (
             chat(structured_outputs={"regex": "a", "grammar": 'root ::= "a"'}),

@@ -59,7 +59,7 @@ def test_disk_bodies_of_slime_and_areal_take_sglangs_defaults():
     [
         ({}, "model_path", "required"),
         ({"model_path": ""}, "model_path", ""),
-        ({"model_path": "/c", "abort_all_request": True}, "abort_all_request", "not a known field"),
+        ({"model_path": "/c", "abort_all_request": True}, "abort_all_request", "no such field"),
         ({"model_path": "/c", "is_async": True}, "is_async", "before the server answers"),
         ({"model_path": "/c", "keep_pause": True}, "keep_pause", "/pause_generation"),
         ({"model_path": "/c", "manifest": {"a": 1}}, "manifest", "whole checkpoint"),
@@ -127,7 +127,7 @@ def test_tensor_payloads_arrive_base64_and_leave_as_bytes():
     )
     assert parsed == UpdateFromTensor([payload], flush_cache=False)
     assert_invalid(bodies.parse_tensor(body(serialized_named_tensors=["not base64!"])), "serialized_named_tensors[0]")
-    assert_invalid(bodies.parse_tensor(body(serialized_named_tensors=[])), "serialized_named_tensors", "empty")
+    assert_invalid(bodies.parse_tensor(body(serialized_named_tensors=[])), "serialized_named_tensors", ">= 1")
 
 
 def test_init_group_takes_the_port_as_an_int_or_a_string():

@@ -34,7 +34,7 @@ async def refused(response, param: str, words: str = "") -> dict:
     [
         ("/update_weights_from_disk", {}, "model_path", "required"),
         ("/update_weights_from_disk", {"model_path": "/c", "is_async": True}, "is_async", ""),
-        ("/update_weights_from_disk", {"model_path": "/c", "abort_all_request": True}, "abort_all_request", "known"),
+        ("/update_weights_from_disk", {"model_path": "/c", "abort_all_request": True}, "abort_all_request", "no such"),
         (
             "/update_weights_from_distributed",
             {"name": "lm_head.weight", "dtype": "bfloat16", "shape": [4, 4]},
