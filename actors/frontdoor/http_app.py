@@ -27,7 +27,7 @@ from actors.frontdoor.memory_routes import MemoryRoutes
 from actors.frontdoor.metrics import Metrics
 from actors.frontdoor.openai_responses import models_response
 from actors.frontdoor.openai_serving import OpenAIServing
-from actors.frontdoor.openapi import openapi_document
+from actors.frontdoor.openapi import ModelFacts, openapi_document
 from actors.frontdoor.pause_routes import PauseRoutes
 from actors.frontdoor.responses_api import parse_responses_request
 from actors.frontdoor.responses_output import ResponsesDialect
@@ -51,6 +51,7 @@ from schemas.admin import (
 from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.session import AsTenant, CloseSession, OpenSession, SessionClosed, SessionOpened
+from schemas.step import DescribeExecutor, ExecutorInfo
 
 log = structlog.get_logger()
 
@@ -84,7 +85,7 @@ class HttpApi:
         self.tenants = tenants
         self.model_name = facts.model_name
         self.max_body_bytes = max_body_bytes
-        self.openapi_document = openapi_document()
+        self.model_facts: ModelFacts | None = None  # the executor's, once it has answered
         self.started = int(time.time())
         self.openai = OpenAIServing(pipeline, tenants, facts.model_name, max_concurrent_requests)
         self.dialects = DialectServing(pipeline, tenants, max_concurrent_requests)
@@ -150,7 +151,15 @@ class HttpApi:
         return web.json_response({"status": "ok"})
 
     async def openapi(self, _request: web.Request) -> web.Response:
-        return web.json_response(self.openapi_document)
+        """The document, its token ids bounded by the served vocabulary once the executor has told
+        it (asked until then, and kept: a restart serves the same model)."""
+        if self.model_facts is None:
+            info = await self.bus.request(
+                self.subjects.executor_describe, DescribeExecutor(), ExecutorInfo, ADMIN_TIMEOUT_S
+            )
+            if isinstance(info, ExecutorInfo):
+                self.model_facts = ModelFacts(info.vocab_size, info.max_model_len)
+        return web.json_response(openapi_document(self.model_name, self.model_facts, self.tenants.needs_key))
 
     async def ready(self, _request: web.Request) -> web.Response:
         """Ready when every actor a request passes through has a live, ready instance now; else 503
@@ -239,5 +248,5 @@ class HttpApi:
         parsed = parse_messages_request(await request.read(), self.model_name, self.chat_format)
         if isinstance(parsed, Error):
             return AnthropicDialect(self.model_name, []).error_response(parsed)
-        dialect = AnthropicDialect(self.model_name, parsed.stop_sequences)
+        dialect = AnthropicDialect(self.model_name, parsed.stop_sequences, parsed.params)
         return await self.dialects.serve(request, parsed.chat, dialect)

@@ -22,11 +22,13 @@ def overloaded(max_concurrent_requests: int) -> web.Response:
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler):
-    """aiohttp's own errors (unknown route, wrong method, body too large) in OpenAI's error shape."""
+    """aiohttp's own errors (unknown route, wrong method, body too large) in OpenAI's error shape,
+    with their headers: a 405 keeps its `Allow`, which lists the methods the path serves."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 413: "payload_too_large"}.get(exc.status, "invalid_request")
-        return web.json_response(error_body(Error(code, exc.reason)), status=exc.status)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response(error_body(Error(code, exc.reason)), status=exc.status, headers=allow)

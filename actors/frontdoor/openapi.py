@@ -1,31 +1,23 @@
-"""The OpenAPI document of the HTTP API, served at `/openapi.json`.
+"""The OpenAPI document of the HTTP API, served at `/openapi.json`: every route http_app.py serves
+(openapi_routes.py lists them), each body described from the very Struct that parses it, so the
+document refuses what the decoder refuses (`additionalProperties: false`, ranges, lengths, and the
+rules a Struct cannot carry, given beside it: `exactly_one`). A rule JSON Schema cannot state (it
+needs the model, a compiler, or another field) is said in words on its field, as
+`x-beyond-schema`.
 
-Request bodies are described from the same msgspec Structs that parse them, so the document
-cannot drift from what the server accepts.
+The served model's facts, which the executor reports, bound what depends on them: token ids by the
+vocabulary. With API keys configured, the routes that need one say so, and their 401.
 """
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
-from actors.frontdoor.embedding_protocol import EmbeddingsBody, EncodeBody, ScoreBody, SimilarityBody
-from actors.frontdoor.native_protocol import PublishBody, SessionBody
-from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
-from actors.frontdoor.sglang_protocol import AbortBody, GenerateBody
-from schemas.admin import CacheReport, SchedulerStats
-
-REF = "#/components/schemas/{name}"
-
-
-def _json_body(schema_name: str, required: bool = True) -> dict:
-    return {"required": required, "content": {"application/json": {"schema": {"$ref": REF.format(name=schema_name)}}}}
-
-
-def _responses(ok: str, *errors: int) -> dict:
-    error = {
-        "description": "an OpenAI-style error",
-        "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
-    }
-    return {"200": {"description": ok}, **{str(code): error for code in errors}}
-
+from actors.frontdoor.openapi_routes import JSON, ROUTES, Route
+from actors.frontdoor.request_fields import COMPONENT_REF
+from actors.frontdoor.responses_api import ITEMS
 
 ERROR_BODY = {
     "type": "object",
@@ -43,133 +35,129 @@ ERROR_BODY = {
         }
     },
 }
+ANTHROPIC_ERROR_BODY = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+ERROR_MEANINGS = {
+    400: "the request is refused: `param` names the field at fault",
+    401: "an API key is needed (the admin key on admin routes)",
+    404: "the model, session or weight named does not exist",
+    413: "the body is over the server's limit",
+    429: "too many requests in flight: retry after `Retry-After`",
+    500: "the request failed downstream",
+    503: "an actor it needs is down: retry",
+    504: "no answer in time",
+}
 
 
-def openapi_document() -> dict:
-    structs = [ChatCompletionRequest, CompletionRequest, GenerateBody, AbortBody, SessionBody, PublishBody]
-    structs += [EmbeddingsBody, EncodeBody, ScoreBody, SimilarityBody]
-    _, components = msgspec.json.schema_components(structs + [SchedulerStats, CacheReport], ref_template=REF)
-    components["ErrorBody"] = ERROR_BODY
-    post_errors = (400, 404, 413, 429, 503)
-    return {
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the executor reports of the served model."""
+
+    vocab_size: int
+    max_model_len: int
+
+
+def openapi_document(model_name: str, facts: ModelFacts | None, needs_key: Callable[[str], bool]) -> dict:
+    """`facts` None: the executor has not answered yet, and token ids are bounded by their type
+    alone. `needs_key(path)`: whether the route answers 401 without a bearer key (tenants.py)."""
+    bodies = [route.body for route in ROUTES if route.body is not None]
+    answers = [route.ok_schema for route in ROUTES if route.ok_schema is not None]
+    types = bodies + answers + list(ITEMS.values())
+    schemas, components = msgspec.json.schema_components(types, ref_template=COMPONENT_REF)
+    by_type = dict(zip([id(t) for t in types], schemas, strict=True))
+    components |= {"ErrorBody": ERROR_BODY, "AnthropicErrorBody": ANTHROPIC_ERROR_BODY}
+    paths: dict[str, dict] = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method] = _operation(route, by_type, needs_key(route.path))
+    limits = (
+        ""
+        if facts is None
+        else f" Its vocabulary has {facts.vocab_size} tokens; its context window holds {facts.max_model_len}."
+    )
+    document = {
         "openapi": "3.1.0",
         "info": {
             "title": "kernel-llm",
             "version": "0.1.0",
-            "description": "OpenAI-compatible completions, chat and embeddings (with vLLM's extras), scores and "
-            "similarities, SGLang's native generate, encode, abort, health, info and load routes, sessions for "
-            "multi-turn work, and admin.",
+            "description": f"Serving `{model_name}`.{limits} Every field of a body is honoured, or marked as accepted "
+            "with no effect; any other field is refused with 400 naming it (docs/api.md). A method a path does not "
+            "serve gets 405 with `Allow`.",
         },
-        "paths": {
-            "/v1/chat/completions": {
-                "post": {
-                    "requestBody": _json_body("ChatCompletionRequest"),
-                    "responses": _responses("a chat completion, or an SSE stream of chunks", *post_errors),
-                }
-            },
-            "/v1/completions": {
-                "post": {
-                    "requestBody": _json_body("CompletionRequest"),
-                    "responses": _responses("a completion, or an SSE stream of chunks", *post_errors),
-                }
-            },
-            "/v1/embeddings": {
-                "post": {
-                    "requestBody": _json_body("EmbeddingsBody"),
-                    "responses": _responses("unit-norm embeddings, as floats or base64", *post_errors),
-                }
-            },
-            "/encode": {
-                "post": {
-                    "requestBody": _json_body("EncodeBody"),
-                    "responses": _responses("SGLang's {embedding, meta_info} (a list for a batch)", *post_errors),
-                }
-            },
-            "/v1/score": {
-                "post": {
-                    "requestBody": _json_body("ScoreBody"),
-                    "responses": _responses("each output's log-likelihood given the input", *post_errors),
-                }
-            },
-            "/v1/similarity": {
-                "post": {
-                    "requestBody": _json_body("SimilarityBody"),
-                    "responses": _responses("the cosine similarity of each pair's embeddings", *post_errors),
-                }
-            },
-            "/generate": {
-                "post": {
-                    "requestBody": _json_body("GenerateBody"),
-                    "responses": _responses(
-                        "SGLang's {text, output_ids, meta_info} (a list for a batch), or an SSE stream", *post_errors
-                    ),
-                }
-            },
-            "/abort_request": {
-                "post": {
-                    "requestBody": _json_body("AbortBody", required=False),
-                    "responses": _responses("the requests end with finish_reason abort and their output", 400),
-                }
-            },
-            "/health_generate": {"get": {"responses": _responses("one token went through every actor", 503)}},
-            **{
-                path: {"get": {"responses": _responses(says, 503)}}
-                for path, says in (
-                    ("/server_info", "the server's settings and load, as SGLang's"),
-                    ("/get_server_info", "the same as /server_info"),
-                    ("/model_info", "model_path, tokenizer_path, is_generation, as SGLang's"),
-                    ("/get_model_info", "the same as /model_info"),
-                    ("/v1/loads", "running and waiting requests and KV use, as SGLang's (?include=core)"),
-                    ("/get_load", "SGLang's older load shape"),
-                )
-            },
-            "/v1/sessions": {
-                "post": {
-                    "requestBody": _json_body("SessionBody", required=False),
-                    "responses": _responses("the new session: its id, for `session_id`", 400, 413, 503),
-                }
-            },
-            "/v1/sessions/{session_id}": {
-                "delete": {
-                    "parameters": [
-                        {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                        {
-                            "name": "user",
-                            "in": "query",
-                            "required": False,
-                            "schema": {"type": "string"},
-                            "description": "the `user` the session was opened with",
-                        },
-                    ],
-                    "responses": _responses("the session is closed and its pinned KV released", 404, 503),
-                }
-            },
-            "/v1/models": {"get": {"responses": _responses("the served model")}},
-            "/health": {"get": {"responses": _responses("the process answers")}},
-            "/health/ready": {
-                "get": {
-                    "responses": {
-                        **_responses("every actor can serve now"),
-                        "503": {"description": "an actor is down or stuck"},
-                    }
-                }
-            },
-            "/admin/stats": {"get": {"responses": _responses("queue, running batch, KV blocks and prefix cache", 503)}},
-            "/admin/flush_cache": {"post": {"responses": _responses("cached blocks no request uses are freed", 503)}},
-            "/admin/cache": {
-                "get": {
-                    "responses": _responses(
-                        "KV blocks free, cached, in use; public and private per tenant; hit rate", 503
-                    )
-                }
-            },
-            "/admin/publish": {
-                "post": {
-                    "requestBody": _json_body("PublishBody"),
-                    "responses": _responses("the prefix is readable by every tenant", 400, 413, 503),
-                }
-            },
-            "/openapi.json": {"get": {"responses": _responses("this document")}},
-        },
-        "components": {"schemas": components},
+        "paths": paths,
+        "components": {"schemas": components, "responses": {"MethodNotAllowed": _method_not_allowed()}},
     }
+    if any(needs_key(route.path) for route in ROUTES):
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return _bounded(document, facts)
+
+
+def _operation(route: Route, by_type: dict[int, dict], keyed: bool) -> dict:
+    operation: dict[str, Any] = {"summary": route.summary, "responses": _responses(route, by_type, keyed)}
+    if route.query:
+        operation["parameters"] = [
+            {"name": q.name, "in": q.where, "required": q.required, "schema": q.schema, "description": q.description}
+            | ({"style": "form", "explode": True} if q.schema.get("type") == "array" else {})
+            for q in route.query
+        ]
+    if route.body is not None:
+        schema = _ref_alone(by_type[id(route.body)])
+        operation["requestBody"] = {"required": route.body_required, "content": {JSON: {"schema": schema}}}
+    if keyed:
+        operation["security"] = [{"bearer": []}]
+    if route.rule:
+        operation["x-beyond-schema"] = route.rule
+    return operation
+
+
+def _responses(route: Route, by_type: dict[int, dict], keyed: bool) -> dict:
+    ok: dict[str, Any] = {"description": route.ok}
+    if route.media:
+        schema = by_type[id(route.ok_schema)] if route.ok_schema is not None else {}
+        ok["content"] = {media: {"schema": schema} for media in route.media}
+    error_schema = {"$ref": COMPONENT_REF.format(name="AnthropicErrorBody" if route.anthropic_errors else "ErrorBody")}
+    codes = sorted({*route.errors, *((401,) if keyed else ())})
+    responses = {"200": ok}
+    for code in codes:
+        responses[str(code)] = {"description": ERROR_MEANINGS[code], "content": {JSON: {"schema": error_schema}}}
+    if 429 in codes:
+        responses["429"]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+    return responses
+
+
+def _method_not_allowed() -> dict:
+    return {
+        "description": "the path does not serve this method",
+        "headers": {"Allow": {"required": True, "schema": {"type": "string"}, "description": "the methods it serves"}},
+        "content": {JSON: {"schema": {"$ref": COMPONENT_REF.format(name="ErrorBody")}}},
+    }
+
+
+def _ref_alone(schema: dict) -> dict:
+    """A `$ref` with rules beside it (`exactly_one`) as an allOf of the two, which every JSON Schema
+    reader takes the same way."""
+    if "$ref" not in schema or len(schema) == 1:
+        return schema
+    rest = {key: value for key, value in schema.items() if key != "$ref"}
+    return {"allOf": [{"$ref": schema["$ref"]}, rest]}
+
+
+def _bounded(node: Any, facts: ModelFacts | None) -> Any:
+    """Token ids (`x-token-id`) bounded by the served vocabulary."""
+    if isinstance(node, list):
+        return [_bounded(item, facts) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: _bounded(value, facts) for key, value in node.items()}
+    if facts is not None and node.get("x-token-id") and node.get("type") == "integer":
+        node["maximum"] = facts.vocab_size - 1
+    return node

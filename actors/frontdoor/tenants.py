@@ -79,5 +79,13 @@ class Tenants:
             return Error("unauthorized", "a valid API key is required: Authorization: Bearer <key>")
         return Identity(tenant, admin)
 
+    def needs_key(self, path: str) -> bool:
+        """Whether `identify` answers 401 to a request on `path` that gives no key."""
+        if path in PUBLIC_PATHS:
+            return False
+        if path.startswith("/admin/") or path in ADMIN_PATHS:
+            return self.admin_key is not None or self.keys is not None
+        return self.keys is not None
+
     def request_tenant(self, identity: Identity, user: str) -> Tenant:
         return tenants.request_tenant(identity.tenant, user)

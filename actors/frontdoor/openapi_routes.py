@@ -1,0 +1,383 @@
+"""Every route the HTTP app serves, as /openapi.json describes it: its body (the Struct that parses
+it), its query parameters, and the answers it gives, with their statuses and media types. One
+entry per (method, path) that http_app.py adds; tests/frontdoor/test_openapi.py holds the two equal.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from actors.frontdoor import weight_bodies as weights
+from actors.frontdoor.anthropic_messages import MessagesRequest
+from actors.frontdoor.embedding_protocol import ENCODE_BODY, SCORE_BODY, EmbeddingsBody, SimilarityBody
+from actors.frontdoor.memory_routes import SLEEP_LEVELS, TAGS
+from actors.frontdoor.native_protocol import PUBLISH_BODY, SessionBody
+from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
+from actors.frontdoor.pause_routes import VLLM_MODES, ContinueBody, PauseBody
+from actors.frontdoor.responses_api import ResponsesRequest
+from actors.frontdoor.sglang_info import LOAD_SECTIONS
+from actors.frontdoor.sglang_protocol import GENERATE_BODY, AbortBody
+from schemas.admin import CacheReport, SchedulerStats
+
+JSON = "application/json"
+SSE = "text/event-stream"
+# Statuses a request that runs on the engine may meet besides its own 400s: the model named is not
+# served (404), a body over --max-body-bytes (413), too many in flight (429), an actor down or a
+# request failing downstream (500, 503), no answer in time (504).
+GENERATION_ERRORS = (400, 404, 413, 429, 500, 503, 504)
+ADMIN_ERRORS = (503, 504)  # the actor that answers is down or slow
+WEIGHT_NAMED = "the name is a weight of the served checkpoint"
+BOOLEAN = {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"}  # as .lower() reads it
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    schema: dict
+    description: str
+    required: bool = False
+    where: str = "query"  # or "path"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    summary: str
+    ok: str  # what a 200 answers
+    media: tuple[str, ...] = (JSON,)  # of the 200; () for an empty body
+    body: Any = None  # the type that parses the body (a Struct, or Annotated with the rules it cannot see)
+    body_required: bool = True
+    errors: tuple[int, ...] = ()
+    query: tuple[Query, ...] = ()
+    ok_schema: Any = None  # the 200's body as a type, where one Struct gives it
+    anthropic_errors: bool = False  # errors in Anthropic's shape, not OpenAI's
+    # A rule of the server's state, not of the body (its 400 names no field): `x-beyond-schema`.
+    rule: str | None = None
+
+
+def _admin_get(path: str, summary: str, ok_schema: Any = None) -> Route:
+    return Route("get", path, summary, summary, errors=ADMIN_ERRORS, ok_schema=ok_schema)
+
+
+def _weight_update(path: str, summary: str, body: Any, rule: str, body_required: bool = True) -> Route:
+    # A failed update answers 400 with SGLang's fields beside the error; the old weights serve on.
+    ok = "the update is applied: SGLang's fields"
+    errors = (400, *ADMIN_ERRORS)
+    return Route("post", path, summary, ok, body=body, body_required=body_required, errors=errors, rule=rule)
+
+
+def _memory(path: str, summary: str, body: Any) -> list[Route]:
+    return [
+        Route(
+            method,
+            path,
+            summary,
+            "the memory's state after the call",
+            body=body,
+            body_required=False,
+            errors=(400, *ADMIN_ERRORS),
+        )
+        for method in ("get", "post")
+    ]
+
+
+ROUTES: list[Route] = [
+    Route("get", "/health", "The process answers", '`{"status": "ok"}`'),
+    Route("get", "/health/ready", "Every actor a request passes through can serve", "ready", errors=(503,)),
+    Route(
+        "get",
+        "/metrics",
+        "Prometheus metrics, vLLM's names where the meaning matches",
+        "the metrics, in the text format or OpenMetrics as `Accept` asks",
+        media=("text/plain", "application/openmetrics-text"),
+    ),
+    Route("get", "/openapi.json", "This document", "this document"),
+    Route("get", "/v1/models", "The served model", "the model list"),
+    Route(
+        "post",
+        "/v1/chat/completions",
+        "OpenAI's chat completions, with vLLM's and SGLang's extras",
+        "a chat completion, or with `stream` an SSE stream of chunks",
+        media=(JSON, SSE),
+        body=ChatCompletionRequest,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/v1/completions",
+        "OpenAI's completions, with vLLM's extras",
+        "a completion, or with `stream` an SSE stream of chunks",
+        media=(JSON, SSE),
+        body=CompletionRequest,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/v1/responses",
+        "OpenAI's Responses API, stateless",
+        "a response object, or with `stream` its typed events",
+        media=(JSON, SSE),
+        body=ResponsesRequest,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/v1/messages",
+        "Anthropic's Messages API",
+        "a message, or with `stream` Anthropic's events",
+        media=(JSON, SSE),
+        body=MessagesRequest,
+        errors=GENERATION_ERRORS,
+        anthropic_errors=True,
+    ),
+    Route(
+        "post",
+        "/v1/embeddings",
+        "OpenAI's embeddings",
+        "unit-norm embeddings, as floats or base64",
+        body=EmbeddingsBody,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/encode",
+        "SGLang's embeddings",
+        "`{embedding, meta_info}` (a list for a batch)",
+        body=ENCODE_BODY,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/v1/score",
+        "Log-likelihoods of outputs given an input",
+        "each output's score",
+        body=SCORE_BODY,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/v1/similarity",
+        "Cosine similarities of embeddings, as vLLM's /score for embedding models",
+        "the similarity of each pair",
+        body=SimilarityBody,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/generate",
+        "SGLang's native generate",
+        "`{text, output_ids, meta_info}` (a list for a batch), or with `stream` an SSE stream",
+        media=(JSON, SSE),
+        body=GENERATE_BODY,
+        errors=GENERATION_ERRORS,
+    ),
+    Route(
+        "post",
+        "/abort_request",
+        "SGLang's abort: by rid prefix, or all",
+        "the requests end with finish_reason abort and their output (an empty body)",
+        media=(),
+        body=AbortBody,
+        body_required=False,
+        errors=(400, 503),
+    ),
+    Route("get", "/health_generate", "One token through every actor", "an empty body", media=(), errors=(503,)),
+    *(
+        Route("get", path, says, says, errors=ADMIN_ERRORS)
+        for path, says in (
+            ("/server_info", "The server's settings and load, as SGLang's"),
+            ("/get_server_info", "The same as /server_info"),
+            ("/model_info", "model_path, tokenizer_path, is_generation, as SGLang's"),
+            ("/get_model_info", "The same as /model_info"),
+            ("/get_load", "SGLang's older load shape"),
+        )
+    ),
+    Route(
+        "get",
+        "/v1/loads",
+        "Running and waiting requests and KV use, as SGLang's",
+        "the load",
+        errors=(400, *ADMIN_ERRORS),
+        query=(
+            Query(
+                "include",
+                {"type": "string", "x-beyond-schema": f"comma-separated, among {sorted(LOAD_SECTIONS)}"},
+                "SGLang's sections; the core one is given whatever is asked",
+            ),
+        ),
+    ),
+    Route(
+        "post",
+        "/v1/sessions",
+        "Open a session for multi-turn work",
+        "the new session: its id, for `session_id`",
+        body=SessionBody,
+        body_required=False,
+        errors=(400, 413, *ADMIN_ERRORS),
+    ),
+    Route(
+        "delete",
+        "/v1/sessions/{session_id}",
+        "Close a session",
+        "the session is closed and its pinned KV released",
+        errors=(404, *ADMIN_ERRORS),
+        query=(
+            Query("session_id", {"type": "string"}, "the id POST /v1/sessions gave", required=True, where="path"),
+            Query("user", {"type": "string"}, "the `user` the session was opened with"),
+        ),
+    ),
+    _admin_get("/admin/stats", "Queue, running batch, KV blocks and prefix cache", SchedulerStats),
+    _admin_get("/admin/cache", "KV blocks free, cached, in use; public and private per tenant; hit rate", CacheReport),
+    Route(
+        "post", "/admin/flush_cache", "Free the cached blocks no request uses", "the blocks freed", errors=ADMIN_ERRORS
+    ),
+    Route(
+        "post",
+        "/admin/publish",
+        "Make a prefix readable by every tenant",
+        "the prefix is public",
+        body=PUBLISH_BODY,
+        errors=(400, 413, *ADMIN_ERRORS),
+    ),
+    Route(
+        "post",
+        "/pause_generation",
+        "SGLang's pause",
+        "the pause's state",
+        body=PauseBody,
+        body_required=False,
+        errors=(400, *ADMIN_ERRORS),
+    ),
+    Route(
+        "post",
+        "/continue_generation",
+        "SGLang's continue; 400 when generation is not paused",
+        "the pause's state",
+        body=ContinueBody,
+        body_required=False,
+        errors=(400, *ADMIN_ERRORS),
+        rule="generation is paused",
+    ),
+    Route(
+        "post",
+        "/pause",
+        "vLLM's pause",
+        "the pause's state",
+        errors=(400, *ADMIN_ERRORS),
+        query=(
+            Query(
+                "mode",
+                {"type": "string", "enum": sorted(VLLM_MODES)},
+                "abort (default), wait for what runs, keep in place",
+            ),
+            Query("wait_for_inflight_requests", BOOLEAN, "vLLM's older form of mode=wait"),
+            Query("clear_cache", BOOLEAN, "flush the prefix cache once paused (default true; not with keep)"),
+        ),
+    ),
+    Route("post", "/resume", "vLLM's resume", "the pause's state", errors=ADMIN_ERRORS),
+    Route("get", "/is_paused", "vLLM's pause state", '`{"is_paused"}`', errors=ADMIN_ERRORS),
+    _weight_update(
+        "/update_weights_from_disk",
+        "Load a checkpoint directory into the live weights",
+        weights.DiskBody,
+        "the directory holds a checkpoint of the served architecture; one update runs at a time",
+    ),
+    _weight_update(
+        "/update_weights_from_distributed",
+        "Receive tensors broadcast over the trainer's group",
+        weights.DistributedBody,
+        "the group was joined (/init_weights_update_group) and the trainer broadcasts; one update at a time",
+    ),
+    _weight_update(
+        "/update_weights_from_tensor",
+        "Load tensors a colocated trainer shares by CUDA IPC",
+        weights.TensorBody,
+        "SGLang's serialized tensors of the served model, shared by CUDA IPC; one update runs at a time",
+    ),
+    _weight_update(
+        "/init_weights_update_group",
+        "Join the trainer's group",
+        weights.InitGroupBody,
+        "the trainer's ranks join within ten minutes",
+    ),
+    _weight_update(
+        "/destroy_weights_update_group",
+        "Leave the trainer's group",
+        weights.DestroyGroupBody,
+        "no update runs over the group",
+        body_required=False,
+    ),
+    _weight_update(
+        "/update_weight_version",
+        "Rename the serving weights' version",
+        weights.VersionBody,
+        "one update runs at a time",
+    ),
+    Route("get", "/get_weight_version", "The serving weights' version", '`{"weight_version"}`', errors=ADMIN_ERRORS),
+    Route(
+        "get",
+        "/get_weights_by_name",
+        "A weight's first values, from the query",
+        "the values, rows of a matrix as lists",
+        errors=(400, 404, *ADMIN_ERRORS),
+        rule=WEIGHT_NAMED,
+        query=(
+            Query("name", {"type": "string", "minLength": 1}, "a checkpoint name", required=True),
+            Query(
+                "truncate_size", {"type": "string", "pattern": "^0*[1-9][0-9]*$"}, "values kept per row (default 100)"
+            ),
+        ),
+    ),
+    Route(
+        "post",
+        "/get_weights_by_name",
+        "A weight's first values, from SGLang's body",
+        "the values, rows of a matrix as lists",
+        body=weights.WeightsByNameBody,
+        errors=(400, 404, *ADMIN_ERRORS),
+        rule=WEIGHT_NAMED,
+    ),
+    *_memory("/release_memory_occupation", "SGLang's sleep: give device memory back", weights.MemoryBody),
+    *_memory("/resume_memory_occupation", "SGLang's wake", weights.MemoryBody),
+    *(
+        Route(
+            method,
+            "/flush_cache",
+            "SGLang's flush; 400 while requests run, to retry",
+            "the blocks freed",
+            errors=(400, *ADMIN_ERRORS),
+            rule="no request runs",
+        )
+        for method in ("get", "post")
+    ),
+    Route(
+        "post",
+        "/sleep",
+        "vLLM's sleep",
+        "the memory's state after the call",
+        errors=(400, *ADMIN_ERRORS),
+        query=(
+            Query(
+                "level",
+                {"type": "string", "enum": list(SLEEP_LEVELS)},
+                "1 or 2: a host copy of the weights is kept either way",
+            ),
+        ),
+    ),
+    Route(
+        "post",
+        "/wake_up",
+        "vLLM's wake",
+        "the memory's state after the call",
+        errors=(400, *ADMIN_ERRORS),
+        query=(
+            Query(
+                "tags",
+                {"type": "array", "items": {"type": "string", "enum": list(TAGS)}},
+                "the memory to take again; none: all",
+            ),
+        ),
+    ),
+    Route("get", "/is_sleeping", "vLLM's sleep state", '`{"is_sleeping"}`', errors=ADMIN_ERRORS),
+    Route("post", "/reset_prefix_cache", "vLLM's flush, whatever runs", "the blocks freed", errors=ADMIN_ERRORS),
+]
