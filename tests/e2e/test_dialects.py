@@ -106,7 +106,8 @@ def test_bad_input_in_each_protocols_shape_and_the_server_keeps_serving(chat_cli
         refused.value.body["error"]["type"] == "invalid_request_error"
         and "top_p" in refused.value.body["error"]["message"]
     )
-    raw = httpx.post(f"{chat_server.base_url}/v1/messages", json={"model": DEFAULT_MODEL, "messages": []}, timeout=30)
+    hi = [{"role": "user", "content": "Hi"}]
+    raw = httpx.post(f"{chat_server.base_url}/v1/messages", json={"model": DEFAULT_MODEL, "messages": hi}, timeout=30)
     assert raw.status_code == 400 and "max_tokens" in raw.json()["error"]["message"]
     reply = claude.messages.create(model=DEFAULT_MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
     assert reply.usage.output_tokens > 0
