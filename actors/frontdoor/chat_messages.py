@@ -3,15 +3,16 @@ content, an assistant's tool calls and the tool results that answer them.
 
 No I/O. Each role is a Struct of its own, tagged by `role`, so the decoder (and /openapi.json, made
 from the same Structs) refuses a field a role does not take, and every field a role takes is
-rendered, but one: an assistant's `reasoning_content`, which this server's own replies carry and
-clients send back with the history, is accepted and not rendered, as earlier thinking is dropped on
-every route. What the decoder cannot see is checked here, with the field named: a tool result that
+rendered, but those a client sends back with the history that mean nothing for the next reply: an
+assistant's `reasoning_content`, which this server's own replies carry (earlier thinking is dropped
+on every route), and what the `openai` SDK adds to a message it hands back (`parsed`, a streamed
+call's `index`, null `refusal`, `audio` and `function_call`), all accepted with no effect. What the decoder cannot see is checked here, with the field named: a tool result that
 answers no earlier call, arguments that are not JSON (templates read them decoded, as vLLM hands
 them over).
 """
 
 import json
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,12 +34,14 @@ Content = str | list[TextPart]  # parts are joined by newlines, as vLLM joins th
 class CalledFunction(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     arguments: str  # JSON text, as OpenAI gives it
+    parsed_arguments: Any = None  # the SDK's copy of the arguments, decoded: no effect
 
 
 class MessageToolCall(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     function: CalledFunction
     type: Literal["function"] = "function"
+    index: int | None = None  # its place among a streamed reply's calls, as the SDK keeps it: no effect
 
 
 class SystemMessage(msgspec.Struct, tag_field="role", tag="system", forbid_unknown_fields=True):
@@ -56,9 +59,17 @@ class UserMessage(msgspec.Struct, tag_field="role", tag="user", forbid_unknown_f
 
 
 class AssistantMessage(msgspec.Struct, tag_field="role", tag="assistant", forbid_unknown_fields=True):
-    content: Content | None = None  # none with tool calls (or a refusal)
+    content: Content | None = None  # none with tool calls
     tool_calls: list[MessageToolCall] | None = None
     reasoning_content: str | None = None  # accepted, not rendered: earlier thinking is dropped
+    # What the SDK's message objects carry beside, sent back with the history: no effect. `parsed`
+    # is the content decoded; the others are null in every reply of this server (a refusal's text
+    # would mean something, and is refused).
+    parsed: Any = None
+    refusal: None = None
+    audio: None = None
+    function_call: None = None
+    annotations: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=0)] | None = None
 
 
 class ToolMessage(msgspec.Struct, tag_field="role", tag="tool", forbid_unknown_fields=True):

@@ -195,6 +195,22 @@ def test_streamed_deltas_make_up_the_whole_message(step):
     assert streamed.message.tool_calls[0].function.parsed_arguments == {"city": "Paris"}  # the SDK's helper
 
 
+def test_the_sdks_messages_go_back_into_the_history_as_the_sdk_sends_them():
+    """An agent appends the reply's message object to its history; the SDK sends it back with its
+    own additions (parsed arguments, a streamed call's index, null refusal and audio), which are
+    taken with no effect, reasoning_content too."""
+    options = ReplyOptions(tool_format=hermes.FORMAT, reasoning_parser="qwen3")
+    for reply in (whole_message(options, REPLY), streamed_message(options, REPLY, 5)):
+        sent = reply.choices[0].message.model_dump(exclude_unset=True, mode="json")
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": "20 C"} for c in sent["tool_calls"]]
+        parsed = chat(tools=[WEATHER], messages=[*USER, sent, *results])
+        assistant = parsed.request.messages[1]
+        assert (assistant.content, [c.function.arguments for c in assistant.tool_calls]) == (
+            "Let me look.",
+            [{"city": "Paris"}, {"city": "Rome"}],
+        )
+
+
 def test_a_reply_of_calls_alone_has_no_content_and_a_named_call_stops():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     message = whole_message(ReplyOptions(tool_format=hermes.FORMAT), text).choices[0]
