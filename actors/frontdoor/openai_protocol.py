@@ -76,7 +76,7 @@ class OpenAIFields(SamplingFields, kw_only=True):
     model: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
+    n: Annotated[Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None, beyond_schema("1 with session_id")] = None
     user: str | None = None  # names the tenant when no API keys are configured
     # A turn of a session (POST /v1/sessions): the prompt continues the parent turn's conversation.
     session_id: Annotated[Id | None, beyond_schema("given with session_parent or session_replace")] = None

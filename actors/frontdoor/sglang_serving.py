@@ -9,6 +9,7 @@ they generated, with its logprobs. A client that leaves mid-request aborts its r
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -37,7 +38,17 @@ SGLANG_NAMES = {  # our fields, as SGLang's clients name them
     "allowed_token_ids": "sampling_params.allowed_token_ids",
     "disallowed_token_ids": "sampling_params.disallowed_token_ids",
     "stop_token_ids": "sampling_params.stop_token_ids",
+    "stop": "sampling_params.stop",
+    "stop_regex": "sampling_params.stop_regex",
 }
+
+
+def sglang_name(param: str | None) -> str | None:
+    """Our field (`stop_regex[1]` too) as SGLang's clients name it."""
+    if param is None:
+        return None
+    head, rest = re.match(r"([^.\[]*)(.*)", param).groups()
+    return SGLANG_NAMES.get(head, head) + rest
 
 
 class _ItemOutput:
@@ -121,7 +132,7 @@ class SGLangServing:
             group = await self.pipeline.submit(item.request, tenant=tenant, request_id=item.rid)
             if isinstance(group, Error):
                 # The scheduler checks what needs the prompt's tokens or the model, in our names.
-                return msgspec.structs.replace(group, param=SGLANG_NAMES.get(group.param, group.param))
+                return msgspec.structs.replace(group, param=sglang_name(group.param))
             groups.append(group)
             return None
 
