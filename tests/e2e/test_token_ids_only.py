@@ -56,4 +56,4 @@ async def test_stop_strings_need_text(server):
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         response = await http.post("/generate", json=body(detokenize=False, stop=["."]))
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "stop"  # SGLang's clients read error.message; ours name it
+    assert response.json()["error"]["param"] == "sampling_params.stop"  # SGLang's clients read error.message
