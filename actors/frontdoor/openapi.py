@@ -103,11 +103,11 @@ def openapi_document(model_name: str, facts: ModelFacts | None, needs_key: Calla
 
 def _operation(route: Route, by_type: dict[int, dict], keyed: bool) -> dict:
     operation: dict[str, Any] = {"summary": route.summary, "responses": _responses(route, by_type, keyed)}
-    if route.query:
+    if route.parameters:
         operation["parameters"] = [
             {"name": q.name, "in": q.where, "required": q.required, "schema": q.schema, "description": q.description}
             | ({"style": "form", "explode": True} if q.schema.get("type") == "array" else {})
-            for q in route.query
+            for q in route.parameters
         ]
     if route.body is not None:
         schema = _ref_alone(by_type[id(route.body)])

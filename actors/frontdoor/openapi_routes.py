@@ -30,7 +30,9 @@ BOOLEAN = {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]
 
 
 @dataclass(frozen=True)
-class Query:
+class Parameter:
+    """A query parameter, or a path one (`where`)."""
+
     name: str
     schema: dict
     description: str
@@ -48,7 +50,7 @@ class Route:
     body: Any = None  # the type that parses the body (a Struct, or Annotated with the rules it cannot see)
     body_required: bool = True
     errors: tuple[int, ...] = ()
-    query: tuple[Query, ...] = ()
+    parameters: tuple[Parameter, ...] = ()
     ok_schema: Any = None  # the 200's body as a type, where one Struct gives it
     anthropic_errors: bool = False  # errors in Anthropic's shape, not OpenAI's
     # A rule of the server's state, not of the body (its 400 names no field): `x-beyond-schema`.
@@ -198,8 +200,8 @@ ROUTES: list[Route] = [
         "Running and waiting requests and KV use, as SGLang's",
         "the load",
         errors=(400, *ADMIN_ERRORS),
-        query=(
-            Query(
+        parameters=(
+            Parameter(
                 "include",
                 {"type": "string", "x-beyond-schema": f"comma-separated, among {sorted(LOAD_SECTIONS)}"},
                 "SGLang's sections; the core one is given whatever is asked",
@@ -221,9 +223,9 @@ ROUTES: list[Route] = [
         "Close a session",
         "the session is closed and its pinned KV released",
         errors=(404, *ADMIN_ERRORS),
-        query=(
-            Query("session_id", {"type": "string"}, "the id POST /v1/sessions gave", required=True, where="path"),
-            Query("user", {"type": "string"}, "the `user` the session was opened with"),
+        parameters=(
+            Parameter("session_id", {"type": "string"}, "the id POST /v1/sessions gave", required=True, where="path"),
+            Parameter("user", {"type": "string"}, "the `user` the session was opened with"),
         ),
     ),
     _admin_get("/admin/stats", "Queue, running batch, KV blocks and prefix cache", SchedulerStats),
@@ -264,14 +266,14 @@ ROUTES: list[Route] = [
         "vLLM's pause",
         "the pause's state",
         errors=(400, *ADMIN_ERRORS),
-        query=(
-            Query(
+        parameters=(
+            Parameter(
                 "mode",
                 {"type": "string", "enum": sorted(VLLM_MODES)},
                 "abort (default), wait for what runs, keep in place",
             ),
-            Query("wait_for_inflight_requests", BOOLEAN, "vLLM's older form of mode=wait"),
-            Query("clear_cache", BOOLEAN, "flush the prefix cache once paused (default true; not with keep)"),
+            Parameter("wait_for_inflight_requests", BOOLEAN, "vLLM's older form of mode=wait"),
+            Parameter("clear_cache", BOOLEAN, "flush the prefix cache once paused (default true; not with keep)"),
         ),
     ),
     Route("post", "/resume", "vLLM's resume", "the pause's state", errors=ADMIN_ERRORS),
@@ -321,9 +323,9 @@ ROUTES: list[Route] = [
         "the values, rows of a matrix as lists",
         errors=(400, 404, *ADMIN_ERRORS),
         rule=WEIGHT_NAMED,
-        query=(
-            Query("name", {"type": "string", "minLength": 1}, "a checkpoint name", required=True),
-            Query(
+        parameters=(
+            Parameter("name", {"type": "string", "minLength": 1}, "a checkpoint name", required=True),
+            Parameter(
                 "truncate_size", {"type": "string", "pattern": "^0*[1-9][0-9]*$"}, "values kept per row (default 100)"
             ),
         ),
@@ -356,8 +358,8 @@ ROUTES: list[Route] = [
         "vLLM's sleep",
         "the memory's state after the call",
         errors=(400, *ADMIN_ERRORS),
-        query=(
-            Query(
+        parameters=(
+            Parameter(
                 "level",
                 {"type": "string", "enum": list(SLEEP_LEVELS)},
                 "1 or 2: a host copy of the weights is kept either way",
@@ -370,8 +372,8 @@ ROUTES: list[Route] = [
         "vLLM's wake",
         "the memory's state after the call",
         errors=(400, *ADMIN_ERRORS),
-        query=(
-            Query(
+        parameters=(
+            Parameter(
                 "tags",
                 {"type": "array", "items": {"type": "string", "enum": list(TAGS)}},
                 "the memory to take again; none: all",
