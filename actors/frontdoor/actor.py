@@ -2,10 +2,10 @@
 
 from aiohttp import web
 
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.http_app import HttpApi
 from actors.frontdoor.sglang_info import ServerFacts
 from actors.frontdoor.tenants import Tenants
+from actors.lib.chat_format import ChatFormat
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 
@@ -49,7 +49,7 @@ class FrontdoorActor(Actor):
             cfg.http.max_body_bytes,
             cfg.http.max_concurrent_requests,
             cfg.http.incremental_streaming_output,
-            ChatFormat.of_model(engine.model, cfg.chat.tool_call_parser, cfg.chat.reasoning_parser),
+            ChatFormat.of_config(cfg),
             engine.embedding_pooling,
         ).build_app()
         # Cancel a handler when its client disconnects, so a dropped request is aborted at once.

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.openai_protocol import ParsedRequest, parse_chat_request
 from actors.frontdoor.request_fields import validation_error
+from actors.lib.chat_format import ChatFormat
 from schemas.errors import Error
 
 T = TypeVar("T")

@@ -19,7 +19,6 @@ from actors.frontdoor import native_protocol as native
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor.anthropic_messages import parse_messages_request
 from actors.frontdoor.anthropic_output import AnthropicDialect
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.dialect_serving import DialectServing
 from actors.frontdoor.embedding_serving import EmbeddingServing
 from actors.frontdoor.http_errors import error_response, errors_as_json
@@ -35,6 +34,7 @@ from actors.frontdoor.sglang_info import ServerFacts, SGLangInfo
 from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
 from actors.frontdoor.weight_routes import WeightRoutes
+from actors.lib.chat_format import ChatFormat
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects

@@ -11,8 +11,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor import openai_responses as responses
-from actors.frontdoor.chat_format import ChatFormat, think_token_ids
 from actors.frontdoor.chat_reply import ReplyOptions
+from actors.lib.chat_format import ChatFormat, think_token_ids
 from actors.lib.tool_calls import hermes, mistral
 from schemas.errors import Error
 
