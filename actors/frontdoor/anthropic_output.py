@@ -11,9 +11,9 @@ import json
 
 from aiohttp import web
 
-from actors.frontdoor.chat_reply import ReplyDelta
 from actors.frontdoor.chat_translation import ParamMap
 from actors.frontdoor.dialect_serving import Ending
+from actors.lib.chat_reply import ReplyDelta
 from actors.lib.tool_calls.sections import assemble
 from schemas.errors import Error
 

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
-from actors.frontdoor.chat_reply import ReplyOptions
 from actors.frontdoor.request_fields import invalid
 from actors.lib.chat_format import ChatFormat
+from actors.lib.chat_reply import ReplyOptions
 from actors.lib.tool_calls.constraint import (
     ReasoningStart,
     ToolCallConstraint,

@@ -13,10 +13,10 @@ from typing import Protocol
 import msgspec
 from aiohttp import web
 
-from actors.frontdoor.chat_reply import ReplyDelta, ReplyReader
 from actors.frontdoor.openai_protocol import ParsedRequest
 from actors.frontdoor.openai_serving import SSE_HEADERS
 from actors.frontdoor.tenants import Tenants
+from actors.lib.chat_reply import ReplyDelta, ReplyReader
 from actors.lib.origin.pipeline import RequestPipeline
 from schemas.errors import Error
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from actors.frontdoor import openai_responses as responses
-from actors.frontdoor.chat_reply import ReplyReader
+from actors.frontdoor.chat_reply import delta_fields, message_fields
 from actors.frontdoor.choice_output import ChoiceOutput, LogprobRun
 from actors.frontdoor.http_errors import error_response, overloaded
 from actors.frontdoor.openai_logprobs import CompletionLogprobs, chat_logprobs, prompt_logprobs
 from actors.frontdoor.openai_protocol import OutputOptions, ParsedRequest
 from actors.frontdoor.sglang_responses import version_fields
 from actors.frontdoor.tenants import Tenants
+from actors.lib.chat_reply import ReplyReader
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
 from schemas.errors import Error
@@ -100,7 +101,7 @@ class OpenAIServing:
             finish, parts = output.finish_reason, None
             reader = parsed.reply.reader(prompt.ids)
             if reader is not None:  # a whole reply is read as one piece, as the stream's last
-                parts = reader.message_fields(reader.push(output.text, final=True))
+                parts = message_fields(reader, reader.push(output.text, final=True))
                 finish = reader.finish_reason(finish)
             return responses.chat_choice(index, output.text, finish, logprobs, parts, **extra)
         if opts.return_token_ids:
@@ -177,7 +178,7 @@ class _ChoiceStream:
                 )
             finish, parts = output.finish_reason, None
             if self.reader is not None:
-                parts = self.reader.delta_fields(self.reader.push(output.text, final=finish is not None))
+                parts = delta_fields(self.reader, self.reader.push(output.text, final=finish is not None))
                 finish = self.reader.finish_reason(finish)
             chunk = responses.chat_chunk(
                 rid, model, created, output.text, finish_reason=finish, index=index, logprobs=logprobs, parts=parts

@@ -9,11 +9,11 @@ item for the thinking, a `message` item with one `output_text` part for the text
 import copy
 import time
 
-from actors.frontdoor.chat_reply import ReplyDelta
 from actors.frontdoor.dialect_serving import Ending
 from actors.frontdoor.http_errors import error_response
 from actors.frontdoor.openai_responses import error_body
 from actors.frontdoor.responses_api import ResponsesParsed
+from actors.lib.chat_reply import ReplyDelta
 from actors.lib.tool_calls.sections import assemble
 from schemas.errors import Error
 

@@ -1,6 +1,7 @@
 """What reading tool calls and thinking costs a streamed chat reply, per delta, on the CPU: the
 frontdoor's work for each delta (the chunk built and encoded as an SSE event) with and without a
-reader (actors/frontdoor/chat_reply.py: `--reasoning-parser qwen3` and Hermes' tool calls).
+reader (actors/lib/chat_reply.py, in OpenAI's shape by actors/frontdoor/chat_reply.py:
+`--reasoning-parser qwen3` and Hermes' tool calls).
 
     python -m ops.bench.stream_parsers [--json docs/results/stream-parsers-cpu.json]
 
@@ -18,7 +19,8 @@ import statistics
 import time
 
 from actors.frontdoor import openai_responses as responses
-from actors.frontdoor.chat_reply import ReplyOptions
+from actors.frontdoor.chat_reply import delta_fields
+from actors.lib.chat_reply import ReplyOptions
 from actors.lib.tool_calls import hermes
 from ops.bench.records import Row
 from ops.bench.report import Report, run_identity
@@ -47,7 +49,7 @@ def per_delta_seconds(text: str, options: ReplyOptions | None, chunk: bool, repe
         for i, delta in enumerate(deltas):
             parts = None
             if reader is not None:
-                parts = reader.delta_fields(reader.push(delta, final=i == len(deltas) - 1))
+                parts = delta_fields(reader, reader.push(delta, final=i == len(deltas) - 1))
             if chunk:
                 responses.sse_event(responses.chat_chunk("id", "model", 0, delta, parts=parts))
         times.append(time.perf_counter() - began)

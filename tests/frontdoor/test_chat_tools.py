@@ -11,8 +11,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from actors.frontdoor import openai_protocol as protocol
 from actors.frontdoor import openai_responses as responses
-from actors.frontdoor.chat_reply import ReplyOptions
+from actors.frontdoor.chat_reply import delta_fields, message_fields
 from actors.lib.chat_format import ChatFormat, think_token_ids
+from actors.lib.chat_reply import ReplyOptions
 from actors.lib.tool_calls import hermes, mistral
 from schemas.errors import Error
 
@@ -159,7 +160,7 @@ REPLY = (
 
 def whole_message(options: ReplyOptions, text: str, finish: str = "stop") -> ChatCompletion:
     reader = options.reader([1, 2, 3])
-    parts = reader.message_fields(reader.push(text, final=True))
+    parts = message_fields(reader, reader.push(text, final=True))
     choice = responses.chat_choice(0, text, reader.finish_reason(finish), None, parts)
     return ChatCompletion.model_validate(responses.chat_completion_response("r", MODEL, 0, [choice], 3, 9))
 
@@ -173,7 +174,7 @@ def streamed_message(options: ReplyOptions, text: str, step: int, finish: str = 
     pieces = [text[i : i + step] for i in range(0, len(text), step)]
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        parts = reader.delta_fields(reader.push(piece, final=last))
+        parts = delta_fields(reader, reader.push(piece, final=last))
         reason = reader.finish_reason(finish) if last else None
         chunk = responses.chat_chunk("r", MODEL, 0, piece, finish_reason=reason, parts=parts)
         state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
@@ -225,4 +226,4 @@ def test_include_reasoning_false_leaves_the_thinking_out():
     options = ReplyOptions(reasoning_parser="deepseek-r1", include_reasoning=False)
     message = whole_message(options, "hmm</think>Yes.").choices[0].message
     assert message.content == "Yes." and "reasoning_content" not in message.model_dump(exclude_unset=True)
-    assert msgspec.json.encode(options.reader([]).delta_fields(options.reader([]).push("hmm"))) == b"{}"
+    assert msgspec.json.encode(delta_fields(options.reader([]), options.reader([]).push("hmm"))) == b"{}"

@@ -15,11 +15,11 @@ from pydantic import TypeAdapter
 
 from actors.frontdoor.anthropic_messages import parse_messages_request
 from actors.frontdoor.anthropic_output import AnthropicDialect
-from actors.frontdoor.chat_reply import ReplyReader
 from actors.frontdoor.dialect_serving import Ending
 from actors.frontdoor.responses_api import parse_responses_request
 from actors.frontdoor.responses_output import ResponsesDialect
 from actors.lib.chat_format import ChatFormat
+from actors.lib.chat_reply import ReplyReader
 from schemas.errors import Error
 from schemas.generate import ChatMessage, ChatToolCall, ToolCallFunction
 
