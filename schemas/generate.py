@@ -213,7 +213,21 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     id_logprobs: list[list[float]] = []  # [N][len(logprob_token_ids)] the logprobs of the asked ids
 
 
-class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
+class ChatToolCallDelta(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A piece of a streamed tool call: a call's first piece has its `id` and `name`, the later ones
+    fragments of its arguments' JSON text, which joined in order make the whole."""
+
+    index: int  # the call's place among the reply's calls
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+# A chat request (`messages`) has its reply read as the HTTP chat route reads it, when the server
+# reads something out of it (the tools of `chat_template`, or --reasoning-parser): `text` is then
+# the answer alone, the thinking is in `reasoning_content` and the calls in `tool_calls`;
+# `token_ids` are still every token drawn. Fields at their defaults stay off the wire.
+class GenerateChunk(msgspec.Struct, frozen=True, omit_defaults=True, tag="chunk"):
     request_id: str
     sequence: int  # 0, 1, 2... over all choices, so a client can check that nothing was lost or repeated
     token_ids: list[int]
@@ -221,13 +235,17 @@ class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
     index: int = 0  # the choice
     logprobs: TokenLogprobs | None = None  # of token_ids, when asked for
     weight_version: str = "default"  # of the weights that computed token_ids
+    reasoning_content: str = ""  # chat: the thinking that came with these tokens
+    tool_calls: list[ChatToolCallDelta] = []  # chat: pieces of calls that came with these tokens
 
 
-class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
+class GenerateResult(msgspec.Struct, frozen=True, omit_defaults=True, tag="result"):
     request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop", "length" or "abort" (token_ids: every token generated before the abort)
+    # "stop", "length" or "abort" (token_ids: every token generated before the abort); "tool_calls"
+    # for a chat reply that called and ended by itself
+    finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -241,6 +259,11 @@ class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     # [[first output index, version], ...]: output tokens from each index on, up to the next span's,
     # were computed by that version's weights (more than one span when weights changed mid-request).
     version_spans: list[tuple[int, str]] = []
+    reasoning_content: str = ""  # chat: the reply's thinking
+    # chat: the reply's calls, `arguments` decoded from the JSON the model wrote (so the calls go back
+    # in the next request's assistant message as they are); a call cut short (finish_reason
+    # "length") keeps the text it got as a string
+    tool_calls: list[ChatToolCall] = []
 
 
 GenerateReply = GenerateChunk | GenerateResult | Error
