@@ -6,6 +6,7 @@ bus outage costs them nothing: a client that missed chunks asks again and gets t
 """
 
 from actors.gateway.bus_api import BusApi
+from actors.lib.chat_format import ChatFormat
 from actors.lib.origin.pipeline import RequestPipeline
 from kernel.actor import Actor
 from schemas.embed import PublicRequest
@@ -26,7 +27,9 @@ class GatewayActor(Actor):
         )
         await self.pipeline.start()
         self.spawn(self.pipeline.watch_liveness(), "watch_liveness")
-        self.bus_api = BusApi(self.bus, self.pipeline, cfg.engine.model_name, cfg.engine.embedding_pooling)
+        self.bus_api = BusApi(
+            self.bus, self.pipeline, cfg.engine.model_name, cfg.engine.embedding_pooling, ChatFormat.of_config(cfg)
+        )
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
             await self.bus.subscribe(self.subjects.generate, PublicRequest, self.bus_api.on_request, queue=QUEUE_GROUP)

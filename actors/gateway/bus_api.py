@@ -4,6 +4,9 @@
 A request with `stream` set gets `GenerateChunk`s at its reply inbox, numbered 0, 1, 2..., then a
 `GenerateResult` for each of its n choices; otherwise just the results. A failure is one `Error`.
 
+A chat request (`messages`) has its replies read as the HTTP chat route reads them
+(chat_replies.py): thinking and tool calls apart from the answer, in every chunk and in the result.
+
 A bus outage (a restarted nats-server) can lose replies in flight, so the gateway keeps what it sent
 each request until a while after its end. A client that sees a gap in the numbering, or silence,
 sends the same request again with the `request_id` from its chunks (or one it chose) and
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from actors.gateway.chat_replies import ChoiceReply, reply_options
+from actors.lib.chat_format import ChatFormat
 from actors.lib.origin.embeddings import embed
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
@@ -51,11 +56,19 @@ class BusStream:
 
 
 class BusApi:
-    def __init__(self, bus: Bus, pipeline: RequestPipeline, model_name: str, pooling: Pooling = "last") -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        pipeline: RequestPipeline,
+        model_name: str,
+        pooling: Pooling = "last",
+        chat_format: ChatFormat = ChatFormat(),
+    ) -> None:
         self.bus = bus
         self.pipeline = pipeline
         self.model_name = model_name
         self.pooling = pooling  # the server's --embedding-pooling
+        self.chat_format = chat_format  # what the model writes beside its answers: tool calls, thinking
         self.streams: dict[str, BusStream] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -164,28 +177,31 @@ class BusApi:
             return
         try:
             token_ids: list[list[int]] = [[] for _ in group.choices]
-            texts: list[list[str]] = [[] for _ in group.choices]
+            options = reply_options(request, self.chat_format)
+            replies = [ChoiceReply(options.reader(group.prompt_ids)) for _ in group.choices]
             results: list[GenerateResult] = []
             async for index, output in group:
                 if output.error:
                     await self._finish(stream, [output.error])
                     return
                 token_ids[index] += output.token_ids
-                texts[index].append(output.text)
-                if request.stream and (output.token_ids or output.text):
+                parts = replies[index].add(output.text, final=output.finish_reason is not None)
+                if request.stream and (output.token_ids or parts):
                     chunk = GenerateChunk(
                         request_id,
                         len(stream.chunks),
                         output.token_ids,
-                        output.text,
+                        parts.text,
                         index,
                         output.logprobs,
                         output.weight_version,
+                        parts.reasoning_content,
+                        parts.tool_calls,
                     )
                     stream.chunks.append(chunk)
                     await self.bus.reply(stream.reply_to, chunk)
                 if output.finish_reason:
-                    results.append(self._result(request, group, index, output, token_ids[index], texts[index]))
+                    results.append(self._result(request, group, index, output, token_ids[index], replies[index]))
             await self._finish(stream, sorted(results, key=lambda r: r.index))
         finally:
             await group.close()
@@ -197,7 +213,7 @@ class BusApi:
         index: int,
         end: RequestOutput,
         token_ids: list[int],
-        texts: list[str],
+        reply: ChoiceReply,
     ) -> GenerateResult:
         """Choice `index`'s result, from its record: its tokens' logprobs all delivered, and the
         prompt's as the first choice computed them for every choice."""
@@ -205,9 +221,9 @@ class BusApi:
         scored = params.prompt_logprobs_from is not None
         return GenerateResult(
             group.request_id,
-            "".join(texts),
+            reply.text,
             token_ids,
-            end.finish_reason,
+            reply.finish_reason(end.finish_reason),
             len(group.prompt_ids),
             end.completion_tokens,
             group.cached_tokens,
@@ -219,6 +235,8 @@ class BusApi:
             created=record.created,
             weight_version=record.weight_version,
             version_spans=list(record.version_spans),
+            reasoning_content=reply.reasoning_content,
+            tool_calls=reply.tool_calls(),
         )
 
     async def _finish(self, stream: BusStream, finals: list[GenerateResult] | list[Error]) -> None:
