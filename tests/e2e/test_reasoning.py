@@ -1,7 +1,7 @@
 """Thinking and the chat template's inputs through the whole system, with the `openai` SDK: a model
 whose template renders tools itself (Qwen3's way) gets them as `tools=`, `chat_template_kwargs`
 reach its template, and `--reasoning-parser deepseek-r1` moves the thinking into
-`reasoning_content`, the same whole and streamed.
+`reasoning_content`, the same whole and streamed, over HTTP and on the bus.
 
 The model is a tiny random one with such a template: what it writes does not matter here, only
 where the server puts it. Its vocabulary has no `<think>` token, so deepseek-r1 reads every reply
@@ -11,11 +11,15 @@ as thinking that was never closed.
 import json
 import shutil
 
+import msgspec
 import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
+from ops.bus_client import stream_generate
 from ops.local_server import start_server
+from schemas.errors import Error
+from schemas.generate import ChatMessage, Constraint, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
 
 # Qwen3's shape in a few lines: tools in the system turn, calls as <tool_call> blocks, tool results as
 # user turns, and an empty thinking block when enable_thinking is false.
@@ -80,7 +84,7 @@ def model_dir(build_tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(model_dir, tmp_path_factory):
+def thinker(model_dir, tmp_path_factory):
     server = start_server(
         tmp_path_factory.mktemp("thinker-data"),
         "--num-kv-blocks",
@@ -91,8 +95,13 @@ def client(model_dir, tmp_path_factory):
         "thinker",
         model=str(model_dir),
     )
-    yield OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(thinker):
+    return OpenAI(base_url=f"{thinker.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def test_a_template_that_renders_tools_gets_them_and_its_variables(client, model_dir):
@@ -138,3 +147,25 @@ def test_reasoning_fields_of_vllm_and_sglang(client):
         **SAMPLED | {"extra_body": fields | {"include_reasoning": False}}, messages=ASK
     )
     assert "reasoning_content" not in hidden.choices[0].message.model_dump(exclude_unset=True)  # vLLM's
+
+
+async def test_thinking_is_separated_on_the_bus_whole_and_streamed(thinker):
+    """A reply that thinks, then answers: written under a regex, since the model's own words are
+    random. A text request's reply is the text as it came."""
+    written = SamplingParams(max_tokens=64, seed=3, constraint=Constraint("regex", r"I think so\.</think>\n\nParis"))
+    request = GenerateRequest(messages=[ChatMessage("user", "Where?")], params=written)
+    nc = await thinker.connect_nats()
+    try:
+        reply = await nc.request("llm.generate", msgspec.msgpack.encode(request), timeout=120)
+        whole = msgspec.msgpack.decode(reply.data, type=GenerateChunk | GenerateResult | Error)
+        assert isinstance(whole, GenerateResult), whole
+        assert (whole.reasoning_content, whole.text, whole.finish_reason) == ("I think so.", "Paris", "stop")
+        replies = [r async for r in stream_generate(nc, msgspec.structs.replace(request, stream=True))]
+        chunks, streamed = replies[:-1], replies[-1]
+        assert "".join(c.reasoning_content for c in chunks) == streamed.reasoning_content == "I think so."
+        assert "".join(c.text for c in chunks) == streamed.text == "Paris"
+        raw = msgspec.structs.replace(request, messages=None, text="Where?")
+        reply = await nc.request("llm.generate", msgspec.msgpack.encode(raw), timeout=120)
+        assert msgspec.msgpack.decode(reply.data, type=GenerateResult).text == "I think so.</think>\n\nParis"
+    finally:
+        await nc.drain()
