@@ -226,8 +226,8 @@ class ChatToolCallDelta(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
 # A chat request (`messages`) has its reply read as the HTTP chat route reads it, when the server
 # reads something out of it (the tools of `chat_template`, or --reasoning-parser): `text` is then
 # the answer alone, the thinking is in `reasoning_content` and the calls in `tool_calls`;
-# `token_ids` are still every token drawn. Fields at their defaults stay off the wire.
-class GenerateChunk(msgspec.Struct, frozen=True, omit_defaults=True, tag="chunk"):
+# `token_ids` are still every token drawn.
+class GenerateChunk(msgspec.Struct, frozen=True, tag="chunk"):
     request_id: str
     sequence: int  # 0, 1, 2... over all choices, so a client can check that nothing was lost or repeated
     token_ids: list[int]
@@ -239,7 +239,7 @@ class GenerateChunk(msgspec.Struct, frozen=True, omit_defaults=True, tag="chunk"
     tool_calls: list[ChatToolCallDelta] = []  # chat: pieces of calls that came with these tokens
 
 
-class GenerateResult(msgspec.Struct, frozen=True, omit_defaults=True, tag="result"):
+class GenerateResult(msgspec.Struct, frozen=True, tag="result"):
     request_id: str
     text: str
     token_ids: list[int]

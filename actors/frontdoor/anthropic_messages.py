@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.chat_translation import ParamMap, onto_chat
 from actors.frontdoor.openai_protocol import ParsedRequest
 from actors.frontdoor.request_fields import WINDOW, beyond_schema, decode_body
+from actors.lib.chat_format import ChatFormat
 from schemas.errors import Error
 from schemas.generate import StopStrings, Temperature, TopK, TopP
 

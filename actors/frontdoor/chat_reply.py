@@ -1,10 +1,8 @@
 """A chat reply's parts (actors/lib/chat_reply.py) in OpenAI's shapes: a whole reply's `message`
 and a stream chunk's `delta`, with `reasoning_content` and `tool_calls` beside `content`."""
 
-from actors.lib.chat_reply import ReplyDelta, ReplyOptions, ReplyReader
+from actors.lib.chat_reply import ReplyDelta, ReplyReader
 from actors.lib.tool_calls.sections import ToolCallDelta, assemble
-
-__all__ = ["ReplyOptions", "delta_fields", "message_fields"]  # ReplyOptions: as the protocol modules import it
 
 
 def delta_fields(reader: ReplyReader, delta: ReplyDelta) -> dict:

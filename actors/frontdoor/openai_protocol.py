@@ -17,9 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.chat_messages import OpenAIMessage, chat_messages
-from actors.frontdoor.chat_reply import ReplyOptions
 from actors.frontdoor.chat_tools import FunctionTool, TemplateKwargs, ToolChoice, chat_tools
 from actors.frontdoor.request_fields import (
     TOKEN_ID_SCHEMA,
@@ -33,6 +31,8 @@ from actors.frontdoor.request_fields import (
     sampling_params,
     session_turn,
 )
+from actors.lib.chat_format import ChatFormat
+from actors.lib.chat_reply import ReplyOptions
 from actors.lib.tool_calls.constraint import ToolCallConstraint
 from schemas.errors import Error
 from schemas.generate import MAX_CHOICES, Constraint, GenerateRequest, TokenCount, TokenId, TopLogprobs

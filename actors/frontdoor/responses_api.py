@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.frontdoor.chat_format import ChatFormat
 from actors.frontdoor.chat_translation import ParamMap, convert, onto_chat
 from actors.frontdoor.openai_protocol import ParsedRequest
 from actors.frontdoor.request_fields import COMPONENT_REF, GRAMMAR, WINDOW, beyond_schema, decode_body, invalid
 from actors.frontdoor.structured_output import JsonSchema
+from actors.lib.chat_format import ChatFormat
 from schemas.errors import Error
 from schemas.generate import Temperature, TokenCount, TopP
 
