@@ -1,5 +1,11 @@
 import os
 
+# One thread per torch process: here, and in every server a test starts (they inherit it). The test
+# models are small, and the machine few-cored: with torch's default of a thread per core, an
+# executor's threads spin against the test's client and the other actors, and each step takes up to
+# ten times as long. Set before torch is imported, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import torch
 
 # Without CUDA, Triton kernels run only in Triton's interpreter: set it before anything imports

@@ -62,15 +62,11 @@ def servers(server, tmp_path_factory):
     """The demo model that the shared deployment built, served twice more: with the prefix cache, and
     without it as the reference."""
     flags = ("--model", str(server.model_dir), "--num-kv-blocks", str(KV_BLOCKS))
-    with contextlib.ExitStack() as running:
-        with pytest.MonkeyPatch.context() as env:
-            # The two step at once: with torch's default of a thread per core, their threads spin
-            # against each other on a small machine, and every step takes ten times as long.
-            env.setenv("OMP_NUM_THREADS", "1")
-            cached = start_server(tmp_path_factory.mktemp("cache-on"), *flags)
-            running.callback(cached.stop)
-            reference = start_server(tmp_path_factory.mktemp("cache-off"), *flags, "--no-prefix-caching")
-            running.callback(reference.stop)
+    with contextlib.ExitStack() as running:  # the two step at once, each on one thread (tests/conftest.py)
+        cached = start_server(tmp_path_factory.mktemp("cache-on"), *flags)
+        running.callback(cached.stop)
+        reference = start_server(tmp_path_factory.mktemp("cache-off"), *flags, "--no-prefix-caching")
+        running.callback(reference.stop)
         yield cached, reference
 
 
