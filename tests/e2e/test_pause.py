@@ -31,11 +31,29 @@ async def streamed(http: httpx.AsyncClient, request: dict, first_token: asyncio.
     return last
 
 
-async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tuple[list[dict], dict, list[dict]]:
-    """Streams PROMPTS, pauses once each drew a token, sends LATE, checks it is held, continues;
-    returns the streams' last events, LATE's reply and the unpaused replies (PROMPTS then LATE)."""
+@pytest.fixture(scope="module")
+def unpaused(server):
+    """The replies of runs without a pause (PROMPTS, then LATE) by max_new_tokens: computed once for
+    every test that compares with them, as greedy runs of the same server give the same tokens."""
+    replies: dict[int, list[dict]] = {}
+
+    async def of(max_new_tokens: int) -> list[dict]:
+        if max_new_tokens not in replies:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+                replies[max_new_tokens] = [
+                    (await http.post("/generate", json=body(p, max_new_tokens))).json() for p in PROMPTS + [LATE]
+                ]
+        return replies[max_new_tokens]
+
+    return of
+
+
+async def paused_run(server, pause: tuple[str, dict], unpaused: list[dict]) -> tuple[list[dict], dict, bool]:
+    """Streams PROMPTS as long as the `unpaused` replies, pauses once each drew a token, sends LATE,
+    checks it is held, continues; returns the streams' last events, LATE's reply, and whether every
+    stream still ran a second into the pause (so the pause held it mid-way)."""
+    max_new_tokens = len(unpaused[-1]["output_ids"])
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-        unpaused = [(await http.post("/generate", json=body(p, max_new_tokens))).json() for p in PROMPTS + [LATE]]
         started = [asyncio.Event() for _ in PROMPTS]
         streams = [
             asyncio.create_task(streamed(http, body(p, max_new_tokens, True), e)) for p, e in zip(PROMPTS, started)
@@ -48,6 +66,7 @@ async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tu
             late = asyncio.create_task(http.post("/generate", json=body(LATE, max_new_tokens)))
             await asyncio.sleep(1.0)
             assert not late.done()  # held, not refused
+            held_mid_way = not any(stream.done() for stream in streams)
             assert (await http.get("/is_paused")).json() == {"is_paused": True}
             load = (await http.get("/v1/loads")).json()["loads"][0]
             if params.get("json", {}).get("mode") in ("retract", "in_place"):
@@ -56,7 +75,7 @@ async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tu
             assert (await http.post("/continue_generation", json={"torch_empty_cache": True})).status_code == 200
         assert (await http.get("/is_paused")).json() == {"is_paused": False}
         ends = await asyncio.gather(*streams)
-        return ends, (await late).json(), unpaused
+        return ends, (await late).json(), held_mid_way
 
 
 @pytest.mark.parametrize(
@@ -68,36 +87,42 @@ async def paused_run(server, pause: tuple[str, dict], max_new_tokens: int) -> tu
     ],
     ids=["retract", "in_place", "vllm-keep"],
 )
-async def test_retract_and_in_place_lose_no_token(server, pause):
-    ends, late, unpaused = await paused_run(server, pause, 120)
-    for end, whole in zip(ends + [late], unpaused):
+async def test_retract_and_in_place_lose_no_token(server, unpaused, pause):
+    whole_runs = await unpaused(120)
+    ends, late, held_mid_way = await paused_run(server, pause, whole_runs)
+    assert held_mid_way, "a stream ended before the pause: nothing was tested"
+    for end, whole in zip(ends + [late], whole_runs):
         assert end["output_ids"] == whole["output_ids"]
         assert end["meta_info"]["finish_reason"]["type"] == "length"
 
 
-async def test_abort_ends_requests_with_their_partial_tokens(server):
-    ends, late, unpaused = await paused_run(server, ("/pause_generation", {"content": b""}), 400)
-    for end, whole in zip(ends, unpaused):
+async def test_abort_ends_requests_with_their_partial_tokens(server, unpaused):
+    whole_runs = await unpaused(400)
+    ends, late, _ = await paused_run(server, ("/pause_generation", {"content": b""}), whole_runs)
+    for end, whole in zip(ends, whole_runs):
         assert end["meta_info"]["finish_reason"]["type"] == "abort"
         assert 0 < len(end["output_ids"]) < 400
         assert end["output_ids"] == whole["output_ids"][: len(end["output_ids"])]
-    assert late["output_ids"] == unpaused[-1]["output_ids"]
+    assert late["output_ids"] == whole_runs[-1]["output_ids"]
 
 
-async def test_vllm_abort_ends_requests_with_their_partial_tokens(server):
-    ends, late, unpaused = await paused_run(server, ("/pause", {}), 400)  # vLLM's default mode
-    for end, whole in zip(ends, unpaused):
+async def test_vllm_abort_ends_requests_with_their_partial_tokens(server, unpaused):
+    whole_runs = await unpaused(400)
+    ends, late, _ = await paused_run(server, ("/pause", {}), whole_runs)  # vLLM's default mode
+    for end, whole in zip(ends, whole_runs):
         assert end["meta_info"]["finish_reason"]["type"] == "abort"
         assert end["output_ids"] == whole["output_ids"][: len(end["output_ids"])]
-    assert late["output_ids"] == unpaused[-1]["output_ids"]
+    assert late["output_ids"] == whole_runs[-1]["output_ids"]
 
 
 @pytest.mark.parametrize("wait", [{"mode": "wait"}, {"wait_for_inflight_requests": "true"}], ids=["mode", "older"])
 async def test_vllm_wait_finishes_what_runs_and_holds_the_rest(server, wait):
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
         started = [asyncio.Event() for _ in PROMPTS]
-        streams = [asyncio.create_task(streamed(http, body(p, 30, True), e)) for p, e in zip(PROMPTS, started)]
+        # Long enough (a second or more) to be running still when the pause comes.
+        streams = [asyncio.create_task(streamed(http, body(p, 300, True), e)) for p, e in zip(PROMPTS, started)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        assert not any(stream.done() for stream in streams)
         paused = await http.post("/pause", params=wait)
         assert paused.status_code == 200 and paused.json()["status"] == "paused"
         assert paused.json()["held"] == 0  # it answered once nothing ran
