@@ -1,18 +1,22 @@
 """Messages cross the bus whole, so its payload limit (`--bus-max-payload-bytes`) bounds a prompt: a
 longer one gets a clear 400 at once, as text or as token ids, and the server goes on serving. A
 round of the scheduler's commands over the limit goes to the executor in parts, and the requests
-in it get the tokens of a server whose limit is NATS's default."""
+in it get the tokens of a server whose limit is NATS's default; prompt logprobs over the limit
+reach the client in parts, whole."""
 
 import asyncio
 import random
 
 import httpx
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from ops.local_server import start_server
 
 MAX_PAYLOAD = 8192  # bytes
 BLOCKS = 256  # of 16 tokens
+TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +84,33 @@ async def test_a_round_over_the_limit_reaches_the_executor_in_parts(small_bus_se
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:  # NATS's default limit
         references = [(await http.post("/generate", json=body(p))).json()["output_ids"] for p in waiting]
     assert [a.json()["output_ids"] for a in answers] == references and all(len(r) == 6 for r in references)
+
+
+def test_prompt_logprobs_larger_than_a_bus_message_arrive_whole(small_bus_server):
+    """A chunk's prompt logprobs with 20 top and 64 asked ids each outgrow the bus many times over:
+    the executor publishes its step in parts, the tokenizer its outputs, and every position reaches
+    the HTTP client in order, as transformers has it."""
+    prompt_ids = [10 + (i * 37) % 1400 for i in range(300)]
+    body = {
+        "input_ids": prompt_ids,
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 20,
+        "token_ids_logprob": list(range(64)),
+    }
+    response = httpx.post(f"{small_bus_server.base_url}/generate", json=body, timeout=120)
+    served = httpx.post(f"{small_bus_server.base_url}/generate", json={"text": "still there?"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert served.status_code == 200  # nothing crashed
+    meta = response.json()["meta_info"]
+    inputs, tops, asked = meta["input_token_logprobs"], meta["input_top_logprobs"], meta["input_token_ids_logprobs"]
+    assert [entry[1] for entry in inputs] == prompt_ids and inputs[0][0] is None
+    model = AutoModelForCausalLM.from_pretrained(small_bus_server.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = torch.log_softmax(model(torch.tensor([prompt_ids])).logits[0].float(), dim=-1)
+    for position in range(1, len(prompt_ids)):
+        row = reference[position - 1]
+        assert abs(inputs[position][0] - row[prompt_ids[position]].item()) < TOLERANCE, position
+        assert [entry[1] for entry in tops[position]] == row.topk(20).indices.tolist(), position
+        assert len(asked[position]) == 64

@@ -8,7 +8,6 @@ prefill chunks (so a prompt is scored across several)."""
 import time
 import uuid
 
-import httpx
 import msgspec
 import pytest
 import torch
@@ -262,10 +261,13 @@ async def test_a_salted_prefix_is_read_only_under_its_salt(nc):
     assert await cached("") > 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+# Llama is this module's server (the demo model), whose logprobs and teacher forcing the tests above
+# check; Mistral has Llama's layers. tests/gpu/test_logprobs.py checks all four in the runner.
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 async def test_every_architecture_returns_transformers_logprobs_and_teacher_forces_exactly(tmp_path, arch):
-    """Through a server of each architecture: the sampled, top and prompt logprobs are transformers'
-    log-softmax within 1e-4, and the finished sequence scored as a prompt gives the rollout's back, exactly."""
+    """Through a server of each other architecture (q/k/v biases, per-head norms): the sampled, top
+    and prompt logprobs are transformers' log-softmax within 1e-4, and the finished sequence scored
+    as a prompt gives the rollout's back, exactly."""
     from gpu.model_builder import build_model_dir
 
     model_dir = build_model_dir(tmp_path / "model", arch=arch)
@@ -297,37 +299,3 @@ async def test_every_architecture_returns_transformers_logprobs_and_teacher_forc
     check_positions(rollout.prompt_logprobs, reference[: n - 1], prompt_ids[1:], 3, [])
     check_positions(rollout.logprobs, reference[n - 1 : -1], rollout.token_ids, 3, [])
     assert forced.prompt_logprobs.logprobs == rollout.logprobs.logprobs
-
-
-def test_prompt_logprobs_larger_than_a_bus_message_arrive_whole(tmp_path, log_softmax, server):
-    """A chunk's prompt logprobs with 20 top and 64 asked ids each outgrow a 64 KiB bus: the
-    executor publishes its step in parts, the tokenizer its outputs, and every position reaches
-    the HTTP client in order, as transformers has it."""
-    running = start_server(
-        tmp_path, "--bus-max-payload-bytes", "65536", "--num-kv-blocks", "128", model=str(server.model_dir)
-    )
-    prompt_ids = [10 + (i * 37) % 1400 for i in range(300)]
-    body = {
-        "input_ids": prompt_ids,
-        "sampling_params": {"max_new_tokens": 0},
-        "return_logprob": True,
-        "logprob_start_len": 0,
-        "top_logprobs_num": 20,
-        "token_ids_logprob": list(range(64)),
-    }
-    try:
-        response = httpx.post(f"{running.base_url}/generate", json=body, timeout=120)
-        served = httpx.post(f"{running.base_url}/generate", json={"text": "still there?"}, timeout=60)
-    finally:
-        running.stop()
-    assert response.status_code == 200, response.text
-    assert served.status_code == 200  # nothing crashed
-    meta = response.json()["meta_info"]
-    inputs, tops, asked = meta["input_token_logprobs"], meta["input_top_logprobs"], meta["input_token_ids_logprobs"]
-    assert [entry[1] for entry in inputs] == prompt_ids and inputs[0][0] is None
-    reference = log_softmax(prompt_ids)
-    for position in range(1, len(prompt_ids)):
-        row = reference[position - 1]
-        assert abs(inputs[position][0] - row[prompt_ids[position]].item()) < TOLERANCE, position
-        assert [entry[1] for entry in tops[position]] == row.topk(20).indices.tolist(), position
-        assert len(asked[position]) == 64
