@@ -26,15 +26,28 @@ from tests.e2e.nats_probe import Connection
 
 PROMPT = "Our company handbook, chapter one: the principles we hold and the way we work together. " * 5
 KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
+CROWD = ("gamma", "delta", "epsilon")  # the tenants of the publication test
 ADMIN_KEY = "admin-secret"
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
+    """Five tenants, and a prefix public once three sent it (`--public-prefix-tenants 3`): the
+    tests of privacy send each prefix as two tenants at most, the publication test as three."""
     data_dir = tmp_path_factory.mktemp("tenants")
     keys_file = data_dir / "keys.json"
-    keys_file.write_text(json.dumps(KEYS))
-    running = start_server(data_dir, "--num-kv-blocks", "256", "--api-keys", str(keys_file), "--admin-key", ADMIN_KEY)
+    keys_file.write_text(json.dumps(KEYS | {f"key-{tenant}": tenant for tenant in CROWD}))
+    running = start_server(
+        data_dir,
+        "--num-kv-blocks",
+        "256",
+        "--api-keys",
+        str(keys_file),
+        "--admin-key",
+        ADMIN_KEY,
+        "--public-prefix-tenants",
+        "3",
+    )
     yield running
     running.stop()
 
@@ -97,7 +110,8 @@ async def bus_cached(server, tenant: str, user: str = "", prompt: str = BUS_PROM
 
 def test_each_tenant_and_the_admin_get_a_credential_file_and_the_client_none(keyed_server):
     bus_dir = keyed_server.data_dir / "bus"
-    assert sorted(p.name for p in (bus_dir / "tenants").iterdir()) == ["alpha.json", "beta.json"]
+    tenants = [*KEYS.values(), *CROWD]
+    assert sorted(p.name for p in (bus_dir / "tenants").iterdir()) == sorted(f"{tenant}.json" for tenant in tenants)
     assert (bus_dir / "admin.json").exists() and not (bus_dir / "client.json").exists()
     assert stat.S_IMODE((bus_dir / "tenants").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (bus_dir / "tenants").iterdir())
@@ -215,33 +229,17 @@ async def test_tenants_cannot_call_the_admin_subjects_and_the_admin_credentials_
     await admin.drain()
 
 
-CROWD = ("gamma", "delta", "epsilon")
-
-
-@pytest.fixture(scope="module")
-def crowd_server(tmp_path_factory):
-    """Three tenants, and a prefix public once all three sent it (`--public-prefix-tenants 3`)."""
-    data_dir = tmp_path_factory.mktemp("crowd")
-    keys_file = data_dir / "keys.json"
-    keys_file.write_text(json.dumps({f"key-{tenant}": tenant for tenant in CROWD}))
-    running = start_server(
-        data_dir, "--num-kv-blocks", "256", "--api-keys", str(keys_file), "--public-prefix-tenants", "3"
-    )
-    yield running
-    running.stop()
-
-
-async def test_one_key_under_many_users_is_one_tenant_toward_publication(crowd_server):
+async def test_one_key_under_many_users_is_one_tenant_toward_publication(keyed_server):
     """A key holder that sends a guessed prefix as K different users, over HTTP and the bus, passes
     for one tenant, not K: it gets no hit until K - 1 other tenants sent the prefix too, as the
     README promises. K keys do make the prefix public."""
     guess = "The board's confidential memo on the merger, first paragraph, as every draft begins. " * 5
-    as_users = [cached(crowd_server, "key-gamma", user=f"u{i}", prompt=guess) for i in range(3)]
-    as_users.append(await bus_cached(crowd_server, "gamma", user="u3", prompt=guess))
+    as_users = [cached(keyed_server, "key-gamma", user=f"u{i}", prompt=guess) for i in range(3)]
+    as_users.append(await bus_cached(keyed_server, "gamma", user="u3", prompt=guess))
     assert as_users == [0, 0, 0, 0]  # four users of gamma, each reading only its own
-    assert cached(crowd_server, "key-delta", prompt=guess) == 0  # the second tenant: still private
-    assert await bus_cached(crowd_server, "epsilon", prompt=guess) > 0  # the third tenant reads it at once
-    assert cached(crowd_server, "key-gamma", user="u9", prompt=guess) > 0  # public: for every user of every key
+    assert cached(keyed_server, "key-delta", prompt=guess) == 0  # the second tenant: still private
+    assert await bus_cached(keyed_server, "epsilon", prompt=guess) > 0  # the third tenant reads it at once
+    assert cached(keyed_server, "key-gamma", user="u9", prompt=guess) > 0  # public: for every user of every key
 
 
 def test_pausing_needs_the_admin_key(keyed_server):
