@@ -87,17 +87,6 @@ def test_prefix_caching_can_be_turned_off(own_server):
     assert scheduler_stats(own_server).cached_blocks == 0
 
 
-def test_sigterm_stops_everything_in_order(tmp_path):
-    server = start_server(tmp_path / "data", "--num-kv-blocks", "32")
-    actors = ("executor", "cache_tier", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
-    pids = {name: server.child_pid(name) for name in actors}
-    nats_pid = server.find("nats_started")[-1]["pid"]
-    assert server.stop() == 0
-    assert not any(alive(pid) for pid in [*pids.values(), nats_pid])
-    order = [e["actor"] for e in server.events if e.get("event") == "actor_stopped"]
-    assert order == list(reversed(actors))
-
-
 def test_gives_up_after_too_many_restarts(tmp_path):
     server = start_server(tmp_path / "data", "--num-kv-blocks", "32", "--max-restarts", "1", "--restart-period-s", "60")
     for attempt in range(2):
@@ -269,3 +258,16 @@ def _answers(server) -> bool:
         return httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_sigterm_stops_everything_in_order(own_server):
+    """The module's last test: it stops the module's server, whose children by now include restarted ones."""
+    wait_for(lambda: _answers(own_server), 60)
+    actors = ("executor", "cache_tier", "snapshot", "scheduler", "weight_sync", "tokenizer", "gateway", "frontdoor")
+    pids = {name: own_server.child_pid(name) for name in actors}
+    nats_pid = own_server.find("nats_started")[-1]["pid"]
+    before_stop = len(own_server.events)
+    assert own_server.stop() == 0
+    assert not any(alive(pid) for pid in [*pids.values(), nats_pid])
+    order = [e["actor"] for e in own_server.events[before_stop:] if e.get("event") == "actor_stopped"]
+    assert order == list(reversed(actors))
