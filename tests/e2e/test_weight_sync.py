@@ -114,14 +114,15 @@ async def test_a_bad_checkpoint_is_refused_and_the_old_weights_serve_on(nc, chec
 async def test_two_updates_at_once_one_is_refused(nc, checkpoints):
     await load(nc, checkpoints[0], weight_version="b0")
     started = asyncio.Event()
-    running = asyncio.create_task(streamed(nc, PROMPTS[0], 300, started))
+    tokens = 600  # seconds at a few ms a token: it still runs when the second update comes
+    running = asyncio.create_task(streamed(nc, PROMPTS[0], tokens, started))
     await asyncio.wait_for(started.wait(), 60)
     first = asyncio.create_task(ask(nc, UpdateFromDisk(str(checkpoints[1]), weight_version="w1")))  # waits for it
     await asyncio.sleep(0.3)
     second = await ask(nc, UpdateFromDisk(str(checkpoints[1]), weight_version="w2"))
     assert isinstance(second, Error) and "one weight operation at a time" in second.message
     _, result = await running
-    assert (len(result.token_ids), result.version_spans) == (300, [(0, "b0")])  # "wait": it finished first
+    assert (len(result.token_ids), result.version_spans) == (tokens, [(0, "b0")])  # "wait": it finished first
     assert (await first).weight_version == "w1"
     assert await ask(nc, GetWeightVersion()) == WeightVersion("w1", str(checkpoints[1]))
 
