@@ -114,7 +114,7 @@ async def test_a_bad_checkpoint_is_refused_and_the_old_weights_serve_on(nc, chec
 async def test_two_updates_at_once_one_is_refused(nc, checkpoints):
     await load(nc, checkpoints[0], weight_version="b0")
     started = asyncio.Event()
-    tokens = 600  # seconds at a few ms a token: it still runs when the second update comes
+    tokens = 1800  # a second or more of the tiny model's steps: it still runs when the second update comes
     running = asyncio.create_task(streamed(nc, PROMPTS[0], tokens, started))
     await asyncio.wait_for(started.wait(), 60)
     first = asyncio.create_task(ask(nc, UpdateFromDisk(str(checkpoints[1]), weight_version="w1")))  # waits for it
