@@ -6,7 +6,7 @@ it from HBM, not L2.
 
     python -m ops.bench.invariant_matmul --model llama-3.1-8b [--sweep]
 
-`--sweep` also times a grid of tile configurations on each product and prints the best few by the
+`--sweep` also times a grid of tile configurations (pointer and TMA kernels) on each product and prints the best few by the
 sum of their times at 1 and at 4096 rows, each row count's time beside the default's: what
 `gpu.invariant.matmul.config_for` is chosen from. The grid keeps each weight's K step, which alone
 fixes the bits; the tile may differ between a decode batch and a prefill.
@@ -27,14 +27,17 @@ ROWS = (1, 16, 256, 4096)
 SHARED_MEMORY_BYTES = 227 * 1024  # an H100's or H200's per block
 
 
-# Tiles of one warp group's rows (4 warps) or two (8), as wide as a one-row call can afford.
 def sweep(block_k: int) -> list[MatmulConfig]:
-    """Tiles around one K step: of one warp group's rows (4 warps) or two (8)."""
-    return [
-        MatmulConfig(m, n, block_k, 8, m // 16, stages)
-        for m, n, stages in itertools.product((64, 128), (32, 64, 128, 256), (3, 4, 5))
-        if stages * (m + n) * block_k * 2 <= SHARED_MEMORY_BYTES and (m, n) != (64, 256)
-    ]
+    """Tiles around one K step: of one warp group's rows (4 warps) or two (8); by pointer loads, or
+    by TMA loads with and without warp specialization (the epilogue's tile in shared memory too)."""
+    grid = []
+    for m, n, stages, (tma, specialized) in itertools.product(
+        (64, 128), (32, 64, 128, 256), (3, 4, 5), ((False, False), (True, False), (True, True))
+    ):
+        epilogue = m * n * 2 if tma else 0
+        if stages * (m + n) * block_k * 2 + epilogue <= SHARED_MEMORY_BYTES and (m, n) != (64, 256):
+            grid.append(MatmulConfig(m, n, block_k, 8, m // 16, stages, tma, specialized))
+    return grid
 
 
 def products(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
