@@ -75,8 +75,13 @@ def attend_keys(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
+    ROW_SUMS_BY_DOT: tl.constexpr = False,
 ):
     # Online softmax over keys key_start ..< key_end: acc [BLOCK_M, BLOCK_D], m and l [BLOCK_M].
+    # ROW_SUMS_BY_DOT: each row's sum of p is a product with a ones matrix, summed in the order of
+    # the tensor-core instruction, as P @ V is; tl.sum's order follows the tile's spread over warps.
+    # (The maximum of a row is exact in any order.) A row's result is then the same bits whatever
+    # the tile's rows and warps.
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_valid = keys < key_end
@@ -91,7 +96,11 @@ def attend_keys(
         m_new = tl.maximum(m, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
+        if ROW_SUMS_BY_DOT:
+            ones = tl.full([BLOCK_N, 16], 1.0, v.dtype)
+            l = l * alpha + tl.max(tl.dot(p.to(v.dtype), ones, input_precision=DOT_PRECISION), 1)
+        else:
+            l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
     return acc, m, l
