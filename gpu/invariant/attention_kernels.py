@@ -36,10 +36,12 @@ class AttentionConfig(NamedTuple):
 
 def attention_config(group: int, head_dim: int, decode: bool = False) -> AttentionConfig:
     """A model's attention tiles: 64 rows (a prompt chunk's tokens x the group's query heads) in 4
-    warps, 64 keys a step (32 past head_dim 128, in 8 warps, for the registers); a decode's tile
-    holds only its token's group, so it takes 16 rows in 2 warps (on an H200, llama-3.1-8b's
-    decode of 256 sequences took 0.82x the time in it that it took in the prefill's). The key step is the
-    same, which with the row sums by dot (attend_keys) keeps the bits."""
+    warps, 64 keys a step (32 past head_dim 128, in 8 warps, for the registers). A `decode` batch
+    whose splits are not spread over programs holds only each token's group in a tile: 16 rows in
+    2 warps (on an H200, llama-3.1-8b's decode of 256 sequences at 600 to 1,400 keys took 0.82x the
+    time in them that it took in the prefill's tiles; a batch of one, spread, took 1.2x, so spread
+    splits keep the prefill's). The key step is the same, which with the row sums by dot
+    (attend_keys) keeps the bits."""
     wide = head_dim > 128
     if decode:
         return AttentionConfig(max(16, triton.next_power_of_2(group)), 32 if wide else 64, 4 if wide else 2, 2)
@@ -271,15 +273,15 @@ def attend(
     if not tokens:
         return out
     kv_heads = cache.shape[3]
-    config = attention_config(heads // kv_heads, head_dim, decode=tiles is None)
+    decode = tiles is None
+    splitting = decode and split_programs > 0
+    config = attention_config(heads // kv_heads, head_dim, decode=decode and not splitting)
     if tiles is not None and tiles.tokens != config.block_m // (heads // kv_heads):
         raise ValueError(
             f"tiles of {tiles.tokens} tokens, where this model's attention takes {config.block_m // (heads // kv_heads)}"
         )
     if q.stride(-1) != 1:
         q = q.contiguous()
-    decode = tiles is None
-    splitting = decode and split_programs > 0
     part = lse = out  # read only when splitting
     if splitting:
         part = torch.empty(tokens, heads, max_splits, head_dim, dtype=torch.float32, device=q.device)
