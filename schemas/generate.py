@@ -147,13 +147,34 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+class FunctionChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionChoice
+
+
+# OpenAI's `tool_choice`: "none" offers no tools and reads no calls; "auto" offers them and reads the
+# calls the model makes; "required" or a named function (one of the tools) demands a call, decoded
+# under a grammar so that it parses and its arguments match the tool's `parameters`.
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class ChatTemplateArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """What a chat template renders beside the messages, as transformers' apply_chat_template
-    takes it: the function tools offered (OpenAI's `tools`, each `{"type": "function", "function":
-    {...}}`) and the template's own variables (`chat_template_kwargs`, e.g. `enable_thinking`)."""
+    """A chat's tools and the template's variables. What the template renders beside the messages,
+    as transformers' apply_chat_template takes it: the function tools (OpenAI's `tools`, each
+    `{"type": "function", "function": {"name", "description", "parameters"}}`) and the template's own
+    variables (`chat_template_kwargs`, e.g. `enable_thinking`). `tool_choice` and
+    `parallel_tool_calls` mean what they mean over HTTP: the door that takes the request reads them
+    (actors/lib/chat_tools.py) into the tools the template shows, how the reply is read and a
+    demanded call's grammar (`SamplingParams.constraint`), so what goes on downstream has them unset."""
 
     tools: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {}
+    tool_choice: ToolChoice | None = None  # None: "auto"
+    parallel_tool_calls: bool = True  # False: only a reply's first call is kept (and demanded)
 
 
 MAX_CHOICES = 128

@@ -11,14 +11,13 @@ refused with 400 naming it, OpenAI's own fields this server does not implement a
 `sglang_protocol`; the response builders live in `openai_responses`.
 """
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from actors.frontdoor.chat_messages import OpenAIMessage, chat_messages
-from actors.frontdoor.chat_tools import FunctionTool, TemplateKwargs, ToolChoice, chat_tools
+from actors.frontdoor.chat_tools import HTTP_PARAMS, TemplateKwargs, chat_tools
 from actors.frontdoor.request_fields import (
     TOKEN_ID_SCHEMA,
     WINDOW,
@@ -33,9 +32,10 @@ from actors.frontdoor.request_fields import (
 )
 from actors.lib.chat_format import ChatFormat
 from actors.lib.chat_reply import ReplyOptions
+from actors.lib.chat_tools import FunctionTool
 from actors.lib.tool_calls.constraint import ToolCallConstraint
 from schemas.errors import Error
-from schemas.generate import MAX_CHOICES, Constraint, GenerateRequest, TokenCount, TokenId, TopLogprobs
+from schemas.generate import MAX_CHOICES, GenerateRequest, TokenCount, TokenId, ToolChoice, TopLogprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -175,17 +175,13 @@ def parse_chat_request(body: bytes, served_model: str, chat_format: ChatFormat =
     if req.top_logprobs and not req.logprobs:
         return invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     output = OutputOptions(logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    prompt = GenerateRequest(messages=messages, chat_template=tools.template)
-    parsed = _openai_parsed("chat", req, prompt, max_tokens, served_model, output)
+    parsed = _openai_parsed("chat", req, GenerateRequest(messages=messages), max_tokens, served_model, output)
     if isinstance(parsed, Error):
         return parsed
-    if tools.constraint is not None:  # the reply must be the demanded call: decoded under its grammar
-        if parsed.request.params.constraint is not None:
-            return invalid("a tool_choice that demands a call cannot be combined with structured output", "tool_choice")
-        grammar = Constraint("structural_tag", json.dumps(tools.constraint.structural_tag), "tools")
-        params = msgspec.structs.replace(parsed.request.params, constraint=grammar)
-        parsed = replace(parsed, request=msgspec.structs.replace(parsed.request, params=params))
-    return replace(parsed, reply=tools.reply, tool_constraint=tools.constraint)
+    request = tools.applied(parsed.request, HTTP_PARAMS)
+    if isinstance(request, Error):
+        return request
+    return replace(parsed, request=request, reply=tools.reply, tool_constraint=tools.constraint)
 
 
 def parse_completion_request(body: bytes, served_model: str) -> ParsedRequest | Error:

@@ -4,8 +4,9 @@
 A request with `stream` set gets `GenerateChunk`s at its reply inbox, numbered 0, 1, 2..., then a
 `GenerateResult` for each of its n choices; otherwise just the results. A failure is one `Error`.
 
-A chat request (`messages`) has its replies read as the HTTP chat route reads them
-(chat_replies.py): thinking and tool calls apart from the answer, in every chunk and in the result.
+A chat request (`messages`) takes `tool_choice` and `parallel_tool_calls` and has its replies read
+as the HTTP chat route does (chat_replies.py): a demanded call decoded under its grammar, thinking
+and tool calls apart from the answer, in every chunk and in the result.
 
 A bus outage (a restarted nats-server) can lose replies in flight, so the gateway keeps what it sent
 each request until a while after its end. A client that sees a gap in the numbering, or silence,
@@ -26,8 +27,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from actors.gateway.chat_replies import ChoiceReply, reply_options
+from actors.gateway.chat_replies import ChoiceReply, chat_request
 from actors.lib.chat_format import ChatFormat
+from actors.lib.chat_reply import ReplyOptions
 from actors.lib.origin.embeddings import embed
 from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_stream import RequestGroup
@@ -116,10 +118,14 @@ class BusApi:
                 param="request_id",
                 retriable=True,
             )
+        chat = chat_request(request, self.chat_format)
+        if isinstance(chat, Error):
+            return chat
+        request, options = chat
         request_id = request.request_id or uuid.uuid4().hex
         stream = self.streams[request_id] = BusStream(reply_to, tenant=tenant)
         # Generation outlives this callback: the subscription must go on to the next request.
-        task = asyncio.create_task(self._serve(request, request_id, stream))
+        task = asyncio.create_task(self._serve(request, request_id, stream, options))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return None
@@ -161,14 +167,17 @@ class BusApi:
         for reply in stream.chunks[resume_from:] + stream.finals:
             await self.bus.reply(reply_to, reply)
 
-    async def _serve(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
+    async def _serve(self, request: GenerateRequest, request_id: str, stream: BusStream, options: ReplyOptions) -> None:
         try:
-            await self._generate(request, request_id, stream)
+            await self._generate(request, request_id, stream, options)
         except Exception as exc:  # one request's failure must not take the others down
             log.exception("bus_request_failed")
             await self._finish(stream, [Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)])
 
-    async def _generate(self, request: GenerateRequest, request_id: str, stream: BusStream) -> None:
+    async def _generate(
+        self, request: GenerateRequest, request_id: str, stream: BusStream, options: ReplyOptions
+    ) -> None:
+        """`options`: how the replies are read (chat_replies.py)."""
         group = await self.pipeline.submit(
             request, tenant=request_tenant(stream.tenant, request.user), request_id=request_id
         )
@@ -177,7 +186,6 @@ class BusApi:
             return
         try:
             token_ids: list[list[int]] = [[] for _ in group.choices]
-            options = reply_options(request, self.chat_format)
             replies = [ChoiceReply(options.reader(group.prompt_ids)) for _ in group.choices]
             results: list[GenerateResult] = []
             async for index, output in group:

@@ -1,12 +1,11 @@
-"""A bus chat request's replies read as the HTTP chat route reads them: the same reader
-(actors/lib/chat_reply.py) with the server's one `ChatFormat`, so the thinking goes to
-`reasoning_content`, the calls to `tool_calls` and `text` keeps the answer alone, whole and chunk
-by chunk, and any cut of the stream gives the reply read whole.
-
-The bus has no `tool_choice`: the tools of `chat_template` are the tools offered, and a
-structural-tag constraint (the grammar of a demanded call, actors/lib/tool_calls/constraint.py)
-demands a call, so JSON at the start of the reply counts as calls, as with "required" over HTTP.
-Requests with `text` or `input_ids` are no chat: their text goes out as it came.
+"""A bus chat request's tool fields and replies, as the HTTP chat route takes and reads them: the
+same check of `chat_template`'s `tools`, `tool_choice` and `parallel_tool_calls`
+(actors/lib/chat_tools.py, errors naming `chat_template.<field>`), so "required" or a named
+function decodes the reply under the call's grammar, and the same reader (actors/lib/chat_reply.py)
+with the server's one `ChatFormat`, so the thinking goes to `reasoning_content`, the calls to
+`tool_calls` and `text` keeps the answer alone, whole and chunk by chunk, and any cut of the stream
+gives the reply read whole. Requests with `text` or `input_ids` are no chat: their text goes out as
+it came.
 """
 
 from dataclasses import dataclass, field
@@ -15,23 +14,26 @@ import msgspec
 
 from actors.lib.chat_format import ChatFormat
 from actors.lib.chat_reply import ReplyOptions, ReplyReader
+from actors.lib.chat_tools import ToolParams, chat_tools
 from actors.lib.tool_calls.sections import ToolCallDelta, assemble
-from schemas.generate import ChatToolCall, ChatToolCallDelta, GenerateRequest, ToolCallFunction
+from schemas.errors import Error
+from schemas.generate import ChatTemplateArgs, ChatToolCall, ChatToolCallDelta, GenerateRequest, ToolCallFunction
+
+BUS_PARAMS = ToolParams(
+    tools="chat_template.tools", tool_choice="chat_template.tool_choice", kwargs="chat_template.kwargs"
+)
 
 
-def reply_options(request: GenerateRequest, chat_format: ChatFormat) -> ReplyOptions:
-    """How the request's replies are read; the default options read nothing."""
+def chat_request(request: GenerateRequest, chat_format: ChatFormat) -> tuple[GenerateRequest, ReplyOptions] | Error:
+    """The request as the pipeline takes it (the tools offered, a demanded call's grammar), and how
+    its replies are read; a request that is no chat goes as it came, its replies read as nothing."""
     if request.messages is None:
-        return ReplyOptions()
-    tools = request.chat_template.tools if request.chat_template is not None else []
-    constraint = request.params.constraint
-    demanded = constraint is not None and constraint.kind == "structural_tag"
-    return ReplyOptions(
-        tool_format=chat_format.tool_format if tools else None,
-        tool_choice="required" if demanded else "auto",
-        reasoning_parser=chat_format.reasoning_parser,
-        think_ids=chat_format.think_ids,
-    )
+        return request, ReplyOptions()
+    tools = chat_tools(request.chat_template or ChatTemplateArgs(), chat_format, BUS_PARAMS)
+    if isinstance(tools, Error):
+        return tools
+    applied = tools.applied(request, BUS_PARAMS)
+    return applied if isinstance(applied, Error) else (applied, tools.reply)
 
 
 @dataclass(frozen=True)
