@@ -62,6 +62,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
     weight_version: NonEmpty = "default"
+    weight_group_join_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=600)] = 300.0
     embedding_pooling: Literal["last", "mean"] = "last"
 
     @property
@@ -183,6 +184,8 @@ HELP = {
     "on a slow device takes seconds)",
     "weight_version": "the version of the weights the executor loads at start, on every output until an update "
     "names another (SGLang's --weight-version)",
+    "weight_group_join_timeout_s": "how long /init_weights_update_group waits for every rank of the trainer's group "
+    "to join before it fails; the executor runs no step meanwhile (at most 600 s)",
     "embedding_pooling": "how an embedding (/v1/embeddings, /encode, the bus) pools the prompt's final hidden "
     "states: last (the last token's, as vLLM and SGLang embed with a causal LM) or mean (of every token's)",
     "max_restarts": "restarts of any one child allowed within --restart-period-s before the supervisor gives up and "

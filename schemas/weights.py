@@ -12,7 +12,7 @@ A weight version is a string, as in SGLang: the first weights are "default" (or 
 an update that names none gets the count of updates committed since start ("1", "2"...).
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -36,14 +36,22 @@ class UpdateFromDisk(msgspec.Struct, frozen=True, tag="update_from_disk"):
     pause_mode: UpdatePause | None = None  # None: "abort" with abort_all_requests, else "wait"
 
 
+# A trainer and its servers' ranks: far beyond any deployment, and within torch's (int32) ranks.
+MAX_WORLD_SIZE = 1 << 16
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+WorldSize = Annotated[int, msgspec.Meta(ge=2, le=MAX_WORLD_SIZE)]  # the trainer and one server at least
+Rank = Annotated[int, msgspec.Meta(ge=1, lt=MAX_WORLD_SIZE)]  # a server's: rank 0 is the trainer's
+
+
 class InitWeightGroup(msgspec.Struct, frozen=True, tag="init_weight_group"):
     """Joins the trainer's torch.distributed group (the trainer is rank 0 and broadcasts), at rank
-    `rank_offset`; answers once every rank has joined, or with an Error after the deadline."""
+    `rank_offset` (below `world_size`); answers once every rank has joined, or with an Error after
+    --weight-group-join-timeout-s."""
 
-    master_address: str
-    master_port: int
-    rank_offset: int
-    world_size: int
+    master_address: Annotated[str, msgspec.Meta(min_length=1)]
+    master_port: Port
+    rank_offset: Rank
+    world_size: WorldSize
     group_name: str = "weight_update_group"
     backend: Literal["nccl", "gloo"] = "nccl"
 

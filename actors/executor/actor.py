@@ -89,7 +89,9 @@ class ExecutorActor(Actor):
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
         # A restart loads the model from --model again, whatever updates came since: that version.
         fingerprint = weights_fingerprint(cfg.model, str(self.runner.dtype))
-        self.weights = WeightRequests(self.runner, cfg.weight_version, fingerprint, self.work.set)
+        self.weights = WeightRequests(
+            self.runner, cfg.weight_version, fingerprint, self.work.set, cfg.weight_group_join_timeout_s
+        )
         await self.bus.subscribe(self.subjects.executor_commands, Commands, self._on_commands)
         await self.bus.subscribe(self.subjects.executor_describe, DescribeExecutor, self._on_describe)
         await self.bus.subscribe(self.subjects.executor_weights, ExecutorWeightsRequest, self.weights.ask)

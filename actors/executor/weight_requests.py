@@ -43,14 +43,18 @@ from schemas.weights import (
 # A trainer that stops broadcasting mid-update (it died) must not hold the executor for ever: past
 # this the receive is aborted, the group reset and the old weights restored.
 GROUP_DEADLINE_S = 120.0
-GROUP_JOIN_TIMEOUT_S = 300.0
 
 
 class WeightRequests:
-    """Requests queued by `ask`, run by `run_waiting`. `version`: of the weights serving now."""
+    """Requests queued by `ask`, run by `run_waiting`. `version`: of the weights serving now;
+    `join_timeout_s`: how long a join waits for the trainer's ranks (--weight-group-join-timeout-s),
+    during which no step runs."""
 
-    def __init__(self, runner: ModelRunner, version: str, fingerprint: str, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, runner: ModelRunner, version: str, fingerprint: str, wake: Callable[[], None], join_timeout_s: float
+    ) -> None:
         self.version = version
+        self.join_timeout_s = join_timeout_s
         self.fingerprint = fingerprint  # of the weights served now (actors/lib/block_hashes.py)
         self.memory = runner.memory  # gpu/memory_occupation.py: sleep and wake by tag
         self.receiver = WeightReceiver(runner.model, runner.host_weights, runner.device)
@@ -105,7 +109,7 @@ class WeightRequests:
                         group.world_size,
                         group.group_name,
                         group.backend,
-                        GROUP_JOIN_TIMEOUT_S,
+                        self.join_timeout_s,
                     )
                     return GroupJoined(group.group_name)
                 case LeaveWeightGroup(group_name):

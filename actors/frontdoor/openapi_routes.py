@@ -300,7 +300,8 @@ ROUTES: list[Route] = [
         "/init_weights_update_group",
         "Join the trainer's group",
         weights.InitGroupBody,
-        "the trainer's ranks join within ten minutes",
+        "every rank of the trainer's group joins within --weight-group-join-timeout-s (five minutes by default), "
+        "no step running meanwhile; the backend is one the server's device takes",
     ),
     _weight_update(
         "/destroy_weights_update_group",

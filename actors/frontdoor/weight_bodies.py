@@ -25,6 +25,8 @@ from schemas.weights import (
     GetWeightsByName,
     InitWeightGroup,
     MemoryTag,
+    Port,
+    Rank,
     ReleaseMemory,
     ResumeMemory,
     UpdateFromDisk,
@@ -32,9 +34,15 @@ from schemas.weights import (
     UpdateFromTensor,
     UpdatePause,
     UpdateWeightVersion,
+    WorldSize,
 )
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# A port number, 1 to 65535, written in ASCII digits (leading zeros allowed).
+PortDigits = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$"),
+]
 BucketFormat = Literal["direct", "flattened_bucket"]  # a list of (name, tensor) pairs, or one packed bucket
 PER_TENSOR = "one entry per name"
 Dim = Annotated[int, msgspec.Meta(ge=0)]
@@ -88,11 +96,11 @@ class TensorBody(_Update, kw_only=True):
 
 class InitGroupBody(Body):
     master_address: NonEmpty
-    master_port: Annotated[int | str, beyond_schema("a port number, 1 to 65535")]  # AReaL sends a string
-    rank_offset: Annotated[int, beyond_schema("in [1, world_size): rank 0 is the trainer's")]
-    world_size: Annotated[int, msgspec.Meta(ge=2)]  # the trainer and this server at least
+    master_port: Port | PortDigits  # AReaL sends a string
+    rank_offset: Annotated[Rank, beyond_schema("below world_size: rank 0 is the trainer's")]
+    world_size: WorldSize
     group_name: NonEmpty = GROUP_NAME
-    backend: Literal["nccl", "gloo"] = "nccl"
+    backend: Annotated[Literal["nccl", "gloo"], beyond_schema("nccl needs the server on a CUDA device")] = "nccl"
 
 
 class DestroyGroupBody(Body):
@@ -157,12 +165,12 @@ def parse_init_group(body: bytes) -> InitWeightGroup | Error:
     if isinstance(parsed, Error):
         return parsed
     port = parsed.master_port
-    if isinstance(port, str):
-        port = int(port) if port.isascii() and port.isdigit() else -1
-    if not 0 < port < 65536:
-        return invalid(f"`master_port` must be a port number, not {parsed.master_port!r}", "master_port")
-    if not 0 < parsed.rank_offset < parsed.world_size:
-        message = f"`rank_offset` must be in [1, world_size): rank 0 is the trainer's, not {parsed.rank_offset}"
+    if isinstance(port, str):  # PortDigits, but Python's `$` also matches before a final newline
+        if not (port.isascii() and port.isdigit()):
+            return invalid(f"`master_port` must be a port number, not {port!r}", "master_port")
+        port = int(port)
+    if parsed.rank_offset >= parsed.world_size:
+        message = f"`rank_offset` must be below world_size: rank 0 is the trainer's, not {parsed.rank_offset}"
         return invalid(message, "rank_offset")
     return InitWeightGroup(
         parsed.master_address, port, parsed.rank_offset, parsed.world_size, parsed.group_name, parsed.backend

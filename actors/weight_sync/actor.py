@@ -53,8 +53,7 @@ from schemas.weights import (
     WeightVersion,
 )
 
-EXECUTOR_TIMEOUT_S = 30.0  # a read, or leaving a group
-GROUP_JOIN_TIMEOUT_S = 600.0  # joining waits for every rank of the trainer's group
+EXECUTOR_TIMEOUT_S = 30.0  # a read, or leaving a group; and beyond a join's own timeout, for its answer
 UPLOAD_HEADROOM_BYTES = 4096  # of a bus message, beside a chunk's data: the rest of UploadChunk
 DISK_FORMATS = (None, "auto", "safetensors")
 
@@ -140,7 +139,8 @@ class WeightSyncActor(Actor):
             case GetWeightsByName(name, truncate_size):
                 return await self.peers.executor(ReadWeight(name, truncate_size), EXECUTOR_TIMEOUT_S)
             case InitWeightGroup():
-                joined = await self.peers.executor(JoinWeightGroup(message), GROUP_JOIN_TIMEOUT_S)
+                join_timeout_s = self.config.engine.weight_group_join_timeout_s + EXECUTOR_TIMEOUT_S
+                joined = await self.peers.executor(JoinWeightGroup(message), join_timeout_s)
                 if isinstance(joined, GroupJoined):
                     return GroupState(True, f"joined group {joined.group_name} as rank {message.rank_offset}")
                 return joined

@@ -138,11 +138,17 @@ def test_init_group_takes_the_port_as_an_int_or_a_string():
     assert bodies.parse_init_group(body(**areal)) == InitWeightGroup(
         "10.0.0.1", 29500, 1, 2, "update_weight_group", "gloo"
     )
+    assert bodies.parse_init_group(body(**(slime | {"master_port": "065535"}))).master_port == 65535
     for fields, param in (
         ({"master_port": "29x"}, "master_port"),
         ({"master_port": 70000}, "master_port"),
+        ({"master_port": "65536"}, "master_port"),
+        ({"master_port": "0"}, "master_port"),
+        ({"master_port": "8080\n"}, "master_port"),
+        ({"master_address": ""}, "master_address"),
+        ({"world_size": 2**31, "rank_offset": 1}, "world_size"),  # torch's ranks are int32
         ({"backend": "mpi"}, "backend"),
-        ({"world_size": 1, "rank_offset": 0}, "world_size"),
+        ({"world_size": 1}, "world_size"),
         ({"rank_offset": 0}, "rank_offset"),
         ({"rank_offset": 2}, "rank_offset"),
         ({"pp_rank": 0}, "pp_rank"),

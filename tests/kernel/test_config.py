@@ -185,6 +185,7 @@ def test_help_groups_the_same_flags_by_component():
             "--session-budget-tokens",
             "--step-deadline-s",
             "--weight-version",
+            "--weight-group-join-timeout-s",
             "--embedding-pooling",
         ],
         "http": ["--host", "--port", "--max-body-bytes", "--max-concurrent-requests", "--incremental-streaming-output"],
