@@ -40,6 +40,11 @@ class KVCache:
         return self._pool.untyped_storage().nbytes() == 0
 
     @property
+    def block_bytes(self) -> int:
+        """One block of every layer, K and V: what a block costs the pool, and a host slot's size."""
+        return len(self.layers) * self.layers[0][0].numel() * self.layers[0].element_size()
+
+    @property
     def nbytes(self) -> int:
         """The device bytes the pool holds now (none while released)."""
         return self._pool.untyped_storage().nbytes()

@@ -1,8 +1,32 @@
 """Admin conversations on `<ns>.admin.<verb>`, also served over HTTP under `/admin/`."""
 
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
 import msgspec
+
+TierName = Literal["gpu", "host", "disk"]
+FlushTier = Literal["gpu", "host", "disk", "all"]
+# msgspec's JSON Schema of a dict leaves its keys free: /openapi.json names them from this.
+TIER_KEYS = msgspec.Meta(extra_json_schema={"propertyNames": {"enum": list(get_args(TierName))}})
+
+
+class TierFigures(msgspec.Struct, frozen=True):
+    """One tier of the KV cache: the GPU's prefix cache, the host tier (--host-kv-blocks), the disk
+    tier (--disk-kv-gb). `hits` and `lookups` count whole blocks of each request's first lookup since
+    the scheduler started: the GPU is asked for every whole block of its tokens, the host for those
+    after the GPU's, the disk for those after the host's. So a tier's lookups are the lookups of the
+    one before less its hits, and every block a request did not compute is the hit of one tier."""
+
+    blocks: int  # held now (the GPU's: in its prefix cache)
+    bytes: int  # their bytes (the disk's: its files', headers included)
+    capacity_blocks: int  # the disk's: what its bytes would hold without the files' headers
+    capacity_bytes: int
+    hits: int
+    lookups: int
+    hit_rate: float  # hits / lookups; 0 before any lookup
+    # On their way in: to the host, copies from the GPU and reads from disk under way; to disk, host
+    # blocks not written yet.
+    pending_blocks: int = 0
 
 
 class GetStats(msgspec.Struct, frozen=True, tag="get_stats"):
@@ -19,6 +43,10 @@ class SchedulerStats(msgspec.Struct, frozen=True, tag="scheduler_stats"):
     cache_hit_tokens: int = 0  # prompt tokens served from the cache, since start
     cache_queried_tokens: int = 0  # prompt tokens looked up in the cache, since start
     preemptions: int = 0  # running requests sent back to the queue for lack of blocks, since start
+    tiers: Annotated[dict[TierName, TierFigures], TIER_KEYS] = {}  # the tiers this server has, as CacheReport's
+    # Prompt tokens loaded from the host or the disk tier instead of recomputed, since start (as
+    # vLLM's KV connector counts its hits).
+    offload_hit_tokens: int = 0
 
 
 class GetCache(msgspec.Struct, frozen=True, tag="get_cache"):
@@ -36,16 +64,7 @@ class CacheReport(msgspec.Struct, frozen=True, tag="cache_report"):
     hit_tokens: int  # prompt tokens served from the cache, since start
     queried_tokens: int  # prompt tokens looked up, since start
     hit_rate: float  # hit_tokens / queried_tokens
-    # The host tier (--host-kv-blocks): its slots, those holding or saving a block, and since start
-    # the blocks loaded from it instead of recomputed, and those a first lookup found on neither tier.
-    host_slots: int = 0
-    host_used_slots: int = 0
-    host_hit_blocks: int = 0
-    host_miss_blocks: int = 0
-    # The disk tier (--disk-kv-gb), since start: blocks read back into the host tier, and blocks it stored.
-    disk_fetched_blocks: int = 0
-    disk_spilled_blocks: int = 0
-    disk_pending_blocks: int = 0  # held by the host tier, not yet written to disk
+    tiers: Annotated[dict[TierName, TierFigures], TIER_KEYS] = {}  # "gpu"; "host", "disk" where this server has them
 
 
 class PublishPrefix(msgspec.Struct, frozen=True, tag="publish_prefix"):
@@ -61,11 +80,18 @@ class PrefixPublished(msgspec.Struct, frozen=True, tag="prefix_published"):
 
 
 class FlushCache(msgspec.Struct, frozen=True, tag="flush_cache"):
-    """Drops every cached block that no running request uses."""
+    """Empties a tier of the KV cache, or all of them. "gpu": drops every cached block that no
+    running request uses. "host": drops every block of the host tier (copies under way are dropped
+    when done). "disk": deletes every block file of the disk tier, of every namespace. "all": the
+    three, the GPU and the host first. A request whose blocks go meanwhile computes them again.
+    Flushing a tier this server lacks frees nothing."""
+
+    tier: FlushTier = "gpu"
 
 
 class CacheFlushed(msgspec.Struct, frozen=True, tag="cache_flushed"):
-    freed_blocks: int
+    freed_blocks: int  # over the tiers flushed
+    tiers: Annotated[dict[TierName, int], TIER_KEYS] = {}  # the blocks each tier flushed dropped
 
 
 PauseMode = Literal["abort", "retract", "in_place", "wait"]

@@ -10,7 +10,10 @@ namespace: a directory of the disk tier, one per state of the weights.
 The scheduler gives the cache_tier the slots of each move and keeps them from any other use until
 the reply, or until a cache_tier of another `instance_id` announces itself (the one that was
 reading or writing them is gone). It keeps a list of the blocks the disk holds too (ListBlocks, then
-what each spill stored), so that a prompt the disk cannot continue never waits on a fetch.
+what each spill stored), so that a prompt the disk cannot continue never waits on a fetch. Each
+answer says what the disk holds in the namespace it was about (`DiskFigures`): the scheduler shows
+the last it heard on /admin/cache and /metrics, so no figure costs the disk tier a request. An admin's
+flush of the disk tier is one more request (FlushDisk), ordered after the spills sent before it.
 """
 
 import msgspec
@@ -18,6 +21,14 @@ import msgspec
 from schemas.errors import Error
 
 Namespace = str  # 32 hex characters: namespace_key's
+
+
+class DiskFigures(msgspec.Struct, frozen=True):
+    """What the disk tier holds in one namespace, as it answers a request about it."""
+
+    blocks: int
+    bytes: int  # the files', headers included
+    capacity_bytes: int  # --disk-kv-gb, for each namespace
 
 
 class SpillBlocks(msgspec.Struct, frozen=True, tag="spill_blocks"):
@@ -39,6 +50,7 @@ class BlocksSpilled(msgspec.Struct, frozen=True, tag="blocks_spilled"):
     failing disk stores fewer)."""
 
     stored: list[bytes]
+    figures: DiskFigures | None = None
 
 
 class FetchBlocks(msgspec.Struct, frozen=True, tag="fetch_blocks"):
@@ -53,6 +65,7 @@ class FetchBlocks(msgspec.Struct, frozen=True, tag="fetch_blocks"):
 
 class BlocksFetched(msgspec.Struct, frozen=True, tag="blocks_fetched"):
     count: int  # slots[:count] hold hashes[:count]; the other slots are free of the cache_tier
+    figures: DiskFigures | None = None
 
 
 class ListBlocks(msgspec.Struct, frozen=True, tag="list_blocks"):
@@ -64,6 +77,16 @@ class ListBlocks(msgspec.Struct, frozen=True, tag="list_blocks"):
 
 class BlocksListed(msgspec.Struct, frozen=True, tag="blocks_listed"):
     hashes: list[bytes]
+    figures: DiskFigures | None = None
+
+
+class FlushDisk(msgspec.Struct, frozen=True, tag="flush_disk"):
+    """Delete every block file and forget every block, in every namespace (an admin's flush)."""
+
+
+class DiskFlushed(msgspec.Struct, frozen=True, tag="disk_flushed"):
+    blocks: int  # forgotten from the namespaces the cache_tier had open
+    files: int  # deleted, in every namespace
 
 
 class CacheTierStarted(msgspec.Struct, frozen=True, tag="cache_tier_started"):
@@ -72,5 +95,5 @@ class CacheTierStarted(msgspec.Struct, frozen=True, tag="cache_tier_started"):
     instance_id: str
 
 
-CacheTierRequest = SpillBlocks | FetchBlocks | ListBlocks
-CacheTierReply = BlocksSpilled | BlocksFetched | BlocksListed | Error
+CacheTierRequest = SpillBlocks | FetchBlocks | ListBlocks | FlushDisk
+CacheTierReply = BlocksSpilled | BlocksFetched | BlocksListed | DiskFlushed | Error

@@ -160,3 +160,4 @@ class ExecutorInfo(msgspec.Struct, frozen=True, tag="executor_info"):
     # after each update. Cached KV is filed under it, so none computed under other weights is served.
     weights_fingerprint: str = ""
     steps: int = 0  # steps with news (each published as a StepOutput) since it started
+    kv_block_bytes: int = 0  # one KV block of every layer, K and V: a host slot's size

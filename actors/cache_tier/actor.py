@@ -11,7 +11,9 @@ scheduler frees what the last one was moving.
 Namespaces (one per state of the weights) are directories under `--disk-kv-dir`; the two most
 recently used stay open and the files of an older one are deleted when a third comes (an RL run
 makes a namespace per update: only the served weights' and the previous ones' blocks are worth
-keeping). With `--disk-kv-gb 0` every request is answered with an Error.
+keeping). Every answer says what the disk holds in the namespace asked about (`DiskFigures`); an
+admin's flush (`FlushDisk`) deletes the block files of every namespace, in order with the requests
+before and after it. With `--disk-kv-gb 0` every request is answered with an Error.
 """
 
 import asyncio
@@ -19,7 +21,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from actors.cache_tier.disk_store import DiskStore
+from actors.cache_tier.disk_store import DiskStore, remove_chains
 from actors.cache_tier.host_segment import HostSegment
 from kernel.actor import Actor
 from schemas.cache import (
@@ -28,7 +30,10 @@ from schemas.cache import (
     BlocksSpilled,
     CacheTierReply,
     CacheTierRequest,
+    DiskFigures,
+    DiskFlushed,
     FetchBlocks,
+    FlushDisk,
     ListBlocks,
     SpillBlocks,
 )
@@ -66,6 +71,8 @@ class CacheTierActor(Actor):
             return Error("unavailable", f"the disk tier cannot serve this request: {exc}", retriable=True)
 
     def _handle(self, message: CacheTierRequest) -> CacheTierReply:
+        if isinstance(message, FlushDisk):  # every namespace's: no segment, no one store
+            return self._flush()
         slots = self._slots(message.segment)
         store = self._store(message.namespace, slots.shape[1])
         match message:
@@ -77,13 +84,25 @@ class CacheTierActor(Actor):
                     blocks = [memoryview(slots[slot].numpy()) for slot in taken[start:stop]]
                     store.put(run, tokens[start * block_size : stop * block_size], blocks, parents[start])
                     stored += [h for h in run if store.holds(h)]
-                return BlocksSpilled(stored)
+                return BlocksSpilled(stored, self._figures(store))
             case FetchBlocks(slots=taken, hashes=hashes):
                 on_disk = store.longest_prefix(hashes)
                 out = [memoryview(slots[slot].numpy()) for slot in taken[:on_disk]]
-                return BlocksFetched(store.read(hashes[:on_disk], out, self.readers) if on_disk else 0)
+                read = store.read(hashes[:on_disk], out, self.readers) if on_disk else 0
+                return BlocksFetched(read, self._figures(store))
             case ListBlocks():
-                return BlocksListed(store.hashes())
+                return BlocksListed(store.hashes(), self._figures(store))
+
+    def _flush(self) -> DiskFlushed:
+        """Deletes the chain files under the tier's directory, then forgets the open namespaces' blocks."""
+        files = remove_chains(self.root)
+        blocks = sum(store.clear() for store in self.stores.values())
+        self.log.info("disk_tier_flushed", files=files, blocks=blocks)
+        return DiskFlushed(blocks, files)
+
+    def _figures(self, store: DiskStore) -> DiskFigures:
+        stats = store.stats()
+        return DiskFigures(stats.blocks, stats.bytes, self.capacity_bytes)
 
     def _slots(self, name: str):
         """The host segment's slots, uint8 [num_slots, slot_bytes]; mapped again if the executor

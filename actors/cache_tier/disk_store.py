@@ -344,3 +344,20 @@ class DiskStore:
             (self.directory / name).unlink(missing_ok=True)
         except OSError as error:
             log.warning("disk_tier_remove_failed", file=name, error=str(error))
+
+
+def remove_chains(root: Path) -> int:
+    """Deletes the chain files, and the temporary files of writes under way, of every namespace
+    directory under `root` (whichever process wrote them, whichever DiskStore indexes them: each
+    finds a file gone a miss); returns how many. The directories stay, for the stores open on them."""
+    if not root.is_dir():
+        return 0
+    removed, ours = 0, (chain_file.SUFFIX, chain_file.TEMP_SUFFIX)
+    for namespace in os.scandir(root):
+        if not namespace.is_dir(follow_symlinks=False) or not NAMESPACE.match(namespace.name):
+            continue
+        for entry in os.scandir(namespace.path):
+            if entry.is_file(follow_symlinks=False) and entry.name.endswith(ours):
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+    return removed

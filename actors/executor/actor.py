@@ -134,6 +134,7 @@ class ExecutorActor(Actor):
             host_segment=self.moves.segment.name if self.moves.segment is not None else "",
             weights_fingerprint=self.weights.fingerprint,
             steps=self.step_count,
+            kv_block_bytes=self.runner.kv.block_bytes,
         )
 
     async def _on_describe(self, message: DescribeExecutor, _reply_to: str | None) -> ExecutorInfo:

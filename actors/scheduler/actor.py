@@ -23,7 +23,7 @@ from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.liveness import Liveness
 from kernel.tenants import request_tenant
-from schemas.admin import AdminReply, AdminRequest
+from schemas.admin import AdminReply, AdminRequest, FlushCache
 from schemas.errors import Error
 from schemas.health import Heartbeat
 from schemas.requests import (
@@ -123,6 +123,7 @@ class SchedulerActor(Actor):
                 host_slots=info.host_kv_slots,
                 kv_fingerprint=f"{info.weights_fingerprint}|{info.dtype}",
                 disk_segment=info.host_segment if engine.disk_kv_gb > 0 else "",
+                kv_block_bytes=info.kv_block_bytes,
             )
         else:
             self.log.warning(
@@ -136,12 +137,13 @@ class SchedulerActor(Actor):
                 info.host_kv_slots,
                 f"{info.weights_fingerprint}|{info.dtype}",
                 info.host_segment if self.config.engine.disk_kv_gb > 0 else "",
+                info.kv_block_bytes,
             )
         budget = self.config.engine.session_budget_tokens
         budget = info.num_blocks * info.block_size // 2 if budget is None else budget
         if self.sessions is None:
             self.sessions = SessionTable(self.batcher.kv.cache, budget)
-            self.admin = SchedulerAdmin(self.batcher, self.sessions, self.log)
+            self.admin = SchedulerAdmin(self.batcher, self.sessions, self.disk_link.flush, self.log)
             self.spawn(self.durable.restore(self.sessions), "restore_sessions")
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
@@ -252,6 +254,8 @@ class SchedulerActor(Actor):
     async def _on_admin(self, message: AdminRequest, _reply_to: str | None) -> AdminReply | Error:
         if self.admin is None:
             return Error("unavailable", "no executor is running yet", retriable=True)
+        if isinstance(message, FlushCache):
+            return await self.admin.flush(message.tier)
         match self.admin.answer(message):
             case PauseChanged(aborted):
                 await self._aborted(aborted, keep_output=True)

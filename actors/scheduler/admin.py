@@ -1,9 +1,11 @@
 """The scheduler's admin conversations (`<ns>.admin.*`, schemas/admin.py) and the commit of new
 weights that weight_sync announces: a plain object the scheduler actor asks once an executor is
-known. It acts on the batcher, the session table and the pause of generation; the actor sends
-what follows (the ends of aborted requests, the batcher's next round) and the replies.
+known. It acts on the batcher, the session table, the pause of generation and, for a flush of the
+disk tier, the cache_tier (disk_link.py); the actor sends what follows (the ends of aborted
+requests, the batcher's next round) and the replies.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from actors.scheduler.batching import ContinuousBatcher
@@ -17,12 +19,14 @@ from schemas.admin import (
     CacheFlushed,
     ContinueGeneration,
     FlushCache,
+    FlushTier,
     GetCache,
     GetPause,
     GetStats,
     PauseGeneration,
     PauseState,
     PublishPrefix,
+    TierName,
 )
 from schemas.errors import Error
 from schemas.weights import CacheGeneration, WeightsCommitted
@@ -53,14 +57,22 @@ class SchedulerAdmin:
     """Answers the admin conversations over the batcher and the sessions of the actor that owns
     them (both live as long as the actor: a new executor resets them in place). Owns the pause."""
 
-    def __init__(self, batcher: ContinuousBatcher, sessions: SessionTable, log) -> None:
+    def __init__(
+        self,
+        batcher: ContinuousBatcher,
+        sessions: SessionTable,
+        flush_disk: Callable[[], Awaitable[int | Error]],
+        log,
+    ) -> None:
         self.batcher = batcher
         self.sessions = sessions
+        self.flush_disk = flush_disk  # the cache_tier deletes its files: the blocks it forgot (disk_link.py)
         self.pause = GenerationPause()
         self.log = log
 
     def answer(self, message: AdminRequest) -> AdminReply | Error | PauseChanged:
-        """Stats, the prefix cache, and the pause of generation (actors/scheduler/pause.py)."""
+        """Stats, the prefix cache, and the pause of generation (actors/scheduler/pause.py); a flush
+        is `flush`'s, which may wait for the disk tier."""
         batcher = self.batcher
         match message:
             case GetStats():
@@ -68,10 +80,7 @@ class SchedulerAdmin:
             case GetCache():
                 return batcher.kv.report(batcher.requests.running)
             case FlushCache():
-                self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
-                freed = batcher.kv.flush()
-                self.log.info("cache_flushed", freed_blocks=freed)
-                return CacheFlushed(freed)
+                raise ValueError("a flush is answered by SchedulerAdmin.flush")
             case PublishPrefix(input_ids):
                 published = batcher.kv.publish(input_ids)
                 self.log.info("prefix_published", tokens=published.tokens, opened_blocks=published.opened_blocks)
@@ -87,6 +96,26 @@ class SchedulerAdmin:
                 return PauseChanged([])
             case GetPause():
                 return self.pause_state()
+
+    async def flush(self, tier: FlushTier) -> CacheFlushed | Error:
+        """Empties `tier` (or every tier): the GPU's and the host's at once, then the disk's once the
+        cache_tier has done what was asked of it before. So after "all" no block of the host is
+        written to disk again; requests that run on cache their blocks afresh. A request whose
+        blocks go meanwhile computes them again, as after an eviction."""
+        kv = self.batcher.kv
+        freed: dict[TierName, int] = {}
+        if tier in ("gpu", "all"):
+            self.sessions.unpin_all()  # their KV is cached like any other: stale, if the weights changed
+            freed["gpu"] = kv.flush()
+        if tier in ("host", "all") and kv.host is not None:
+            freed["host"] = kv.flush_host()
+        if tier in ("disk", "all") and kv.disk is not None:
+            disk = await self.flush_disk()
+            if isinstance(disk, Error):
+                return disk
+            freed["disk"] = disk
+        self.log.info("cache_flushed", tier=tier, **{f"{name}_blocks": n for name, n in freed.items()})
+        return CacheFlushed(sum(freed.values()), freed)
 
     def pause_state(self) -> PauseState:
         return self.pause.state(self.batcher)

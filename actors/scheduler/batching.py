@@ -51,10 +51,11 @@ class ContinuousBatcher:
         host_slots: int = 0,
         kv_fingerprint: str = "",
         disk_segment: str = "",
+        kv_block_bytes: int = 0,
     ) -> None:
         self.requests = RequestTable(max_model_len, vocab_size)
-        # The weights and KV dtype (what the tiers' blocks belong to), and the host segment the
-        # disk tier moves blocks through ("": no disk tier).
+        # The weights and KV dtype (what the tiers' blocks belong to), the host segment the disk
+        # tier moves blocks through ("": no disk tier), and the bytes of a block of every layer.
         self.kv = KVManager(
             num_blocks,
             block_size,
@@ -63,6 +64,7 @@ class ContinuousBatcher:
             host_slots,
             kv_fingerprint,
             disk_segment,
+            kv_block_bytes,
         )
         self.prefill = PrefillPlanner(max_prefill_tokens)
         self.drops = DropLedger()
@@ -176,6 +178,7 @@ class ContinuousBatcher:
         host_slots: int = 0,
         kv_fingerprint: str = "",
         disk_segment: str = "",
+        kv_block_bytes: int = 0,
     ) -> None:
         """A new executor knows nothing: every started request goes back to the queue and is
         recomputed from its prompt and the tokens it already produced. The host tier's books start
@@ -183,7 +186,10 @@ class ContinuousBatcher:
         tier is moving stay out of use until it answers."""
         # What admins published outlives the executor: the policy keeps it as tokens, whatever the new block size.
         old_kv, old = self.kv, self.kv.cache
-        self.kv = KVManager(num_blocks, block_size, old.enabled, old.tenancy, host_slots, kv_fingerprint, disk_segment)
+        self.kv = KVManager(
+            num_blocks, block_size, old.enabled, old.tenancy, host_slots, kv_fingerprint, disk_segment, kv_block_bytes
+        )
+        self.kv.counts = old_kv.counts
         self.kv.cache.generation = old.generation  # the count of weights seen goes on, in a tree empty as the pool
         if self.kv.host is not None:
             self.kv.host.new_generation(old.generation)
@@ -197,6 +203,7 @@ class ContinuousBatcher:
 
     def stats(self) -> SchedulerStats:
         cache = self.kv.cache.stats()
+        tiers = self.kv.tiers()
         return SchedulerStats(
             len(self.requests.waiting),
             len(self.requests.running),
@@ -207,6 +214,8 @@ class ContinuousBatcher:
             cache.hit_tokens,
             cache.queried_tokens,
             self.preemptions,
+            tiers,
+            sum(tiers[t].hits for t in ("host", "disk") if t in tiers) * self.kv.block_size,
         )
 
     # -- scheduling -----------------------------------------------------------------------

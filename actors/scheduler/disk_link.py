@@ -1,7 +1,8 @@
 """The scheduler actor's line to the cache_tier actor: sends what the disk tier's books ask
 (disk_tier.py), hands each answer back, lets a request stop waiting for its fetch at the deadline,
 and notices a restarted cache_tier by its heartbeat. Every answer is followed by a scheduling
-round, so a request whose fetch ended is admitted."""
+round, so a request whose fetch ended is admitted. An admin's flush of the disk tier goes the same
+way, after the requests sent before it."""
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
@@ -9,7 +10,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from actors.scheduler.disk_tier import ANSWER_TIMEOUT_S, FETCH_DEADLINE_S, DiskTier
 from kernel.bus import Bus
 from kernel.subjects import Subjects
-from schemas.cache import CacheTierReply, CacheTierRequest
+from schemas.cache import CacheTierReply, CacheTierRequest, DiskFlushed, FlushDisk
+from schemas.errors import Error
 from schemas.health import Heartbeat
 
 
@@ -36,6 +38,17 @@ class DiskLink:
             self.spawn(self._ask(request_id, request), "disk_tier_request")
             if request_id is not None:
                 self.spawn(self._deadline(request_id), "disk_tier_deadline")
+
+    async def flush(self) -> int | Error:
+        """Has the disk tier delete every block file; returns the blocks it forgot."""
+        reply = await self.bus.request(self.subjects.cache_tier, FlushDisk(), CacheTierReply, ANSWER_TIMEOUT_S)
+        if isinstance(reply, Error):
+            return reply
+        if not isinstance(reply, DiskFlushed):
+            return Error("internal", f"the disk tier answered a flush with {type(reply).__name__}")
+        if (disk := self.disk()) is not None:
+            disk.flushed()
+        return reply.blocks
 
     async def heard(self, beat: Heartbeat, _reply_to: str | None) -> None:
         if beat.instance_id == self.instance_id:

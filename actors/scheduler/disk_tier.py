@@ -13,6 +13,9 @@ to `replied`.
   stored, so a prompt the disk cannot continue (a new one) is admitted at once, not after a fetch
   that waits behind the disk tier's writes. Until a namespace is listed every prompt asks; a block
   the disk dropped since (its size cap) costs a fetch that finds nothing.
+- Figures: what the disk holds in each namespace, as its last answer about it said.
+- Flushes: an admin's (FlushDisk) empties the disk and the list; the host's blocks that the disk
+  has had are not written again.
 """
 
 import time
@@ -28,6 +31,7 @@ from schemas.cache import (
     BlocksSpilled,
     CacheTierReply,
     CacheTierRequest,
+    DiskFigures,
     FetchBlocks,
     ListBlocks,
     Namespace,
@@ -60,7 +64,7 @@ class DiskTier:
         self._spilling = False
         self._on_disk: dict[Namespace, set[bytes]] = {}  # the blocks the disk holds, once listed
         self._list_after: dict[Namespace, float] = {}  # listings asked (or failed): when to ask again
-        self.fetched_blocks = self.spilled_blocks = 0
+        self._figures: dict[Namespace, DiskFigures] = {}  # as the disk tier last answered
 
     def waits(self, seq: Sequence, lookup: list[int]) -> bool:
         """Whether `seq` waits for a fetch from disk (started now, the first time it is asked, if
@@ -71,7 +75,7 @@ class DiskTier:
         whole = (len(lookup) - 1) // self.host.block_size  # a match never covers the last token
         on_gpu = len(self.cache.match(lookup, seq.tenant).blocks)
         hashes = self.host.hashes(seq, lookup, whole)
-        on_host = len(self.host.match(hashes[on_gpu:], count_misses=False))
+        on_host = len(self.host.match(hashes[on_gpu:]))
         rest = hashes[on_gpu + on_host :][:MAX_FETCH]
         if (listed := self._on_disk.get(self.host.key)) is not None:
             rest = list(takewhile(listed.__contains__, rest))
@@ -109,20 +113,23 @@ class DiskTier:
         """The disk tier's answer. An Error of its own: nothing was stored or read. No answer in
         time: it may still be moving the slots, which stay out of use until it answers or restarts."""
         unanswered = isinstance(reply, Error) and reply.code == "timeout"
+        if isinstance(reply, BlocksSpilled | BlocksFetched | BlocksListed) and reply.figures is not None:
+            self._figures[request.namespace] = reply.figures
         match request:
             case SpillBlocks(slots=slots, namespace=key):
                 self._spilling = False
                 if not unanswered:
                     self.host.spilled(slots)
                 if isinstance(reply, BlocksSpilled):
-                    self.spilled_blocks += len(reply.stored)
                     self._on_disk.get(key, set()).update(reply.stored)
             case FetchBlocks(segment=segment, slots=slots, hashes=hashes, namespace=key):
                 if not unanswered:
                     # Read into another executor's segment (one of another geometry): not these slots.
                     ours = isinstance(reply, BlocksFetched) and segment == self.segment
                     count = reply.count if ours else 0
-                    self.fetched_blocks += self.host.fetched(slots, hashes, count, key)
+                    indexed = self.host.fetched(slots, hashes, count, key)
+                    if (pending := self._fetches.get(request_id or "")) is not None:
+                        pending.seq.disk_blocks = indexed  # the disk's hits, once its start loads them
                     if ours and count < len(hashes):  # gone from the disk, or failed its check
                         self._on_disk.get(key, set()).discard(hashes[count])
                 self.deadline_passed(request_id)
@@ -131,6 +138,16 @@ class DiskTier:
                     self._on_disk[key] = set(reply.hashes)
                 else:
                     self._list_after[key] = time.monotonic() + LIST_RETRY_S
+
+    def figures(self) -> DiskFigures | None:
+        """What the disk holds in the served namespace, as it last said; None before it has."""
+        return self._figures.get(self.host.key)
+
+    def flushed(self) -> None:
+        """The disk tier deleted every block: none is listed, and every namespace is listed again."""
+        self._on_disk.clear()
+        self._list_after.clear()
+        self._figures = {key: DiskFigures(0, 0, f.capacity_bytes) for key, f in self._figures.items()}
 
     def deadline_passed(self, request_id: str | None) -> bool:
         """`request_id` stops waiting for its fetch (answered, or too late: a shorter hit); returns
@@ -145,7 +162,7 @@ class DiskTier:
         stay out of use until the disk tier answers, and the requests waiting for them wait on."""
         self.host.adopt_in_flight(old.host)
         self._fetches, self._spilling = old._fetches, old._spilling
-        self._on_disk, self._list_after = old._on_disk, old._list_after
+        self._on_disk, self._list_after, self._figures = old._on_disk, old._list_after, old._figures
 
     def restarted(self) -> None:
         """A new cache_tier: the old one's moves are void (their slots freed or spilled again)."""

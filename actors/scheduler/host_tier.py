@@ -28,9 +28,8 @@ LAYOUT = "paged-v1"  # the executor's slot layout: one block of every layer, [la
 
 class HostStats(NamedTuple):
     slots: int
-    used: int  # indexed, saving or fetching
-    hits: int  # blocks loaded from the host instead of recomputed
-    misses: int  # blocks a first lookup found neither on the GPU nor on the host
+    blocks: int  # indexed: matchable
+    pending: int  # on their way in: copies from the GPU, and fetches from the disk, under way
 
 
 class Spill(NamedTuple):
@@ -65,7 +64,6 @@ class HostTier:
         self._unspilled: OrderedDict[int, None] = OrderedDict()  # indexed, for the disk tier, oldest first
         self._spilling: set[int] = set()  # the disk tier reads them now
         self._fetching: set[int] = set()  # the disk tier writes them now
-        self.hits = self.misses = 0
         self.key = ""
         self.new_generation(0)
 
@@ -75,12 +73,21 @@ class HostTier:
         weights, whose blocks the disk tier keeps across restarts."""
         weights = self.fingerprint if generation == 0 else f"{self.fingerprint}@{generation}/{self.nonce}"
         self.key = namespace_key(weights, self.fingerprint, "-", self.block_size, LAYOUT)
+        self.flush()
+
+    def flush(self) -> int:
+        """Drops every block: none is matched again, the indexed slots are free (those the disk
+        tier reads once it is done), saves under way are freed when done, and the disk tier is not
+        given the blocks it has not had. Fetches under way land as usual (the disk's blocks, for
+        the requests that wait for them). Returns the blocks dropped (indexed or saving)."""
+        dropped = len(self._index) + len(self._saving_hashes)
         self._free.extend(slot for slot in self._index.values() if slot not in self._spilling)
         self._index.clear()
         self._unspilled.clear()
         self._chains.clear()
         self._saving = {slot: (None, block) for slot, (_, block) in self._saving.items()}
         self._saving_hashes.clear()
+        return dropped
 
     def root(self, seq: Sequence) -> bytes:
         """The hash before the first block of `seq`'s tokens: its tenant's chains start there."""
@@ -99,9 +106,8 @@ class HostTier:
             have += extend_hashes(parent, tokens[len(have) * bs : count * bs], bs)
         return have[:count]
 
-    def match(self, hashes: list[bytes], count_misses: bool) -> list[int]:
-        """The slots of the leading `hashes` that are indexed (most recently used now); with
-        `count_misses`, the rest count as misses (a request's first lookup)."""
+    def match(self, hashes: list[bytes]) -> list[int]:
+        """The slots of the leading `hashes` that are indexed (most recently used now)."""
         slots = []
         for h in hashes:
             slot = self._index.get(h)
@@ -109,8 +115,6 @@ class HostTier:
                 break
             self._index.move_to_end(h)
             slots.append(slot)
-        if count_misses:
-            self.misses += len(hashes) - len(slots)
         return slots
 
     def to_save(
@@ -235,7 +239,7 @@ class HostTier:
         self._spilling.clear()
 
     def stats(self) -> HostStats:
-        return HostStats(self.num_slots, self.num_slots - len(self._free), self.hits, self.misses)
+        return HostStats(self.num_slots, len(self._index), len(self._saving_hashes) + len(self._fetching))
 
     def _take_slot(self) -> int | None:
         """A free slot, else the least recently used indexed one the disk tier is not reading,

@@ -3,7 +3,8 @@ object. It gives a starting sequence the cached prefix it may read and fresh blo
 grows decoding ones, forks choices, and leaves computed blocks to the cache. With a host tier
 (host_tier.py), the blocks that go into the cache are written through to host slots, and a start
 whose prefix continues on the host past the GPU's loads those blocks back instead of recomputing
-them; the KV moves this asks of the executor wait in `take_commands`."""
+them; the KV moves this asks of the executor wait in `take_commands`. It counts which tier served
+each request's prefix (tier_figures.py)."""
 
 from actors.scheduler.block_pool import BlockPool
 from actors.scheduler.cache_tenancy import TenancyPolicy
@@ -12,7 +13,9 @@ from actors.scheduler.host_tier import HostTier
 from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import MatchResult, Node
 from actors.scheduler.sequence import Sequence
-from schemas.admin import CacheReport, PrefixPublished
+from actors.scheduler.tier_figures import TierCounts
+from schemas.admin import CacheReport, PrefixPublished, TierFigures, TierName
+from schemas.cache import DiskFigures
 from schemas.step import Command, CopyBlock, LoadBlocks, SaveBlocks
 
 # The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
@@ -42,10 +45,13 @@ class KVManager:
         host_slots: int = 0,
         fingerprint: str = "",
         disk_segment: str = "",
+        block_bytes: int = 0,
     ) -> None:
         self.pool = BlockPool(num_blocks)
         self.cache = RadixCache(self.pool, block_size, enabled=prefix_caching, tenancy=tenancy)
         self.block_size = block_size
+        self.block_bytes = block_bytes  # one block of every layer's K and V (the executor's): a host slot's size
+        self.counts = TierCounts()
         # The host tier only ever holds what the radix cache stores: nothing without it.
         self.host = (
             HostTier(host_slots, block_size, fingerprint, disk=bool(disk_segment))
@@ -73,8 +79,11 @@ class KVManager:
         lookup = self.lookup_tokens(seq)
         cached = self.cache.match(lookup, seq.tenant)
         self.cache.lock(cached.node)  # so that allocating cannot evict it
+        on_gpu = len(cached.blocks)
         if self.host is not None:
-            cached = self._load_from_host(seq, lookup, cached, first)
+            cached = self._load_from_host(seq, lookup, cached)
+        if first:
+            self._count_lookup(seq, lookup, on_gpu, len(cached.blocks) - on_gpu)
         own = self._allocate(self._blocks_for(len(tokens) + 1) - len(cached.blocks))
         if own is None:
             self.cache.unlock(cached.node)
@@ -168,7 +177,6 @@ class KVManager:
         usage = self.cache.usage()
         in_use = len({b for seq in running for b in seq.blocks})
         hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
-        host = self.host.stats() if self.host is not None else None
         return CacheReport(
             self.pool.num_blocks,
             usage.free_blocks,
@@ -180,14 +188,24 @@ class KVManager:
             usage.hit_tokens,
             usage.queried_tokens,
             hit_rate,
-            host_slots=host.slots if host else 0,
-            host_used_slots=host.used if host else 0,
-            host_hit_blocks=host.hits if host else 0,
-            host_miss_blocks=host.misses if host else 0,
-            disk_fetched_blocks=self.disk.fetched_blocks if self.disk else 0,
-            disk_spilled_blocks=self.disk.spilled_blocks if self.disk else 0,
-            disk_pending_blocks=self.host.unspilled if self.disk else 0,
+            self.tiers(),
         )
+
+    def tiers(self) -> dict[TierName, TierFigures]:
+        """What each tier this server has holds now and has served; no walk of the tree. The disk
+        tier's blocks and bytes are as it last said (disk_tier.py)."""
+        counts, bb = self.counts, self.block_bytes
+        cached, total = self.cache.stats().cached_blocks, self.pool.num_blocks
+        tiers = {"gpu": counts.figures("gpu", (cached, cached * bb), (total, total * bb), 0)}
+        if self.host is not None:
+            host = self.host.stats()
+            held, room = (host.blocks, host.blocks * bb), (host.slots, host.slots * bb)
+            tiers["host"] = counts.figures("host", held, room, host.pending)
+        if self.disk is not None:
+            disk = self.disk.figures() or DiskFigures(0, 0, 0)
+            room = (disk.capacity_bytes // bb if bb else 0, disk.capacity_bytes)
+            tiers["disk"] = counts.figures("disk", (disk.blocks, disk.bytes), room, self.host.unspilled)
+        return tiers
 
     def publish(self, tokens: list[int]) -> PrefixPublished:
         opened = self.cache.publish(tokens)
@@ -196,6 +214,10 @@ class KVManager:
     def flush(self) -> int:
         """Frees every cached block that no running request uses; returns how many."""
         return self.cache.flush()
+
+    def flush_host(self) -> int:
+        """Drops every block of the host tier (host_tier.py: HostTier.flush); returns how many."""
+        return self.host.flush() if self.host is not None else 0
 
     def new_generation(self) -> int:
         """New weights: no cached KV is matched again, nor is the KV that running sequences
@@ -222,7 +244,7 @@ class KVManager:
             self.pool.retain(saving)
             self._commands.append(SaveBlocks(saving, slots))
 
-    def _load_from_host(self, seq: Sequence, lookup: list[int], cached: MatchResult, first: bool) -> MatchResult:
+    def _load_from_host(self, seq: Sequence, lookup: list[int], cached: MatchResult) -> MatchResult:
         """`cached`, locked, continued with the blocks after it that the host holds: they get GPU
         blocks, a LoadBlocks ahead of the sequence's start, and a place in the tree; returns the
         longer match, locked instead (or `cached` as it was, if nothing continues it)."""
@@ -231,7 +253,7 @@ class KVManager:
         if whole <= have:
             return cached
         hashes = self.host.hashes(seq, lookup, whole)
-        slots = self.host.match(hashes[have:], count_misses=first)
+        slots = self.host.match(hashes[have:])
         blocks = self._allocate(len(slots)) if slots else None
         if blocks is None:
             return cached
@@ -242,8 +264,18 @@ class KVManager:
         longer = self.cache.match(lookup, seq.tenant)
         self.cache.lock(longer.node)
         self.cache.unlock(cached.node)
-        self.host.hits += len(longer.blocks) - have
         return longer
+
+    def _count_lookup(self, seq: Sequence, lookup: list[int], on_gpu: int, loaded: int) -> None:
+        """A first lookup: the GPU had `on_gpu` blocks, and `loaded` more came through host slots,
+        the last `seq.disk_blocks` of them from disk."""
+        from_disk = min(loaded, seq.disk_blocks)
+        served: list[tuple[TierName, int]] = [("gpu", on_gpu)]
+        if self.host is not None:
+            served.append(("host", loaded - from_disk))
+        if self.disk is not None:
+            served.append(("disk", from_disk))
+        self.counts.record(max(len(lookup) - 1, 0) // self.block_size, served)
 
     def _allocate(self, count: int) -> list[int] | None:
         """Fresh blocks, evicting cached prefixes that no request uses if too few are free; None

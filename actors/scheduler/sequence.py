@@ -40,6 +40,7 @@ class Sequence:
     hashed_under: str = ""
     disk_looked_up: bool = False  # the disk tier was asked for its prefix once (disk_tier.py)
     fetching: bool = False  # it waits for that answer
+    disk_blocks: int = 0  # the blocks that answer brought into the host tier for it
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.

@@ -127,7 +127,7 @@ async def settle(client: Client, timeout_s: float = 300.0) -> None:
     """Until the disk tier has every block the host holds (its writes run behind)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (await client.cache())["disk_pending_blocks"] == 0:
+        if (await client.cache())["tiers"]["disk"]["pending_blocks"] == 0:
             return
         await asyncio.sleep(0.2)
 
@@ -154,7 +154,7 @@ def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], a
         restored_s, output = asyncio.run(on(server, lambda c: c.generate(prompt, args.answer_tokens)))
         other = tokens(np.random.default_rng(args.seed + 4 + drop), args.restart_tokens, vocab)
         recompute_s, _ = asyncio.run(on(server, lambda c: c.generate(other, args.answer_tokens)))
-        fetched = asyncio.run(on(server, lambda c: c.cache()))["disk_fetched_blocks"]
+        fetched = asyncio.run(on(server, lambda c: c.cache()))["tiers"]["disk"]["hits"]
     finally:
         server.stop()
     return restored_s, recompute_s, fetched, output

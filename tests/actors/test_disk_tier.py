@@ -9,7 +9,15 @@ from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
-from schemas.cache import BlocksFetched, BlocksListed, BlocksSpilled, FetchBlocks, ListBlocks, SpillBlocks
+from schemas.cache import (
+    BlocksFetched,
+    BlocksListed,
+    BlocksSpilled,
+    DiskFigures,
+    FetchBlocks,
+    ListBlocks,
+    SpillBlocks,
+)
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.step import LoadBlocks
@@ -44,7 +52,7 @@ def test_indexed_blocks_are_spilled_oldest_first_and_not_evicted_while_read():
     host.spilled([0, 1])
     assert host.unspilled == 0
     assert host.to_save(other, [7], list(range(50, 54)), b"r" * 16) == ([7], [0])  # the oldest makes room
-    assert host.match(hashes, count_misses=False) == []
+    assert host.match(hashes) == []
 
 
 def test_a_busy_host_evicts_blocks_the_disk_has_not_had_and_never_writes_them():
@@ -71,7 +79,34 @@ def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():
     assert kv.start(seq)
     (load,) = [c for c in kv.take_commands() if isinstance(c, LoadBlocks)]
     assert load.slots == fetch.slots[:2] and seq.cached.num_tokens == 2 * BS
-    assert kv.host.stats().used == 2  # the slot of the block that did not come is free again
+    assert kv.host.stats()[1:] == (2, 0)  # indexed, pending: the slot of the block that did not come is free again
+
+
+def test_blocks_fetched_for_a_request_are_the_disks_hits_and_its_figures_the_last_it_gave():
+    kv = KVManager(8, BS, True, TenancyPolicy(), 4, "m", "kvhost-x", block_bytes=100)
+    seq = sequence("s", list(range(13)))  # three whole blocks matchable
+    assert kv.waits_for_disk(seq)
+    ((request_id, fetch),) = moves(kv)
+    kv.disk.replied(request_id, fetch, BlocksFetched(2, DiskFigures(5, 600, 1000)))
+    assert kv.start(seq)
+    tiers = kv.report([seq]).tiers
+    assert {name: (t.hits, t.lookups) for name, t in tiers.items()} == {"gpu": (0, 3), "host": (0, 3), "disk": (2, 3)}
+    assert (tiers["host"].blocks, tiers["host"].bytes, tiers["host"].capacity_bytes) == (2, 200, 400)
+    disk = tiers["disk"]
+    assert (disk.blocks, disk.bytes, disk.capacity_bytes, disk.hit_rate) == (5, 600, 1000, 2 / 3)
+    assert disk.capacity_blocks == 10  # 1000 bytes of 100-byte blocks
+
+
+def test_after_a_flush_of_the_disk_nothing_is_listed_and_the_disk_is_listed_again():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    ((_, listing),) = kv.disk.take_requests()
+    seq = sequence("s", list(range(13)))
+    kv.disk.replied(None, listing, BlocksListed(kv.host.hashes(seq, seq.prompt_ids, 3), DiskFigures(3, 300, 1000)))
+    kv.disk.flushed()
+    assert kv.disk.figures() == DiskFigures(0, 0, 1000)
+    assert kv.disk.take_requests() == [(None, listing)]  # listed again
+    kv.disk.replied(None, listing, BlocksListed([]))
+    assert not kv.waits_for_disk(seq)  # the disk holds none of it now: admitted at once
 
 
 def test_slots_of_an_unanswered_move_stay_out_of_use_until_the_disk_tier_restarts():
@@ -80,9 +115,9 @@ def test_slots_of_an_unanswered_move_stay_out_of_use_until_the_disk_tier_restart
     assert kv.waits_for_disk(seq)
     ((request_id, fetch),) = moves(kv)
     kv.disk.replied(request_id, fetch, Error("timeout", "no answer", retriable=True))
-    assert not seq.fetching and kv.host.stats().used == 2  # it goes on; the slots stay taken
+    assert not seq.fetching and kv.host.stats().pending == 2  # it goes on; the slots stay taken
     kv.disk.restarted()
-    assert kv.host.stats().used == 0
+    assert kv.host.stats().pending == 0
 
 
 def test_a_spill_the_disk_refused_still_frees_its_slots_for_eviction():
@@ -96,7 +131,7 @@ def test_a_spill_the_disk_refused_still_frees_its_slots_for_eviction():
     ((_, spill),) = moves(kv)
     assert isinstance(spill, SpillBlocks) and spill.hashes == hashes
     kv.disk.replied(None, spill, BlocksSpilled([]))  # the disk was full
-    assert kv.disk.spilled_blocks == 0 and host.take_spill(8) == []
+    assert host.take_spill(8) == []
     assert host.to_save([b"x" * 16], [4], list(range(4)), b"r" * 16) == ([4], [0])
 
 

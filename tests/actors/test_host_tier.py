@@ -35,15 +35,31 @@ def test_slots_are_free_saving_or_indexed_and_only_indexed_ones_match():
     host = HostTier(2, BS, "model|float32")
     a, b, c = b"a" * 16, b"b" * 16, b"c" * 16
     assert host.to_save([a, b], [10, 11], TOKENS, ROOT) == ([10, 11], [0, 1])
-    assert host.match([a], count_misses=True) == []  # saving: not whole yet
+    assert host.match([a]) == []  # saving: not whole yet
+    assert host.stats() == (2, 0, 2)  # slots, blocks, pending
     assert host.to_save([c], [12], TOKENS, ROOT) == ([], [])  # every slot saving: nothing evicted
     assert host.saved([0, 1]) == [10, 11]
-    assert host.match([a, b, c], count_misses=True) == [0, 1]
-    assert host.stats() == (2, 2, 0, 2)  # hits are counted by the KV manager
+    assert host.match([a, b, c]) == [0, 1]
+    assert host.stats() == (2, 2, 0)
     assert host.to_save([c], [12], TOKENS, ROOT) == ([12], [0])  # a, the least recently used, makes room
-    assert host.match([a], count_misses=False) == []
-    assert host.unsaved([0]) == [12] and host.stats().used == 1
+    assert host.match([a]) == []
+    assert host.unsaved([0]) == [12] and host.stats().blocks == 1
     assert host.saved([7]) == []  # never asked of this scheduler: ignored
+
+
+def test_a_flush_drops_every_block_and_what_the_disk_has_not_had_and_frees_slots_once_in_no_use():
+    host = HostTier(3, BS, "m", disk=True)
+    seq = sequence("s", list(range(13)))
+    hashes = host.hashes(seq, seq.prompt_ids, 3)
+    host.to_save(hashes[:2], [5, 6], seq.prompt_ids, host.root(seq))
+    host.saved([0, 1])
+    assert [s.slot for s in host.take_spill(1)] == [0]  # the disk tier reads slot 0
+    host.to_save(hashes[2:], [7], seq.prompt_ids[2 * BS :], hashes[1])  # slot 2 saving
+    assert host.flush() == 3
+    assert host.match(hashes) == [] and host.take_spill(8) == [] and host.stats() == (3, 0, 0)
+    assert host.saved([2]) == [7]  # the copy lands, and is dropped
+    host.spilled([0])  # the disk tier is done with it
+    assert host.reserve(3) == [1, 2, 0]  # every slot free, each once out of use
 
 
 def test_new_weights_match_nothing_held_and_free_saves_when_done():
@@ -55,8 +71,8 @@ def test_new_weights_match_nothing_held_and_free_saves_when_done():
     host.to_save(hashes[1:], [6], seq.prompt_ids[BS:], hashes[0])
     host.new_generation(1)
     assert host.hashes(seq, seq.prompt_ids, 2) != hashes  # a new namespace
-    assert host.saved([1]) == [6] and host.match(hashes, count_misses=False) == []
-    assert host.stats().used == 0
+    assert host.saved([1]) == [6] and host.match(hashes) == []
+    assert host.stats()[1:] == (0, 0)  # no block, none on its way
 
 
 def test_hashes_differ_by_tenant_and_extend_as_the_sequence_grows():
@@ -82,7 +98,9 @@ def test_an_evicted_prefix_comes_back_from_the_host_before_its_start():
     (load,) = kv.take_commands()
     assert load == LoadBlocks([0, 1, 2], again.blocks[:3])
     assert again.cached.num_tokens == 12 and again.cached.blocks == again.blocks[:3]
-    assert kv.report([again]).host_hit_blocks == 3
+    host = kv.report([again]).tiers["host"]
+    # Each first lookup asked the host for what the GPU lacked: 3 blocks of first's, 5 of other's, 3 of again's.
+    assert (host.hits, host.lookups, host.blocks, host.capacity_blocks) == (3, 3 + 5 + 3, 3, 8)
 
 
 def test_a_block_being_saved_is_not_reused_until_the_save_is_done():
@@ -103,7 +121,7 @@ def test_without_a_host_tier_nothing_is_hashed_or_sent():
     assert kv.start(seq)
     finish(kv, seq)
     assert kv.take_commands() == [] and seq.block_hashes == []
-    assert kv.report([]).host_slots == 0
+    assert list(kv.report([]).tiers) == ["gpu"]
 
 
 def test_after_new_weights_the_old_host_blocks_are_never_loaded():
@@ -115,4 +133,4 @@ def test_after_new_weights_the_old_host_blocks_are_never_loaded():
     kv.new_generation()  # frees the GPU's cached blocks too
     assert kv.start(again := sequence("again", list(range(13)) + [7]))
     assert kv.take_commands() == [] and again.cached.num_tokens == 0
-    assert kv.report([again]).host_used_slots == 0
+    assert kv.report([again]).tiers["host"].blocks == 0

@@ -16,9 +16,13 @@ BS = 4
 PROMPT = list(range(100, 110))  # two full blocks and two tokens
 
 
+async def no_disk_tier() -> int:
+    raise AssertionError("a server without a disk tier never asks the cache_tier to flush")
+
+
 def admin() -> SchedulerAdmin:
     batcher = ContinuousBatcher(16, BS, 64, 1000)
-    return SchedulerAdmin(batcher, SessionTable(batcher.kv.cache, 32), structlog.get_logger())
+    return SchedulerAdmin(batcher, SessionTable(batcher.kv.cache, 32), no_disk_tier, structlog.get_logger())
 
 
 def queued(admin: SchedulerAdmin, *names: str) -> None:
@@ -52,11 +56,12 @@ def test_an_abort_pause_hands_back_what_it_ended_and_the_continue_reopens():
     assert isinstance(refused, Error) and refused.code == "invalid_request"
 
 
-def test_a_flush_frees_the_cached_blocks():
+async def test_a_flush_frees_the_cached_blocks_of_the_tiers_this_server_has():
     a = admin()
     cached_prompt(a)
-    assert a.answer(FlushCache()) == CacheFlushed(2)
+    assert await a.flush(FlushCache().tier) == CacheFlushed(2, {"gpu": 2})
     assert a.batcher.stats().free_blocks == 16
+    assert await a.flush("all") == CacheFlushed(0, {"gpu": 0})  # neither a host nor a disk tier
 
 
 def test_new_weights_start_a_cache_generation_unless_the_update_keeps_the_cache():

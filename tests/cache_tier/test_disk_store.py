@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from actors.cache_tier.disk_store import DiskStore
+from actors.cache_tier.disk_store import DiskStore, remove_chains
 from actors.lib.block_hashes import block_hashes, namespace_key
 from tests.full_disk import small_tmpfs
 
@@ -105,6 +105,22 @@ def test_another_namespace_sees_nothing(tmp_path):
     other = DiskStore(tmp_path, other_namespace, BLOCK_BYTES, GIB)
     assert other.longest_prefix(chain.hashes) == 0 and other.stats().files == 0
     assert DiskStore(tmp_path, NS, BLOCK_BYTES, GIB).longest_prefix(chain.hashes) == 3
+
+
+def test_a_flush_deletes_every_namespaces_chains_and_the_stores_find_nothing_after(tmp_path):
+    """An admin's flush of the disk tier: the files go, of the namespaces open here and of any other
+    (an older run's), and the open stores forget their blocks; what is not a chain file stays."""
+    chain = Chain(seed=1, blocks=3)
+    store = DiskStore(tmp_path, NS, BLOCK_BYTES, GIB)
+    chain.put(store)
+    older = namespace_key("older-weights", "tokenizer-sha", "bfloat16", BLOCK_SIZE, "layout-1")
+    Chain(seed=2, blocks=2, namespace=older).put(DiskStore(tmp_path, older, BLOCK_BYTES, GIB))
+    (tmp_path / "notes.txt").write_text("not the tier's")
+    assert remove_chains(tmp_path) == 2
+    assert store.clear() == 3 and store.stats()[:3] == (0, 0, 0)
+    assert chain.read(store) == 0 and store.longest_prefix(chain.hashes) == 0
+    assert not list(tmp_path.rglob("*.kv")) and (tmp_path / "notes.txt").exists()
+    assert chain.put(store) == 3 and chain.read(store) == 3  # the store writes on
 
 
 def test_a_damaged_block_ends_the_read_before_it_and_removes_its_file(tmp_path):

@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -19,7 +18,7 @@ from actors.cache_tier.actor import DEFAULT_DIR
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
 from schemas.weights import UpdateFromDisk, WeightsUpdated
-from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments
+from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments, settle
 from tests.e2e.weights_client import Reference, ask, generate
 from tests.full_disk import small_tmpfs
 
@@ -31,17 +30,6 @@ TOPICS = ("river valley farmers", "mountain railway builders", "harbour town fis
 
 def cached_tokens(reply: dict) -> int:
     return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
-
-
-def settle(server) -> dict:
-    """Waits until the disk tier has every block the host indexed (spills run in the background)."""
-
-    for _ in range(100):
-        report = cache_report(server)
-        if report["disk_pending_blocks"] == 0:
-            return report
-        time.sleep(0.1)
-    return report
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +46,7 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
         settle(server)
         again = complete(server, prompt(TOPICS[0]))  # the pool and the host both moved on
         report = cache_report(server)
-        assert report["disk_fetched_blocks"] > 0
+        assert report["tiers"]["disk"]["hits"] > 0
         assert cached_tokens(again) >= again["usage"]["prompt_tokens"] - 16
         assert again["choices"][0]["text"] == first[0]["choices"][0]["text"]
         settle(server)
@@ -69,7 +57,7 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
     try:
         after = complete(server, prompt(TOPICS[1]))
         assert cached_tokens(after) >= after["usage"]["prompt_tokens"] - 16  # nothing recomputed the disk held
-        assert cache_report(server)["disk_fetched_blocks"] > 0
+        assert cache_report(server)["tiers"]["disk"]["hits"] > 0
         assert after["choices"][0]["text"] == first[1]["choices"][0]["text"]
 
         for chain in (data_dir / DEFAULT_DIR).rglob("*.kv"):  # a byte of every page damaged, so every block
@@ -110,7 +98,7 @@ def test_a_killed_cache_tier_loses_no_request_and_its_successor_spills_on(tmp_pa
         assert all(reply["usage"]["completion_tokens"] == 6 for reply in replies.values())
         server.wait_for("child_started", timeout_s=60, count=2, child="cache_tier")
         server.wait_for("actor_started", timeout_s=60, pid=server.child_pid("cache_tier"))
-        assert settle(server)["disk_pending_blocks"] == 0  # the new cache_tier wrote what the old one left
+        assert settle(server)["tiers"]["disk"]["pending_blocks"] == 0  # the new cache_tier wrote what the old one left
         fresh = ("glacier lake surveyors", "island ferry captains")  # never batched with others
         alone = {topic: complete(server, prompt(topic))["choices"][0]["text"] for topic in fresh}
         for topic in TOPICS:  # they leave the pool, and the host too
@@ -151,7 +139,7 @@ async def test_blocks_kept_under_old_weights_are_never_served_under_new_ones(tmp
     try:
         for ids in prompts:
             await generate(nc, ids, 4)
-        assert (await asyncio.to_thread(settle, server))["disk_spilled_blocks"] > 0  # on every tier now
+        assert (await asyncio.to_thread(settle, server))["tiers"]["disk"]["blocks"] > 0  # on every tier now
         updated = await ask(nc, UpdateFromDisk(str(new)))
         assert isinstance(updated, WeightsUpdated) and updated.success, updated
         reference = Reference(new)

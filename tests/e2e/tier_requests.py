@@ -2,6 +2,7 @@
 many KV blocks, greedy completions of them, the cache's figures, and the host segments a server
 leaves in /dev/shm (they outlive it by design)."""
 
+import time
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,17 @@ def cache_report(server) -> dict:
     response = httpx.get(f"{server.base_url}/admin/cache", timeout=10)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def settle(server) -> dict:
+    """Waits until no block is on its way into a tier (the host's copies and the disk's writes run in
+    the background); returns the cache's figures then."""
+    for _ in range(100):
+        report = cache_report(server)
+        if not any(tier["pending_blocks"] for tier in report["tiers"].values()):
+            return report
+        time.sleep(0.1)
+    return report
 
 
 def remove_segments(data_dir: Path) -> None:
