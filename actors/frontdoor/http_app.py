@@ -58,6 +58,8 @@ log = structlog.get_logger()
 
 PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
 ADMIN_TIMEOUT_S = 5.0
+# A flush of the disk tier waits for the disk work asked before it, which the scheduler waits a minute for.
+FLUSH_TIMEOUT_S = 65.0
 SESSION_TIMEOUT_S = 5.0
 
 
@@ -173,8 +175,12 @@ class HttpApi:
     async def stats(self, _request: web.Request) -> web.Response:
         return await self._admin(self.subjects.admin_stats, GetStats(), SchedulerStats)
 
-    async def flush_cache(self, _request: web.Request) -> web.Response:
-        return await self._admin(self.subjects.admin_flush_cache, FlushCache(), CacheFlushed)
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """No body (the GPU's prefix cache) or {"tier": "gpu" | "host" | "disk" | "all"}."""
+        body = native.parse_flush_body(await request.read())
+        if isinstance(body, Error):
+            return error_response(body)
+        return await self._admin(self.subjects.admin_flush_cache, FlushCache(body.tier), CacheFlushed, FLUSH_TIMEOUT_S)
 
     async def cache_report(self, _request: web.Request) -> web.Response:
         return await self._admin(self.subjects.admin_cache, GetCache(), CacheReport)
@@ -189,9 +195,9 @@ class HttpApi:
             return error_response(encoded)
         return await self._admin(self.subjects.admin_publish, PublishPrefix(encoded.token_ids), PrefixPublished)
 
-    async def _admin(self, subject: str, message, reply_type) -> web.Response:
+    async def _admin(self, subject: str, message, reply_type, timeout_s: float = ADMIN_TIMEOUT_S) -> web.Response:
         """Admin routes are the bus's admin conversations, answered as JSON."""
-        reply = await self.bus.request(subject, message, reply_type, ADMIN_TIMEOUT_S)
+        reply = await self.bus.request(subject, message, reply_type, timeout_s)
         if isinstance(reply, Error):
             return error_response(reply)
         return web.json_response(msgspec.to_builtins(reply))

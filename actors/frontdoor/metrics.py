@@ -2,7 +2,8 @@
 under vLLM's names and labels where the meaning is the same, so dashboards made for vLLM work.
 
 Each figure comes from the actor that knows it, asked over the bus when the route is scraped:
-the scheduler's queue, batch, KV blocks and prefix-cache counts (`GetStats`), the executor's steps
+the scheduler's queue, batch, KV blocks, prefix-cache counts and the KV tiers' figures (`GetStats`;
+the disk tier's blocks and bytes as the cache_tier last told the scheduler), the executor's steps
 and weight version (`DescribeExecutor`), and the request latencies and token counts of every origin
 (`ReadRequestFigures`, which each frontdoor and gateway answers), added up. Asking at the scrape
 costs nothing while nobody scrapes, shows each figure as of the scrape, and leaves the frontdoor
@@ -22,7 +23,7 @@ from actors.lib.origin.pipeline import RequestPipeline
 from actors.lib.origin.request_figures import FINISH_REASONS
 from kernel.bus import Bus
 from kernel.subjects import Subjects
-from schemas.admin import GetStats, SchedulerStats
+from schemas.admin import GetStats, SchedulerStats, TierName
 from schemas.errors import Error
 from schemas.metrics import Histogram, ReadRequestFigures, RequestFigures
 from schemas.step import DescribeExecutor, ExecutorInfo
@@ -32,6 +33,17 @@ GATHER_TIMEOUT_S = 1.0  # for the origins: more than the heartbeats count alive 
 LABELS = ("model_name", "engine")  # vLLM's; one engine (a scheduler and its executor) per deployment
 ENGINE = "0"
 PROJECT = "kernel_llm:"  # this server's own figures
+# Each tier's figures (schemas/admin.py:TierFigures): (name, field, kind, help). vLLM's per-tier
+# offloading figures (`vllm:kv_offload_*`) change names from release to release: these are ours.
+TIER_FAMILIES = (
+    ("kv_tier_blocks", "blocks", "gauge", "KV blocks each tier of the cache holds (the GPU's: in its prefix cache)."),
+    ("kv_tier_bytes", "bytes", "gauge", "Bytes of the KV blocks each tier holds (the disk's: its files)."),
+    ("kv_tier_capacity_blocks", "capacity_blocks", "gauge", "KV blocks each tier has room for."),
+    ("kv_tier_capacity_bytes", "capacity_bytes", "gauge", "Bytes each tier may hold."),
+    ("kv_tier_pending_blocks", "pending_blocks", "gauge", "KV blocks on their way into each tier."),
+    ("kv_tier_lookups", "lookups", "counter", "KV blocks of requests' first lookups each tier was asked for."),
+    ("kv_tier_hits", "hits", "counter", "KV blocks of requests' first lookups each tier served."),
+)
 
 
 class Metrics:
@@ -127,6 +139,22 @@ class Metrics:
         ):
             blocks.add_metric([*self.labels, state], count)
         yield blocks
+        yield from self._tiers(stats)
+
+    def _tiers(self, stats: SchedulerStats) -> Iterable:
+        for name, field, kind, documentation in TIER_FAMILIES:
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                PROJECT + name, documentation, labels=[*LABELS, "tier"]
+            )
+            for tier, figures in stats.tiers.items():
+                family.add_metric([*self.labels, tier], getattr(figures, field))
+            yield family
+        offloaded: tuple[TierName, ...] = ("host", "disk")
+        if any(tier in stats.tiers for tier in offloaded):  # as vLLM counts them for its KV connectors
+            queries = "Prompt tokens looked up in the prefix cache while the host or disk tier could serve them."
+            yield self._counter("vllm:external_prefix_cache_queries", queries, stats.cache_queried_tokens)
+            hits = "Prompt tokens loaded from the host or disk tier instead of recomputed."
+            yield self._counter("vllm:external_prefix_cache_hits", hits, stats.offload_hit_tokens)
 
     def _executor(self, info: ExecutorInfo) -> Iterable:
         yield self._counter(

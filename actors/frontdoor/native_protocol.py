@@ -1,4 +1,4 @@
-"""The bodies of this server's own routes (`/admin/publish`, `POST /v1/sessions`), under the rule
+"""The bodies of this server's own routes (`/admin/publish`, `/admin/flush_cache`, `POST /v1/sessions`), under the rule
 of every body (request_fields.py): unknown fields are refused by name. SGLang's native `/generate`
 is in `sglang_protocol`."""
 
@@ -7,6 +7,7 @@ from typing import Annotated
 import msgspec
 
 from actors.frontdoor.request_fields import decode_body, exactly_one, invalid
+from schemas.admin import FlushTier
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, TokenId
 from schemas.session import IdleTimeout
@@ -33,6 +34,16 @@ def parse_publish_request(body: bytes) -> GenerateRequest | Error:
     if (req.text is None) == (req.input_ids is None):
         return invalid("give exactly one of text and input_ids", "text")
     return GenerateRequest(text=req.text, input_ids=req.input_ids)
+
+
+class FlushBody(msgspec.Struct, forbid_unknown_fields=True):
+    """`POST /admin/flush_cache`, optional: the tier to empty ("gpu" without a body, as before tiers)."""
+
+    tier: FlushTier = "gpu"
+
+
+def parse_flush_body(body: bytes) -> FlushBody | Error:
+    return decode_body(body, FlushBody) if body.strip() else FlushBody()
 
 
 class SessionBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -10,13 +10,13 @@ from actors.frontdoor import weight_bodies as weights
 from actors.frontdoor.anthropic_messages import MessagesRequest
 from actors.frontdoor.embedding_protocol import ENCODE_BODY, SCORE_BODY, EmbeddingsBody, SimilarityBody
 from actors.frontdoor.memory_routes import SLEEP_LEVELS, TAGS
-from actors.frontdoor.native_protocol import PUBLISH_BODY, SessionBody
+from actors.frontdoor.native_protocol import PUBLISH_BODY, FlushBody, SessionBody
 from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
 from actors.frontdoor.pause_routes import VLLM_MODES, ContinueBody, PauseBody
 from actors.frontdoor.responses_api import ResponsesRequest
 from actors.frontdoor.sglang_info import LOAD_SECTIONS
 from actors.frontdoor.sglang_protocol import GENERATE_BODY, AbortBody
-from schemas.admin import CacheReport, SchedulerStats
+from schemas.admin import CacheFlushed, CacheReport, SchedulerStats
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -229,9 +229,20 @@ ROUTES: list[Route] = [
         ),
     ),
     _admin_get("/admin/stats", "Queue, running batch, KV blocks and prefix cache", SchedulerStats),
-    _admin_get("/admin/cache", "KV blocks free, cached, in use; public and private per tenant; hit rate", CacheReport),
+    _admin_get(
+        "/admin/cache",
+        "KV blocks free, cached, in use; public and private per tenant; hit rate; each tier's blocks, bytes and hits",
+        CacheReport,
+    ),
     Route(
-        "post", "/admin/flush_cache", "Free the cached blocks no request uses", "the blocks freed", errors=ADMIN_ERRORS
+        "post",
+        "/admin/flush_cache",
+        "Empty a tier of the KV cache (the GPU's without a body), or all of them",
+        "the blocks freed, per tier",
+        body=FlushBody,
+        body_required=False,
+        errors=(400, *ADMIN_ERRORS),
+        ok_schema=CacheFlushed,
     ),
     Route(
         "post",
