@@ -6,6 +6,7 @@ so a backend only reads the paged cache.
 """
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
@@ -13,6 +14,14 @@ from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 PLAIN_GRAPH = "plain"  # the kind of decode graph every backend captures
+
+
+class Paged(NamedTuple):
+    """Where the step's sequences' keys are: the paged-KV metadata the kernels read."""
+
+    kv_indptr: torch.Tensor  # [S+1] int32: sequence s's blocks are kv_indices[kv_indptr[s]:kv_indptr[s+1]]
+    kv_indices: torch.Tensor  # [P] int32
+    last_page_len: torch.Tensor  # [S] int32: tokens in each sequence's last block
 
 
 class AttentionBackend(ABC):

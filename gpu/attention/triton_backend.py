@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
-from gpu.attention.triton_kernels import ExtendTiles, decode_attention, extend_attention, extend_tiles
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.triton_kernels import decode_attention, extend_attention, extend_tiles
+from gpu.attention.triton_launch import ExtendTiles
 from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
@@ -23,9 +24,7 @@ PROGRAMS_PER_SM = 2  # split decode until the grid covers the GPU this many time
 
 @dataclass(frozen=True)
 class _Plan:
-    kv_indptr: torch.Tensor  # [S+1] int32
-    kv_indices: torch.Tensor  # [P] int32
-    last_page_len: torch.Tensor  # [S] int32
+    paged: Paged
     num_splits: int = 1  # decode: programs per (sequence, KV head)
     query_start: torch.Tensor | None = None  # [S+1] int32; extend only
     tiles: ExtendTiles | None = None  # extend only; None: a decode step
@@ -66,22 +65,12 @@ class TritonAttention(AttentionBackend):
         self._plan: _Plan | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
+        paged = Paged(batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len)
         if batch.host.is_decode:
-            self._plan = _Plan(
-                kv_indptr=batch.kv_indptr,
-                kv_indices=batch.kv_indices,
-                last_page_len=batch.kv_last_page_len,
-                num_splits=self._splits(batch.num_seqs),
-            )
+            self._plan = _Plan(paged, num_splits=self._splits(batch.num_seqs))
         else:
             tiles = extend_tiles(batch.query_start, batch.host.query_lens, *self._tile_shape)
-            self._plan = _Plan(
-                kv_indptr=batch.kv_indptr,
-                kv_indices=batch.kv_indices,
-                last_page_len=batch.kv_last_page_len,
-                query_start=batch.query_start,
-                tiles=tiles,
-            )
+            self._plan = _Plan(paged, query_start=batch.query_start, tiles=tiles)
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size, pages = batch.num_seqs, batch.kv_indices.numel()
@@ -95,19 +84,15 @@ class TritonAttention(AttentionBackend):
         last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
         self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
         # The split count depends on the size alone, so a replay launches what was captured.
-        self._plan = _Plan(
-            kv_indptr=indptr, kv_indices=self._graph_indices, last_page_len=last_page_len, num_splits=self._splits(size)
-        )
+        self._plan = _Plan(Paged(indptr, self._graph_indices, last_page_len), num_splits=self._splits(size))
         return PLAIN_GRAPH
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         plan, cache = self._plan, kv.layers[layer]  # cache: [num_blocks + 1, 2, block_size, kv_heads, head_dim]
         if plan.tiles is None:
-            return decode_attention(
-                q, cache, plan.kv_indptr, plan.kv_indices, plan.last_page_len, self.scale, plan.num_splits, out
-            )  # [S, heads, head_dim]
+            return decode_attention(q, cache, plan.paged, self.scale, plan.num_splits, out)  # [S, heads, head_dim]
         return extend_attention(
-            q, cache, plan.query_start, plan.kv_indptr, plan.kv_indices, plan.last_page_len, plan.tiles, self.scale, out
+            q, cache, plan.paged, plan.query_start, plan.tiles, self.scale, out
         )  # [T, heads, head_dim]
 
     def _splits(self, num_seqs: int) -> int:

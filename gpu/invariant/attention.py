@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
-from gpu.attention.triton_kernels import ExtendTiles, query_tiles
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.triton_launch import ExtendTiles, query_tiles
 from gpu.forward_batch import ForwardBatch
-from gpu.invariant.attention_kernels import KV_SPLIT, Paged, attend, attention_config
+from gpu.invariant.attention_kernels import KV_SPLIT, attend, attention_config
 from gpu.kv_cache import KVCache
 
 MAX_SPLIT_PROGRAMS = 16

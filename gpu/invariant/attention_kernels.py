@@ -9,87 +9,37 @@ batches fold their splits in the program that made them; small decode batches, w
 the GPU idle, spread the splits over programs that store them, and `_fold_kernel` folds them in
 the same order with the same arithmetic. A split's reduction takes the same key tiles for decode
 and prefill alike (`attention_config`, from the model's shape alone), and every sum in it is a
-tensor-core product (attend_keys' row sums by dot), summed in the instruction's order whatever the
-rows of the tile and the warps it is spread over: a decode's small tile gives a prompt's bits.
+tensor-core product (attend_key_range's row sums by dot), summed in the instruction's order
+whatever the rows of the tile and the warps it is spread over: a decode's small tile gives a
+prompt's bits.
 Key tiles past a token's position are masked to exact zeros, and splits past it are left out of
 its fold. Every launch disables floating-point fusion, so no compiler contracts a fold's multiply
 and add differently in the two kernels. TRITON_INTERPRET=1 runs these on the CPU for tests.
 """
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from gpu.attention.triton_kernels import LOG2_E, ExtendTiles, attend_keys
+from gpu.attention.base import Paged
+from gpu.attention.paged_tiles import attend_key_range, load_query_tile
+from gpu.attention.triton_launch import ExtendTiles, TileConfig, block_d, tile_arguments
 
 KV_SPLIT = 256  # keys per split; a multiple of every BLOCK_N
 
 
-class AttentionConfig(NamedTuple):
-    block_m: int  # rows of a tile: tokens x query heads of one KV head
-    block_n: int  # keys per step of a split's loop
-    num_warps: int
-    num_stages: int
-
-
-def attention_config(group: int, head_dim: int, decode: bool = False) -> AttentionConfig:
+def attention_config(group: int, head_dim: int, decode: bool = False) -> TileConfig:
     """A model's attention tiles: 64 rows (a prompt chunk's tokens x the group's query heads) in 4
     warps, 64 keys a step (32 past head_dim 128, in 8 warps, for the registers). A `decode` batch
     whose splits are not spread over programs holds only each token's group in a tile: 16 rows in
     2 warps (on an H200, llama-3.1-8b's decode of 256 sequences at 600 to 1,400 keys took 0.82x the
     time in them that it took in the prefill's tiles; a batch of one, spread, took 1.2x, so spread
     splits keep the prefill's). The key step is the same, which with the row sums by dot
-    (attend_keys) keeps the bits."""
+    (paged_tiles.attend_key_range) keeps the bits."""
     wide = head_dim > 128
     if decode:
-        return AttentionConfig(max(16, triton.next_power_of_2(group)), 32 if wide else 64, 4 if wide else 2, 2)
-    return AttentionConfig(max(64, triton.next_power_of_2(group)), 32 if wide else 64, 8 if wide else 4, 2)
-
-
-@triton.jit
-def _split_state(
-    q,
-    q_pos,
-    first_pos,
-    cache_ptr,
-    kv_indices_ptr,
-    page_first,
-    split_start,
-    split_end,
-    qk_scale,
-    block_size,
-    page_stride,
-    kv_stride,
-    slot_stride,
-    kv_head_offset,
-    dims,
-    dim_valid,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """One split's keys split_start ..< split_end from a fresh state: each row's normalized output
-    [BLOCK_M, BLOCK_D] and log2-sum-exp2 [BLOCK_M] (NaN and -inf for a row that sees none of them).
-    Key tiles every row sees whole (up to first_pos, the tile's first token) skip the mask."""
-    seen_by_all = tl.maximum(tl.minimum(split_end, first_pos + 1) - split_start, 0)
-    unmasked_end = split_start + seen_by_all // BLOCK_N * BLOCK_N
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    acc, m, l = attend_keys(
-        acc, m, l, q, q_pos, cache_ptr, kv_indices_ptr, page_first, split_start, unmasked_end, qk_scale,
-        block_size, page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid, BLOCK_N, DOT_PRECISION,
-        False, True,
-    )  # fmt: skip
-    acc, m, l = attend_keys(
-        acc, m, l, q, q_pos, cache_ptr, kv_indices_ptr, page_first, unmasked_end, split_end, qk_scale,
-        block_size, page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid, BLOCK_N, DOT_PRECISION,
-        True, True,
-    )  # fmt: skip
-    return acc / l[:, None], m + tl.log2(l)
+        return TileConfig(max(16, triton.next_power_of_2(group)), 32 if wide else 64, 4 if wide else 2, 2)
+    return TileConfig(max(64, triton.next_power_of_2(group)), 32 if wide else 64, 8 if wide else 4, 2)
 
 
 @triton.jit
@@ -142,35 +92,12 @@ def _attention_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     # Grid: (tiles, kv_heads, SPLIT_PROGRAMS or 1). A decode batch has one token per sequence: tile = sequence.
-    kv_head = tl.program_id(1)
-    num_heads = tl.num_programs(1) * GROUP
-    if DECODE:
-        seq = tl.program_id(0)
-        tile = 0
-        q_start = seq
-        q_len = 1
-    else:
-        seq = tl.load(tile_seq_ptr + tl.program_id(0))
-        tile = tl.load(tile_index_ptr + tl.program_id(0))
-        q_start = tl.load(query_start_ptr + seq)
-        q_len = tl.load(query_start_ptr + seq + 1) - q_start
-    page_first = tl.load(kv_indptr_ptr + seq)
-    context_len = (tl.load(kv_indptr_ptr + seq + 1) - page_first - 1) * block_size + tl.load(last_page_len_ptr + seq)
-
-    TOKENS: tl.constexpr = BLOCK_M // GROUP
-    rows = tl.arange(0, BLOCK_M)
-    token = tile * TOKENS + rows // GROUP  # among the sequence's new tokens
-    head = kv_head * GROUP + rows % GROUP
-    row_valid = (rows < TOKENS * GROUP) & (token < q_len)
-    q_pos = context_len - q_len + token  # padding rows sit past the context and see every key
-    dims = tl.arange(0, BLOCK_D)
-    dim_valid = dims < HEAD_DIM
-    q_offsets = (q_start + token).to(tl.int64)[:, None] * q_token_stride + head[:, None] * q_head_stride + dims[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    first_pos = context_len - q_len + tile * TOKENS
-    key_end = tl.minimum(context_len, first_pos + TOKENS)  # past the tile's last token's position
-    kv_head_offset = kv_head * kv_head_stride
-    out_rows = (q_start + token).to(tl.int64) * num_heads + head  # [T, heads] row of each tile row
+    q, q_pos, row_valid, out_rows, dims, dim_valid, first_pos, key_end, page_first, _, kv_head_offset = (
+        load_query_tile(
+            q_ptr, query_start_ptr, kv_indptr_ptr, last_page_len_ptr, tile_seq_ptr, tile_index_ptr, block_size,
+            q_token_stride, q_head_stride, kv_head_stride, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, DECODE,
+        )
+    )  # fmt: skip
     out_mask = row_valid[:, None] & dim_valid[None, :]
 
     if SPLIT_PROGRAMS == 0:  # every split here, folded as it is made
@@ -179,11 +106,12 @@ def _attention_kernel(
         total = tl.zeros([BLOCK_M], tl.float32)
         for split_start in range(0, key_end, KV_SPLIT):
             split_end = tl.minimum(split_start + KV_SPLIT, key_end)
-            part, part_lse = _split_state(
+            acc, m, l = attend_key_range(
                 q, q_pos, first_pos, cache_ptr, kv_indices_ptr, page_first, split_start, split_end,
                 qk_scale, block_size, page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid,
-                BLOCK_M, BLOCK_D, BLOCK_N, DOT_PRECISION,
+                BLOCK_M, BLOCK_D, BLOCK_N, DOT_PRECISION, True,
             )  # fmt: skip
+            part, part_lse = acc / l[:, None], m + tl.log2(l)  # the split's normalized output, log2-sum-exp2
             out, top, total = _fold(out, top, total, part, part_lse, split_start <= q_pos)
         tl.store(
             out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
@@ -194,11 +122,12 @@ def _attention_kernel(
         for split in range(tl.program_id(2), tl.cdiv(key_end, KV_SPLIT), SPLIT_PROGRAMS):
             split_start = split * KV_SPLIT
             split_end = tl.minimum(split_start + KV_SPLIT, key_end)
-            part, part_lse = _split_state(
+            acc, m, l = attend_key_range(
                 q, q_pos, first_pos, cache_ptr, kv_indices_ptr, page_first, split_start, split_end,
                 qk_scale, block_size, page_stride, kv_stride, slot_stride, kv_head_offset, dims, dim_valid,
-                BLOCK_M, BLOCK_D, BLOCK_N, DOT_PRECISION,
+                BLOCK_M, BLOCK_D, BLOCK_N, DOT_PRECISION, True,
             )  # fmt: skip
+            part, part_lse = acc / l[:, None], m + tl.log2(l)
             part_rows = out_rows * max_splits + split
             tl.store(part_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :], part, mask=out_mask)
             tl.store(lse_ptr + part_rows, part_lse, mask=row_valid)
@@ -244,14 +173,6 @@ def _fold_kernel(
     )
 
 
-class Paged(NamedTuple):
-    """Where the step's sequences' keys are: the paged-KV metadata every launch reads."""
-
-    kv_indptr: torch.Tensor  # [S+1] int32
-    kv_indices: torch.Tensor  # [P] int32
-    last_page_len: torch.Tensor  # [S] int32
-
-
 def attend(
     q: torch.Tensor,
     cache: torch.Tensor,
@@ -280,47 +201,20 @@ def attend(
         raise ValueError(
             f"tiles of {tiles.tokens} tokens, where this model's attention takes {config.block_m // (heads // kv_heads)}"
         )
-    if q.stride(-1) != 1:
-        q = q.contiguous()
     part = lse = out  # read only when splitting
     if splitting:
         part = torch.empty(tokens, heads, max_splits, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(tokens, heads, max_splits, dtype=torch.float32, device=q.device)
     grid = (tokens if decode else len(tiles.seq), kv_heads, split_programs if splitting else 1)
     _attention_kernel[grid](
-        q,
-        out,
-        part,
-        lse,
-        cache,
-        paged.kv_indptr if decode else query_start,
-        paged.kv_indptr,
-        paged.kv_indices,
-        paged.last_page_len,
-        paged.kv_indptr if decode else tiles.seq,  # decode reads no tiles: any int32 pointer stands in
-        paged.kv_indptr if decode else tiles.index,
-        max_splits,
-        scale * LOG2_E,
-        cache.shape[2],
-        q.stride(0),
-        q.stride(1),
-        cache.stride(0),
-        cache.stride(1),
-        cache.stride(2),
-        cache.stride(3),
-        GROUP=heads // kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
+        out_ptr=out,
+        part_ptr=part,
+        lse_ptr=lse,
+        max_splits=max_splits,
         KV_SPLIT=KV_SPLIT,
         SPLIT_PROGRAMS=split_programs if splitting else 0,
-        DECODE=decode,
-        # float32 must stay float32: TF32 would cost it the precision it was chosen for.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
         enable_fp_fusion=False,
+        **tile_arguments(q, cache, paged, tiles, query_start, scale, config),
     )
     if splitting:
         _fold_kernel[(tokens,)](
@@ -333,7 +227,7 @@ def attend(
             cache.shape[2],
             heads,
             HEAD_DIM=head_dim,
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+            BLOCK_D=block_d(head_dim),
             BLOCK_H=triton.next_power_of_2(heads),
             KV_SPLIT=KV_SPLIT,
             num_warps=4,

@@ -134,10 +134,10 @@ def test_graph_plan_reads_its_fixed_buffers():
         host = batch.host.padded(8, kv.scratch_block)
         padded, _ = ForwardBatch.from_host(host, staging())
         backend.prepare_graph(padded)
-        plan = backend._plan
+        paged = backend._plan.paged
         if addresses is None:
-            addresses = [t.data_ptr() for t in (plan.kv_indptr, plan.kv_indices, plan.last_page_len)]
-        assert [t.data_ptr() for t in (plan.kv_indptr, plan.kv_indices, plan.last_page_len)] == addresses
+            addresses = [t.data_ptr() for t in paged]
+        assert [t.data_ptr() for t in paged] == addresses
         q_padded = torch.cat([q, torch.randn(8 - len(contexts), heads, head_dim, device=DEVICE)])
         out = backend.attend(0, q_padded, kv)[: len(contexts)]
         assert worst_token_error(out, reference(batch, kv, q)) < TOLERANCE[torch.float32]
