@@ -171,8 +171,7 @@ class FlashInferAttention(AttentionBackend):
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
         size = batch.num_seqs
-        if size > self.graph_decodes.max_batch:
-            raise ValueError(f"no CUDA-graph decode buffers for batch {size}; built for {self.graph_decodes.max_batch}")
+        self.graph_decodes.buffers.check_fits(batch)
         if kind is None:  # replaying: only a kind captured at this size may be chosen
             shared = None
             if size in self._graph_prefix:

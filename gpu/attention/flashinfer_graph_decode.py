@@ -7,6 +7,8 @@ refills the buffers and reruns the planner, which rewrites the split-KV schedule
 
 import torch
 
+from gpu.attention.graph_buffers import GraphDecodeBuffers
+
 
 class GraphDecodes:
     """`heads` is (query heads, KV heads, head_dim); `plan_kwargs` the scale and dtypes every plan takes."""
@@ -24,20 +26,13 @@ class GraphDecodes:
     ) -> None:
         self._flashinfer, self._workspace = flashinfer, workspace
         self._heads, self._kwargs, self._tensor_cores = heads, plan_kwargs, tensor_cores
-        max_graph_pages = max(1, max_graph_batch * max_pages_per_seq)
-        self._indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
-        self._last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
-        self._indices = torch.zeros(max_graph_pages, dtype=torch.int32, device=device)
+        self.buffers = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
         self.wrappers: dict[int, object] = {}  # batch size -> its wrapper
         self._row_indptr = torch.arange(max_graph_batch + 1, dtype=torch.int32)  # one query row per sequence
         self._empty = torch.empty(0, dtype=plan_kwargs["q_data_type"])  # the planner takes dtypes as empty tensors
         # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
         # Python argument handling (see _replan); False takes the public plan() every step.
         self.direct_replan = True
-
-    @property
-    def max_batch(self) -> int:
-        return len(self._last_page_len)
 
     def plan(self, size: int, indptr: torch.Tensor, indices: torch.Tensor, batch):
         """The wrapper of batch `size`, planned over `indptr` (host, pinned) and `indices` (device);
@@ -47,13 +42,14 @@ class GraphDecodes:
             self._replan(wrapper, indptr, indices, batch)
             return wrapper
         if wrapper is None:
+            buffers = self.buffers.sized(size)  # the wrapper's plans fill them
             wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace,
                 "NHD",
                 use_cuda_graph=True,
-                paged_kv_indptr_buffer=self._indptr[: size + 1],
-                paged_kv_indices_buffer=self._indices,
-                paged_kv_last_page_len_buffer=self._last_page_len[:size],
+                paged_kv_indptr_buffer=buffers.kv_indptr,
+                paged_kv_indices_buffer=buffers.kv_indices,
+                paged_kv_last_page_len_buffer=buffers.last_page_len,
                 use_tensor_cores=self._tensor_cores,
                 backend="fa2",
             )

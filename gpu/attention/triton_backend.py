@@ -13,6 +13,7 @@ import torch
 import triton
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.graph_buffers import GraphDecodeBuffers
 from gpu.attention.triton_kernels import decode_attention, extend_attention, extend_tiles
 from gpu.attention.triton_launch import ExtendTiles
 from gpu.forward_batch import ForwardBatch
@@ -58,10 +59,7 @@ class TritonAttention(AttentionBackend):
         self._tile_shape = (num_heads // num_kv_heads, head_dim, dtype)  # what an extend step's tiles depend on
         self._decode_splits = decode_splits
         self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-        # The captured graphs read these (sliced per size) at the addresses they had at capture.
-        self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
-        self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
+        self._graph = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
         self._plan: _Plan | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -73,18 +71,8 @@ class TritonAttention(AttentionBackend):
             self._plan = _Plan(paged, query_start=batch.query_start, tiles=tiles)
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
-        size, pages = batch.num_seqs, batch.kv_indices.numel()
-        if size > len(self._graph_last_page_len) or pages > len(self._graph_indices):
-            raise ValueError(
-                f"no CUDA-graph decode buffers for {size} sequences over {pages} pages; built for "
-                f"{len(self._graph_last_page_len)} sequences over {len(self._graph_indices)} pages"
-            )
-        indptr, last_page_len = self._graph_indptr[: size + 1], self._graph_last_page_len[:size]
-        indptr.copy_(batch.kv_indptr, non_blocking=True)
-        last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
-        self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
         # The split count depends on the size alone, so a replay launches what was captured.
-        self._plan = _Plan(Paged(indptr, self._graph_indices, last_page_len), num_splits=self._splits(size))
+        self._plan = _Plan(self._graph.fill(batch), num_splits=self._splits(batch.num_seqs))
         return PLAIN_GRAPH
 
     def attend(self, layer: int, q: torch.Tensor, kv: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.graph_buffers import GraphDecodeBuffers
 from gpu.attention.triton_launch import ExtendTiles, query_tiles
 from gpu.forward_batch import ForwardBatch
 from gpu.invariant.attention_kernels import KV_SPLIT, attend, attention_config
@@ -66,9 +67,7 @@ class InvariantAttention(AttentionBackend):
         self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
         # A graph's split decode is captured with room for the longest context a sequence may have.
         self._graph_max_splits = triton.cdiv(max(1, max_pages_per_seq * block_size), KV_SPLIT)
-        self._graph_indptr = torch.zeros(max_graph_batch + 1, dtype=torch.int32, device=device)
-        self._graph_last_page_len = torch.ones(max_graph_batch, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(max(1, max_graph_batch * max_pages_per_seq), dtype=torch.int32, device=device)
+        self._graph = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
         self._plan: _Plan | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -84,21 +83,9 @@ class InvariantAttention(AttentionBackend):
             self._plan = _Plan(paged, query_start=batch.query_start, tiles=tiles)
 
     def prepare_graph(self, batch: ForwardBatch, kind: str | None = None) -> str:
-        size, pages = batch.num_seqs, batch.kv_indices.numel()
-        if size > len(self._graph_last_page_len) or pages > len(self._graph_indices):
-            raise ValueError(
-                f"no CUDA-graph decode buffers for {size} sequences over {pages} pages; built for "
-                f"{len(self._graph_last_page_len)} sequences over {len(self._graph_indices)} pages"
-            )
-        indptr, last_page_len = self._graph_indptr[: size + 1], self._graph_last_page_len[:size]
-        indptr.copy_(batch.kv_indptr, non_blocking=True)
-        last_page_len.copy_(batch.kv_last_page_len, non_blocking=True)
-        self._graph_indices[:pages].copy_(batch.kv_indices, non_blocking=True)
         # The programs depend on the size alone, so a replay launches what was captured.
         self._plan = _Plan(
-            Paged(indptr, self._graph_indices, last_page_len),
-            split_programs=self._programs(size),
-            max_splits=self._graph_max_splits,
+            self._graph.fill(batch), split_programs=self._programs(batch.num_seqs), max_splits=self._graph_max_splits
         )
         return PLAIN_GRAPH
 
