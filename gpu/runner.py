@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gpu import invariant
-from gpu.attention import make_backend
+from gpu.attention import BackendInputs, make_backend
 from gpu.batch import HostBatch
 from gpu.batch_limits import BatchLimits
 from gpu.config import ModelConfig, resolve_dtype
@@ -141,9 +141,8 @@ class ModelRunner:
         # Past the sliding window our full attention would differ from the model's, so stop there.
         self.max_model_len = min(config.max_position_embeddings, config.sliding_window or 1 << 62)
         max_graph_batch = max(cuda_graph_batch_sizes) if cuda_graph_batch_sizes and cuda_graphs is not False else 0
-        self.model.attention_backend = make_backend(
-            attention_backend, config, dtype, device, max_graph_batch, self.max_model_len, block_size, deterministic
-        )
+        attention = BackendInputs.for_model(config, dtype, device, block_size, self.max_model_len, max_graph_batch)
+        self.model.attention_backend = make_backend(attention_backend, attention, deterministic)
         if deterministic and invariant.runs_here(device):
             self.model.use_operators(invariant.INVARIANT_OPERATORS)
         self.attention_backend_name = type(self.model.attention_backend).__name__

@@ -2,7 +2,7 @@
 
 Per step the model calls `prepare(batch)` once, then `attend` once per layer. The model writes the
 step's new K/V into the cache (fused with the rotary embedding on the GPU) before it calls `attend`,
-so a backend only reads the paged cache.
+so a backend only reads the paged cache. Every backend is built from `BackendInputs`.
 """
 
 from abc import ABC, abstractmethod
@@ -10,10 +10,51 @@ from typing import NamedTuple
 
 import torch
 
+from gpu.config import ModelConfig
 from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
 PLAIN_GRAPH = "plain"  # the kind of decode graph every backend captures
+
+
+class BackendInputs(NamedTuple):
+    """What a backend is built for: the model's attention heads, their dtype and device, and the
+    decode batches captured in CUDA graphs, whose metadata buffers it keeps."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    max_graph_batch: int = 0  # the largest decode batch a graph is captured for; 0: none
+    max_pages_per_seq: int = 0  # the most blocks one sequence of a graph's batch reads
+    block_size: int = 16  # tokens per block of the paged cache
+
+    @classmethod
+    def for_model(
+        cls,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        max_model_len: int,
+        max_graph_batch: int,
+    ) -> "BackendInputs":
+        """Sized for sequences of up to `max_model_len` tokens."""
+        return cls(
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            dtype,
+            device,
+            max_graph_batch,
+            max_pages_per_seq=-(-max_model_len // block_size),
+            block_size=block_size,
+        )
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
 
 
 class Paged(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Generic, NamedTuple
 import numpy as np
 import torch
 
-from gpu.attention.base import PLAIN_GRAPH, AttentionBackend
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, BackendInputs
 from gpu.attention.flashinfer_graph_decode import GraphDecodes
 from gpu.attention.flashinfer_prefill import PagedPrefill
 from gpu.attention.shared_prefix import (
@@ -60,30 +60,21 @@ class _PrefixPassArrays(NamedTuple, Generic[Array]):
 class FlashInferAttention(AttentionBackend):
     supports_cuda_graphs = True
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        max_graph_batch: int = 0,
-        max_pages_per_seq: int = 0,
-    ) -> None:
+    def __init__(self, inputs: BackendInputs) -> None:
         import flashinfer
 
-        if head_dim not in SUPPORTED_HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
+        if inputs.head_dim not in SUPPORTED_HEAD_DIMS or inputs.dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"FlashInfer attention needs head_dim in {SUPPORTED_HEAD_DIMS} and bf16/fp16, "
-                f"got {head_dim} and {dtype}"
+                f"got {inputs.head_dim} and {inputs.dtype}"
             )
+        dtype, device = inputs.dtype, inputs.device
         self._flashinfer = flashinfer
-        self._heads = (num_heads, num_kv_heads, head_dim)
-        self._kwargs = dict(sm_scale=scale, q_data_type=dtype, kv_data_type=dtype, non_blocking=True)
+        self._heads = (inputs.num_heads, inputs.num_kv_heads, inputs.head_dim)
+        self._kwargs = dict(sm_scale=inputs.scale, q_data_type=dtype, kv_data_type=dtype, non_blocking=True)
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill = PagedPrefill(flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
-        self.decode_tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
+        self.decode_tensor_cores = inputs.num_heads // inputs.num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace,
             "NHD",
@@ -93,26 +84,19 @@ class FlashInferAttention(AttentionBackend):
         self._shared_prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         # The shared-prefix plans' own arrays (suffix pages, the prefix, who shares) reach the device here.
         self._staging = Staging(device)
-        self.graph_decodes = GraphDecodes(
-            flashinfer,
-            self._workspace,
-            self._heads,
-            self._kwargs,
-            self.decode_tensor_cores,
-            max_graph_batch,
-            max_pages_per_seq,
-            device,
-        )
+        self.graph_decodes = GraphDecodes(flashinfer, self._workspace, inputs, self._kwargs, self.decode_tensor_cores)
         # A shared-prefix graph's prefix pass is MAX_GROUPS requests (the unused ones empty), over
         # the decode rows in the order the plan puts them.
         self._graph_prefix_buffers = dict(
             qo_indptr_buf=torch.zeros(MAX_GROUPS + 1, dtype=torch.int32, device=device),
             paged_kv_indptr_buf=torch.zeros(MAX_GROUPS + 1, dtype=torch.int32, device=device),
-            paged_kv_indices_buf=torch.zeros(max(1, MAX_GROUPS * max_pages_per_seq), dtype=torch.int32, device=device),
+            paged_kv_indices_buf=torch.zeros(
+                max(1, MAX_GROUPS * inputs.max_pages_per_seq), dtype=torch.int32, device=device
+            ),
             paged_kv_last_page_len_buf=torch.ones(MAX_GROUPS, dtype=torch.int32, device=device),
         )
-        self._graph_order = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
-        self._graph_slots = torch.zeros(max(1, max_graph_batch), dtype=torch.int32, device=device)
+        self._graph_order = torch.zeros(max(1, inputs.max_graph_batch), dtype=torch.int32, device=device)
+        self._graph_slots = torch.zeros(max(1, inputs.max_graph_batch), dtype=torch.int32, device=device)
         self._graph_prefix: dict[int, object] = {}
         # The step's plan: its first `_decodes` sequences decode with `_decode_run`, the rest (if
         # any) are prompt chunks for `_prefill`. When groups of the decodes share leading blocks,

@@ -7,29 +7,23 @@ refills the buffers and reruns the planner, which rewrites the split-KV schedule
 
 import torch
 
+from gpu.attention.base import BackendInputs
 from gpu.attention.graph_buffers import GraphDecodeBuffers
 
 
 class GraphDecodes:
-    """`heads` is (query heads, KV heads, head_dim); `plan_kwargs` the scale and dtypes every plan takes."""
+    """`plan_kwargs`: the scale and dtypes every plan takes."""
 
     def __init__(
-        self,
-        flashinfer,
-        workspace: torch.Tensor,
-        heads: tuple[int, int, int],
-        plan_kwargs: dict,
-        tensor_cores: bool,
-        max_graph_batch: int,
-        max_pages_per_seq: int,
-        device: torch.device,
+        self, flashinfer, workspace: torch.Tensor, inputs: BackendInputs, plan_kwargs: dict, tensor_cores: bool
     ) -> None:
         self._flashinfer, self._workspace = flashinfer, workspace
-        self._heads, self._kwargs, self._tensor_cores = heads, plan_kwargs, tensor_cores
-        self.buffers = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
+        self._heads = (inputs.num_heads, inputs.num_kv_heads, inputs.head_dim)
+        self._kwargs, self._tensor_cores = plan_kwargs, tensor_cores
+        self.buffers = GraphDecodeBuffers(inputs.max_graph_batch, inputs.max_pages_per_seq, inputs.device)
         self.wrappers: dict[int, object] = {}  # batch size -> its wrapper
-        self._row_indptr = torch.arange(max_graph_batch + 1, dtype=torch.int32)  # one query row per sequence
-        self._empty = torch.empty(0, dtype=plan_kwargs["q_data_type"])  # the planner takes dtypes as empty tensors
+        self._row_indptr = torch.arange(inputs.max_graph_batch + 1, dtype=torch.int32)  # one query row per sequence
+        self._empty = torch.empty(0, dtype=inputs.dtype)  # the planner takes dtypes as empty tensors
         # Re-plan a captured size through the wrapper's compiled planner directly, skipping its
         # Python argument handling (see _replan); False takes the public plan() every step.
         self.direct_replan = True

@@ -6,16 +6,15 @@ device metadata, sized by its host copies, so `prepare` never waits on the GPU. 
 reads its metadata from buffers of fixed address that `prepare_graph` fills.
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, BackendInputs, Paged
 from gpu.attention.graph_buffers import GraphDecodeBuffers
 from gpu.attention.triton_kernels import decode_attention, extend_attention, extend_tiles
-from gpu.attention.triton_launch import ExtendTiles
+from gpu.attention.triton_launch import ExtendTiles, check_triton_runs
 from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
 
@@ -34,32 +33,21 @@ class _Plan:
 class TritonAttention(AttentionBackend):
     supports_cuda_graphs = True
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        max_graph_batch: int = 0,
-        max_pages_per_seq: int = 0,
-        decode_splits: int | None = None,
-    ) -> None:
+    def __init__(self, inputs: BackendInputs, decode_splits: int | None = None) -> None:
         """`decode_splits`: programs per sequence and KV head in decode steps; None picks them from
         the batch size and the GPU's multiprocessor count (1 on the CPU)."""
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} attention heads do not split evenly over {num_kv_heads} KV heads")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("Triton attention needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
+        check_triton_runs(inputs, "Triton attention")
         if decode_splits is not None and decode_splits < 1:
             raise ValueError(f"decode_splits must be positive, got {decode_splits}")
-        self.scale = scale
-        self._num_kv_heads = num_kv_heads
-        self._tile_shape = (num_heads // num_kv_heads, head_dim, dtype)  # what an extend step's tiles depend on
+        self.scale = inputs.scale
+        self._num_kv_heads = inputs.num_kv_heads
+        # what an extend step's tiles depend on
+        self._tile_shape = (inputs.num_heads // inputs.num_kv_heads, inputs.head_dim, inputs.dtype)
         self._decode_splits = decode_splits
-        self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-        self._graph = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
+        self._sm_count = (
+            torch.cuda.get_device_properties(inputs.device).multi_processor_count if inputs.device.type == "cuda" else 0
+        )
+        self._graph = GraphDecodeBuffers(inputs.max_graph_batch, inputs.max_pages_per_seq, inputs.device)
         self._plan: _Plan | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:

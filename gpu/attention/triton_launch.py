@@ -1,15 +1,16 @@
 """What the two Triton attention backends (triton_backend.py, gpu/invariant/attention.py) plan on
-the host for their kernels, which are built of paged_tiles.py: the tiles of an extend step, and the
-arguments that say where the tiles' queries and keys are.
+the host for their kernels, which are built of paged_tiles.py: the tiles of an extend step, the
+arguments that say where the tiles' queries and keys are, and whether the kernels run here at all.
 """
 
+import os
 from typing import NamedTuple
 
 import numpy as np
 import torch
 import triton
 
-from gpu.attention.base import Paged
+from gpu.attention.base import BackendInputs, Paged
 from gpu.attention.paged_tiles import LOG2_E
 
 
@@ -89,3 +90,11 @@ def tile_arguments(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+
+
+def check_triton_runs(inputs: BackendInputs, backend: str) -> None:
+    """Raises, naming `backend`, where its kernels cannot serve these heads on this device."""
+    if inputs.num_heads % inputs.num_kv_heads:
+        raise ValueError(f"{inputs.num_heads} attention heads do not split evenly over {inputs.num_kv_heads} KV heads")
+    if inputs.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{backend} needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")

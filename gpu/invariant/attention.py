@@ -9,15 +9,14 @@ the same bits. A prefix shared by many decodes is read per sequence: FlashInfer'
 (shared_prefix.py) does not run in this mode.
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, Paged
+from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, BackendInputs, Paged
 from gpu.attention.graph_buffers import GraphDecodeBuffers
-from gpu.attention.triton_launch import ExtendTiles, query_tiles
+from gpu.attention.triton_launch import ExtendTiles, check_triton_runs, query_tiles
 from gpu.forward_batch import ForwardBatch
 from gpu.invariant.attention_kernels import KV_SPLIT, attend, attention_config
 from gpu.kv_cache import KVCache
@@ -38,36 +37,24 @@ class _Plan:
 class InvariantAttention(AttentionBackend):
     supports_cuda_graphs = True
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        max_graph_batch: int = 0,
-        max_pages_per_seq: int = 0,
-        block_size: int = 16,
-        split_programs: int | None = None,
-    ) -> None:
+    def __init__(self, inputs: BackendInputs, split_programs: int | None = None) -> None:
         """`split_programs`: programs per sequence and KV head a decode spreads its splits over (0:
         none); None picks them from the batch size and the GPU's multiprocessor count (none on the
         CPU). Either way a token's result is the same."""
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} attention heads do not split evenly over {num_kv_heads} KV heads")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("deterministic attention needs a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
+        check_triton_runs(inputs, "deterministic attention")
         if split_programs is not None and split_programs < 0:
             raise ValueError(f"split_programs must be 0 or more, got {split_programs}")
-        self.scale = scale
-        self._num_kv_heads = num_kv_heads
-        self._tile_tokens = attention_config(num_heads // num_kv_heads, head_dim).block_m // (num_heads // num_kv_heads)
+        self.scale = inputs.scale
+        self._num_kv_heads = inputs.num_kv_heads
+        group = inputs.num_heads // inputs.num_kv_heads
+        self._tile_tokens = attention_config(group, inputs.head_dim).block_m // group
         self._split_programs = split_programs
-        self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+        self._sm_count = (
+            torch.cuda.get_device_properties(inputs.device).multi_processor_count if inputs.device.type == "cuda" else 0
+        )
         # A graph's split decode is captured with room for the longest context a sequence may have.
-        self._graph_max_splits = triton.cdiv(max(1, max_pages_per_seq * block_size), KV_SPLIT)
-        self._graph = GraphDecodeBuffers(max_graph_batch, max_pages_per_seq, device)
+        self._graph_max_splits = triton.cdiv(max(1, inputs.max_pages_per_seq * inputs.block_size), KV_SPLIT)
+        self._graph = GraphDecodeBuffers(inputs.max_graph_batch, inputs.max_pages_per_seq, inputs.device)
         self._plan: _Plan | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:

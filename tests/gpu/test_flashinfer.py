@@ -8,6 +8,7 @@ The models have head_dim 128, the size FlashInfer's prebuilt kernels serve.
 import pytest
 import torch
 
+from gpu.attention import BackendInputs
 from gpu.batch import HostBatch
 from gpu.forward_batch import ForwardBatch
 from gpu.model_builder import build_model_dir
@@ -219,7 +220,7 @@ def test_prefill_calls_after_the_first_give_what_flashinfer_run_gives():
     generator = torch.Generator("cuda").manual_seed(0)
     for layer in kv.layers:
         layer.normal_(generator=generator)
-    backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
+    backend = FlashInferAttention(BackendInputs(heads, kv_heads, dim, torch.bfloat16, torch.device("cuda")))
     tables = shuffled_tables([37, 70], seed=4)
     # A whole prompt and a chunk over 20 cached tokens; then other lengths, a plan of another shape.
     for token_ids, starts in [([[1] * 37, [2] * 50], [0, 20]), ([[3] * 30, [4] * 9], [7, 61])]:
@@ -261,7 +262,7 @@ def test_a_shared_prefix_read_once_gives_plain_attention(tensor_core_decode):
             batch if not decode_only else ForwardBatch.build(token_ids[:4], starts[:4], tables[:4], BLOCK_SIZE, "cuda")
         )
         queries = q[: step.host.num_tokens]
-        backend = FlashInferAttention(heads, kv_heads, dim, dim**-0.5, torch.bfloat16, torch.device("cuda"))
+        backend = FlashInferAttention(BackendInputs(heads, kv_heads, dim, torch.bfloat16, torch.device("cuda")))
         assert backend.decode_tensor_cores == tensor_core_decode
         backend.min_spared_token_reads = 0
         backend.prepare(step)

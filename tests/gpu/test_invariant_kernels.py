@@ -12,7 +12,7 @@ made as blind to a row's place as a GPU's, tests/gpu/tensor_cores.py):
 import pytest
 import torch
 
-from gpu.attention import TorchAttention
+from gpu.attention import BackendInputs, TorchAttention
 from gpu.forward_batch import ForwardBatch
 from gpu.invariant.attention import InvariantAttention
 from gpu.invariant.attention_kernels import KV_SPLIT
@@ -97,7 +97,7 @@ class PagedPrompt:
 def invariant(dtype, split_programs=None, **kwargs) -> InvariantAttention:
     heads, kv_heads, head_dim = HEADS
     return InvariantAttention(
-        heads, kv_heads, head_dim, head_dim**-0.5, dtype, torch.device(DEVICE), split_programs=split_programs, **kwargs
+        BackendInputs(heads, kv_heads, head_dim, dtype, torch.device(DEVICE), **kwargs), split_programs
     )
 
 

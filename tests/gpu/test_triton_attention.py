@@ -8,7 +8,7 @@ no bfloat16: the interpreter multiplies bfloat16 matrices as raw 16-bit integers
 import pytest
 import torch
 
-from gpu.attention import TorchAttention, make_backend
+from gpu.attention import BackendInputs, TorchAttention, make_backend
 from gpu.batch import HostBatch
 from gpu.config import ModelConfig
 from gpu.forward_batch import ForwardBatch
@@ -82,10 +82,12 @@ def staging() -> Staging | None:
     return Staging(torch.device(DEVICE)) if DEVICE == "cuda" else None
 
 
-def triton_backend(heads, kv_heads, head_dim, dtype, **kwargs):
+def triton_backend(heads, kv_heads, head_dim, dtype, decode_splits=None, **kwargs):
     from gpu.attention.triton_backend import TritonAttention
 
-    return TritonAttention(heads, kv_heads, head_dim, head_dim**-0.5, dtype, torch.device(DEVICE), **kwargs)
+    return TritonAttention(
+        BackendInputs(heads, kv_heads, head_dim, dtype, torch.device(DEVICE), **kwargs), decode_splits
+    )
 
 
 def ours(backend, batch: ForwardBatch, kv: KVCache, q: torch.Tensor) -> torch.Tensor:
@@ -150,7 +152,10 @@ def test_make_backend_names_and_auto_fallback(build_tiny_model):
     from gpu.attention.triton_backend import TritonAttention
 
     config = ModelConfig.from_pretrained(build_tiny_model("llama"))
-    build = lambda name: make_backend(name, config, torch.float32, torch.device(DEVICE), 4, 64, 16)  # noqa: E731
+    inputs = BackendInputs.for_model(
+        config, torch.float32, torch.device(DEVICE), 16, max_model_len=64, max_graph_batch=4
+    )
+    build = lambda name: make_backend(name, inputs)  # noqa: E731
     assert isinstance(build("triton"), TritonAttention)
     assert isinstance(build("torch"), TorchAttention)
     # float32 is beyond FlashInfer, so `auto` takes Triton on CUDA; the CPU keeps the torch reference.
