@@ -9,17 +9,13 @@ reads its metadata from buffers of fixed address that `prepare_graph` fills.
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, BackendInputs, Paged
 from gpu.attention.graph_buffers import GraphDecodeBuffers
 from gpu.attention.triton_kernels import decode_attention, extend_attention, extend_tiles
-from gpu.attention.triton_launch import ExtendTiles, check_triton_runs
+from gpu.attention.triton_launch import ExtendTiles, check_triton_runs, multiprocessors, programs_to_fill
 from gpu.forward_batch import ForwardBatch
 from gpu.kv_cache import KVCache
-
-MAX_DECODE_SPLITS = 16
-PROGRAMS_PER_SM = 2  # split decode until the grid covers the GPU this many times over
 
 
 @dataclass(frozen=True)
@@ -44,9 +40,7 @@ class TritonAttention(AttentionBackend):
         # what an extend step's tiles depend on
         self._tile_shape = (inputs.num_heads // inputs.num_kv_heads, inputs.head_dim, inputs.dtype)
         self._decode_splits = decode_splits
-        self._sm_count = (
-            torch.cuda.get_device_properties(inputs.device).multi_processor_count if inputs.device.type == "cuda" else 0
-        )
+        self._multiprocessors = multiprocessors(inputs.device)
         self._graph = GraphDecodeBuffers(inputs.max_graph_batch, inputs.max_pages_per_seq, inputs.device)
         self._plan: _Plan | None = None
 
@@ -74,7 +68,4 @@ class TritonAttention(AttentionBackend):
     def _splits(self, num_seqs: int) -> int:
         if self._decode_splits is not None:
             return self._decode_splits
-        # Few sequences leave most multiprocessors idle unless their keys are split among programs.
-        # Powers of two only: each count is a kernel compiled of its own.
-        wanted = -(-PROGRAMS_PER_SM * self._sm_count // (num_seqs * self._num_kv_heads))
-        return min(MAX_DECODE_SPLITS, triton.next_power_of_2(max(1, wanted)))
+        return programs_to_fill(self._multiprocessors, num_seqs, self._num_kv_heads)

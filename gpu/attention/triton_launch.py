@@ -1,6 +1,7 @@
 """What the two Triton attention backends (triton_backend.py, gpu/invariant/attention.py) plan on
 the host for their kernels, which are built of paged_tiles.py: the tiles of an extend step, the
-arguments that say where the tiles' queries and keys are, and whether the kernels run here at all.
+arguments that say where the tiles' queries and keys are, whether the kernels run here at all, and
+how many programs a small decode batch spreads each sequence over.
 """
 
 import os
@@ -12,6 +13,9 @@ import triton
 
 from gpu.attention.base import BackendInputs, Paged
 from gpu.attention.paged_tiles import LOG2_E
+
+MAX_PROGRAMS = 16  # per (sequence, KV head) in a decode
+PROGRAMS_PER_SM = 2  # spread a decode's keys until the grid covers the GPU this many times over
 
 
 class TileConfig(NamedTuple):
@@ -98,3 +102,16 @@ def check_triton_runs(inputs: BackendInputs, backend: str) -> None:
         raise ValueError(f"{inputs.num_heads} attention heads do not split evenly over {inputs.num_kv_heads} KV heads")
     if inputs.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"{backend} needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The GPU's multiprocessor count; 0 on the CPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def programs_to_fill(multiprocessors: int, num_seqs: int, num_kv_heads: int) -> int:
+    """Programs per (sequence, KV head) that cover the GPU with a decode of `num_seqs`: few sequences
+    leave most multiprocessors idle unless each one's keys are spread over programs (1 on the CPU).
+    Powers of two only: each count is a kernel compiled of its own."""
+    wanted = -(-PROGRAMS_PER_SM * multiprocessors // (num_seqs * num_kv_heads))
+    return min(MAX_PROGRAMS, triton.next_power_of_2(max(1, wanted)))

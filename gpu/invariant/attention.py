@@ -16,13 +16,10 @@ import triton
 
 from gpu.attention.base import PLAIN_GRAPH, AttentionBackend, BackendInputs, Paged
 from gpu.attention.graph_buffers import GraphDecodeBuffers
-from gpu.attention.triton_launch import ExtendTiles, check_triton_runs, query_tiles
+from gpu.attention.triton_launch import ExtendTiles, check_triton_runs, multiprocessors, programs_to_fill, query_tiles
 from gpu.forward_batch import ForwardBatch
 from gpu.invariant.attention_kernels import KV_SPLIT, attend, attention_config
 from gpu.kv_cache import KVCache
-
-MAX_SPLIT_PROGRAMS = 16
-PROGRAMS_PER_SM = 2  # spread a decode's splits until the grid covers the GPU this many times over
 
 
 @dataclass(frozen=True)
@@ -49,9 +46,7 @@ class InvariantAttention(AttentionBackend):
         group = inputs.num_heads // inputs.num_kv_heads
         self._tile_tokens = attention_config(group, inputs.head_dim).block_m // group
         self._split_programs = split_programs
-        self._sm_count = (
-            torch.cuda.get_device_properties(inputs.device).multi_processor_count if inputs.device.type == "cuda" else 0
-        )
+        self._multiprocessors = multiprocessors(inputs.device)
         # A graph's split decode is captured with room for the longest context a sequence may have.
         self._graph_max_splits = triton.cdiv(max(1, inputs.max_pages_per_seq * inputs.block_size), KV_SPLIT)
         self._graph = GraphDecodeBuffers(inputs.max_graph_batch, inputs.max_pages_per_seq, inputs.device)
@@ -94,7 +89,5 @@ class InvariantAttention(AttentionBackend):
     def _programs(self, num_seqs: int) -> int:
         if self._split_programs is not None:
             return self._split_programs
-        # Few sequences leave most multiprocessors idle unless their splits are spread over
-        # programs. Powers of two only: each count is a kernel compiled of its own.
-        wanted = -(-PROGRAMS_PER_SM * self._sm_count // (num_seqs * self._num_kv_heads))
-        return 0 if wanted <= 1 else min(MAX_SPLIT_PROGRAMS, triton.next_power_of_2(wanted))
+        programs = programs_to_fill(self._multiprocessors, num_seqs, self._num_kv_heads)
+        return 0 if programs == 1 else programs  # one program folds its splits where it makes them
