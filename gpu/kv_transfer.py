@@ -25,7 +25,8 @@ STAGING_BYTES = 256 << 20
 
 
 class Transfer:
-    """A save under way: `done()` says, without blocking, whether the host slots hold the blocks."""
+    """A copy under way: `done()` says, without blocking, whether it is done with the host slots (a
+    save: they hold the blocks; a load: it has read them)."""
 
     def __init__(self, finished: torch.cuda.Event | None) -> None:
         self._finished = finished  # None: done already (the CPU copies synchronously)
@@ -43,8 +44,8 @@ class KVTransfer:
     slot_bytes = KVCache.bytes_per_block of the pool's geometry; its rows may be further apart).
 
     The caller keeps a block and a slot out of other use until a copy between them is done: a saved
-    block until `Transfer.done()`, a slot being loaded until the step that follows the load. A device
-    synchronize (the pool's release for sleep does one) waits for this object's streams too."""
+    block, and a slot being loaded, until its `Transfer.done()`. A device synchronize (the pool's
+    release for sleep does one) waits for this object's streams too."""
 
     def __init__(self, kv: KVCache, host_slots: torch.Tensor) -> None:
         layer = kv.layers[0]
@@ -106,9 +107,10 @@ class KVTransfer:
                 self._free[half] = self._record(self._copies)
         return Transfer(self._record(self._copies))
 
-    def load(self, slots: list[int], blocks: list[int]) -> None:
+    def load(self, slots: list[int], blocks: list[int]) -> Transfer:
         """Pool block `blocks[i]` <- host slot `slots[i]`, every layer; work queued afterwards on the
-        current stream (the next step) sees the loaded blocks."""
+        current stream (the next step) sees the loaded blocks. The Transfer is done once the slots
+        are read (another process may write them then)."""
         self._check(blocks, slots)
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
         # waits for it; the copies from the host need not.
@@ -126,6 +128,7 @@ class KVTransfer:
                 self._kv.rows.index_copy_(0, rows[start * layers : stop * layers], self._as_rows(staging))
                 self._free[half] = self._record(self._kernels)
         self._wait(self._current(), self._record(self._kernels))
+        return Transfer(self._record(self._copies))  # after the last copy out of the slots
 
     def close(self) -> None:
         """Waits for the copies under way and unpins what this object pinned; the pool and the host

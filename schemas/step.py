@@ -61,7 +61,9 @@ class SaveBlocks(msgspec.Struct, frozen=True, tag="save"):
 
 class LoadBlocks(msgspec.Struct, frozen=True, tag="load"):
     """Copy host slots back into KV blocks before the next step: slot `slots[i]` to block `blocks[i]`
-    (confirmed-saved slots only); the sequences started after it read them as a cached prefix."""
+    (confirmed-saved slots only); the sequences started after it read them as a cached prefix. The
+    scheduler refills none of the slots (no save, no fetch from disk) until a later
+    `StepOutput.loaded_slots` names them: the copy has read them."""
 
     slots: list[int]
     blocks: list[int]
@@ -134,6 +136,10 @@ class StepOutput(msgspec.Struct, frozen=True):
     out_of_memory: OutOfMemory | None = None  # the next step failed so; set on an output's last part
     saved_slots: list[int] = []  # host slots whose SaveBlocks copy is done since the last output (last part)
     unsaved_slots: list[int] = []  # host slots whose save was abandoned (the pool was released first)
+    # Host slots whose LoadBlocks copy has read them since the last output (last part), once per load.
+    loaded_slots: list[int] = []
+    # The scheduler whose commands the executor runs ("": none yet): the slots above are its moves.
+    scheduler_id: str = ""
 
 
 class DescribeExecutor(msgspec.Struct, frozen=True, tag="describe"):

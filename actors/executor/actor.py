@@ -17,7 +17,7 @@ import uuid
 import torch
 
 from actors.executor.grammars import Grammars, StepMasks
-from actors.executor.kv_moves import KVMoves
+from actors.executor.kv_moves import KVMoves, MovesDone
 from actors.executor.running_batch import KVMove, PlannedInput, RunningBatch
 from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
@@ -214,10 +214,10 @@ class ExecutorActor(Actor):
                 self.batch.forget_all()  # after booking the step before: its tokens are whole
             updates += self.batch.take_ended()
             dropped = self.batch.take_dropped()
-            saved = self.moves.take_saved()
-            if updates or dropped or out_of_memory or any(saved):
+            moved = self.moves.take_done()
+            if updates or dropped or out_of_memory or any(moved):
                 self.step_count += 1
-                await self._publish_step(executor_id, updates, dropped, out_of_memory, saved)
+                await self._publish_step(executor_id, updates, dropped, out_of_memory, moved)
                 # nats-py's flusher task writes it: let it run now, before the next launch keeps the
                 # host busy (this loop on a GPU, the GIL on the CPU), or the tokens wait until it ends.
                 await asyncio.sleep(0)
@@ -228,13 +228,14 @@ class ExecutorActor(Actor):
         updates: list[SequenceUpdate],
         dropped: list[str],
         out_of_memory: OutOfMemory | None,
-        saved: tuple[list[int], list[int]] = ([], []),
+        moved: MovesDone,
     ) -> None:
         """Publishes the step's output in as many messages as the bus needs, in order: the updates
         halved until each part fits in half a bus message (a tokenizer adds the text of the tokens
         the logprobs name), one update's prompt logprobs halved too; the drops and a failed step's
         report go with the last part (every token they drew is in it or before it), as do the host
-        slots saved or abandoned since the last output. The weights
+        slots saved, abandoned or loaded since the last output, with the scheduler whose commands
+        moved them (all moves of another were forgotten when its successor's came). The weights
         change only with no step in flight, so those that launched the booked step serve now."""
         version = self.weights.version
         await self.bus.publish_in_parts(
@@ -247,8 +248,10 @@ class ExecutorActor(Actor):
                 dropped if last else [],
                 version,
                 out_of_memory=out_of_memory if last else None,
-                saved_slots=saved[0] if last else [],
-                unsaved_slots=saved[1] if last else [],
+                saved_slots=moved.saved if last else [],
+                unsaved_slots=moved.abandoned if last else [],
+                loaded_slots=moved.loaded if last else [],
+                scheduler_id=self.scheduler_id or "",
             ),
             limit_bytes=self.bus.max_payload_bytes // 2,
             halves=halves_of,

@@ -3,14 +3,16 @@ pool (a forked choice's block), saves of blocks to the host tier's slots and loa
 
 The host tier's memory is one shared-memory segment (actors/cache_tier/host_segment.py) named after
 the data dir and the KV geometry, so a restarted executor maps the same one (v1: the scheduler
-forgets what it holds all the same). A save runs on the transfer's own streams and is reported once
-done (`take_saved`), so the scheduler keeps the block from reuse until then; a load is ordered
-before the next step, which reads it.
+forgets what it holds all the same). Saves and loads run on the transfer's own streams and are
+reported once done with their slots (`take_done`): a save's block, and a load's slots, stay out of
+other use in the scheduler's books until then, since the cache_tier process writes slots it is
+given from outside this process's streams. A load is ordered before the next step, which reads it.
 """
 
 import asyncio
 import hashlib
 import os
+from typing import NamedTuple
 
 from actors.cache_tier.host_segment import HostSegment
 from actors.executor.running_batch import KVMove
@@ -19,8 +21,16 @@ from gpu.kv_transfer import KVTransfer, Transfer
 from gpu.runner import ModelRunner
 from schemas.step import CopyBlock, LoadBlocks, SaveBlocks
 
-# With saves under way and nothing to step, how often the executor's loop looks for their end.
+# With copies under way and nothing to step, how often the executor's loop looks for their end.
 SAVE_POLL_S = 0.002
+
+
+class MovesDone(NamedTuple):
+    """The host slots of the copies done since the last report, for the next StepOutput."""
+
+    saved: list[int]
+    abandoned: list[int]  # saves never made: the pool was released first
+    loaded: list[int]  # read by their loads; a slot loaded twice is named twice
 
 
 def segment_prefix(data_dir: str) -> str:
@@ -39,6 +49,7 @@ class KVMoves:
         self.segment: HostSegment | None = None
         self.transfer: KVTransfer | None = None
         self._saving: list[tuple[Transfer, list[int]]] = []  # in order of issue: (copy, its slots)
+        self._loading: list[tuple[Transfer, list[int]]] = []  # the same, of loads
         self._abandoned: list[int] = []  # slots whose save will never be made (the pool was released)
         if host_slots <= 0:
             return
@@ -61,7 +72,7 @@ class KVMoves:
                 case SaveBlocks(blocks, slots):
                     self._save(blocks, slots)
                 case LoadBlocks(slots, blocks):
-                    self._host_tier("LoadBlocks").load(slots, blocks)
+                    self._loading.append((self._host_tier("LoadBlocks").load(slots, blocks), slots))
         self.runner.copy_blocks(copies)
 
     def _save(self, blocks: list[int], slots: list[int]) -> None:
@@ -75,18 +86,22 @@ class KVMoves:
             raise ValueError(f"{command}: this executor has no host tier (--host-kv-blocks 0)")
         return self.transfer
 
-    def take_saved(self) -> tuple[list[int], list[int]]:
-        """(slots saved, slots abandoned) since the last call; saves finish in the order issued."""
-        saved: list[int] = []
-        while self._saving and self._saving[0][0].done():
-            saved += self._saving.pop(0)[1]
+    def take_done(self) -> MovesDone:
+        """The slots of the copies done since the last call; each kind finishes in the order issued."""
         abandoned, self._abandoned = self._abandoned, []
-        return saved, abandoned
+        return MovesDone(self._take_finished(self._saving), abandoned, self._take_finished(self._loading))
+
+    @staticmethod
+    def _take_finished(under_way: list[tuple[Transfer, list[int]]]) -> list[int]:
+        slots: list[int] = []
+        while under_way and under_way[0][0].done():
+            slots += under_way.pop(0)[1]
+        return slots
 
     async def idle(self, work: asyncio.Event) -> None:
-        """Waits for `work` (the next commands); with saves under way, no longer than SAVE_POLL_S,
+        """Waits for `work` (the next commands); with copies under way, no longer than SAVE_POLL_S,
         so that their end is reported though nothing steps."""
-        if not self._saving:
+        if not self._saving and not self._loading:
             await work.wait()
             return
         try:
@@ -95,12 +110,14 @@ class KVMoves:
             pass
 
     def wait(self) -> None:
-        """Blocks until every save under way is done (before the pool may be released)."""
-        for transfer, _ in self._saving:
+        """Blocks until every copy under way is done (before the pool may be released)."""
+        for transfer, _ in self._saving + self._loading:
             transfer.wait()
 
     def forget(self) -> None:
-        """A new scheduler, or a new epoch: the saves under way are nobody's to report."""
-        self.wait()  # their copies still read blocks a new owner may reuse
+        """A new scheduler, or a new epoch: the copies under way are nobody's to report (the new
+        owner's books start without them)."""
+        self.wait()  # saves still read blocks a new owner may reuse, and loads write them
         self._saving.clear()
+        self._loading.clear()
         self._abandoned.clear()

@@ -273,7 +273,9 @@ class SchedulerActor(Actor):
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None or output.executor_id != self.executor_id:
             return
-        for seq in self.batcher.on_step(output):
+        # The host slots an output reports moved are those of the scheduler whose commands the
+        # executor ran: before it has seen ours, another's, which must not settle our slots.
+        for seq in self.batcher.on_step(output, own_moves=output.scheduler_id == self.scheduler_id):
             self.sessions.turn_released(seq.request_id)
         if (failed := output.out_of_memory) is not None:
             self.log.warning(

@@ -134,9 +134,11 @@ class ContinuousBatcher:
         earlier commands."""
         self._commands.append(HoldStepping(hold))
 
-    def on_step(self, output: StepOutput) -> list[Sequence]:
+    def on_step(self, output: StepOutput, own_moves: bool = True) -> list[Sequence]:
         """Books one step's results; returns the sequences that finished in it. After a step the
-        executor had no memory for, the running sequences are retracted and fewer will run.
+        executor had no memory for, the running sequences are retracted and fewer will run. The
+        host slots it reports saved or loaded count only with `own_moves`: of this scheduler's
+        commands, not of one before (whose books are gone).
 
         An update may come from a run of the sequence that was dropped since (a preemption, or an
         abort and a resubmission under the same id). Its tokens still count when they continue
@@ -165,7 +167,9 @@ class ContinuousBatcher:
         else:  # the executor forgot every sequence it ran, after the tokens above
             self.retract_running()
             self.running_limit.out_of_memory(output.out_of_memory.sequences)
-        self.kv.saved(output.saved_slots, output.unsaved_slots)
+        if own_moves:
+            self.kv.saved(output.saved_slots, output.unsaved_slots)
+            self.kv.loaded(output.loaded_slots)
         self._commands += self.kv.take_commands()
         return finished
 

@@ -7,17 +7,20 @@ the block size and the tenant, so a match never serves KV of other weights or of
 private prefix (v1: public prefixes are not shared across tenants here). A slot is free, saving (a
 SaveBlocks sent, not yet reported done), or indexed (saved: matchable), the indexed ones in
 least-recently-used order. Only indexed slots are matched, so a load never reads a slot whose copy
-is not whole.
+is not whole; and a slot that a sent LoadBlocks reads is pinned (`loading`) until the executor
+reports the load made (`loaded`), so no eviction, flush or fetch refills it under the load.
 
 With a disk tier (the cache_tier actor, schemas/cache.py) every indexed block is also written to
 disk, oldest first (`take_spill`), and a slot the disk tier reads ("spilling") is not reused until
-it is done; a block evicted before its turn is not written (the disk runs behind a busy host). A fetch from disk reserves free slots ("fetching") that become
-indexed when the disk tier has filled them. The books start empty with each executor and each
-scheduler process; what the disk holds outlives both.
+it is done; a block evicted before its turn is not written (the disk runs behind a busy host). A
+fetch from disk reserves free slots ("fetching") that become indexed when the disk tier has filled
+them. The books start empty with each executor and each scheduler process (a dead executor's loads
+stopped with it; those of a live one that a new scheduler or epoch took over only write blocks
+their new owner writes again before any step reads them); what the disk holds outlives both.
 """
 
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from typing import NamedTuple
 
 from actors.lib.block_hashes import extend_hashes, namespace_key, root_hash
@@ -42,10 +45,11 @@ class Spill(NamedTuple):
 
 
 class HostTier:
-    """Invariants: every slot is exactly one of free, saving, indexed or fetching; a hash is indexed
-    or saving in at most one slot. A saving slot names the pool block its copy reads, which the
-    caller keeps from reuse until `saved` or `unsaved` returns it. With a disk tier, an indexed slot
-    is not evicted while the disk tier reads it (`spilled`)."""
+    """Invariants: every slot is exactly one of free, saving, indexed, fetching or dropped; a hash
+    is indexed or saving in at most one slot. A saving slot names the pool block its copy reads,
+    which the caller keeps from reuse until `saved` or `unsaved` returns it. An indexed slot is not
+    evicted while a reader has it: the disk tier (spilling, until `spilled`) or the executor (a
+    sent load, until `loaded`). A slot a flush drops while read is "dropped": free once unread."""
 
     def __init__(self, num_slots: int, block_size: int, fingerprint: str, disk: bool = False) -> None:
         if num_slots <= 0:
@@ -64,6 +68,8 @@ class HostTier:
         self._unspilled: OrderedDict[int, None] = OrderedDict()  # indexed, for the disk tier, oldest first
         self._spilling: set[int] = set()  # the disk tier reads them now
         self._fetching: set[int] = set()  # the disk tier writes them now
+        self._loading: Counter[int] = Counter()  # slot -> loads sent that the executor has not reported made
+        self._dropped: set[int] = set()  # out of the index while read: free once no reader is left
         self.key = ""
         self.new_generation(0)
 
@@ -77,11 +83,13 @@ class HostTier:
 
     def flush(self) -> int:
         """Drops every block: none is matched again, the indexed slots are free (those the disk
-        tier reads once it is done), saves under way are freed when done, and the disk tier is not
-        given the blocks it has not had. Fetches under way land as usual (the disk's blocks, for
+        tier or a load reads once done), saves under way are freed when done, and the disk tier is
+        not given the blocks it has not had. Fetches under way land as usual (the disk's blocks, for
         the requests that wait for them). Returns the blocks dropped (indexed or saving)."""
         dropped = len(self._index) + len(self._saving_hashes)
-        self._free.extend(slot for slot in self._index.values() if slot not in self._spilling)
+        for slot in self._index.values():
+            self._dropped.add(slot)
+            self._settle(slot)
         self._index.clear()
         self._unspilled.clear()
         self._chains.clear()
@@ -116,6 +124,20 @@ class HostTier:
             self._index.move_to_end(h)
             slots.append(slot)
         return slots
+
+    def loading(self, slots: list[int]) -> None:
+        """A LoadBlocks of these matched slots is sent: none is refilled until `loaded` names it."""
+        self._loading.update(slots)
+
+    def loaded(self, slots: list[int]) -> None:
+        """The executor made loads of these slots (a slot loaded twice is named twice): read, they
+        may be evicted again, and a dropped one is free. Slots with no load sent (of an executor
+        or a scheduler before) are ignored."""
+        for slot in slots:
+            if self._loading[slot] > 1:
+                self._loading[slot] -= 1
+            elif self._loading.pop(slot, None) is not None:
+                self._settle(slot)
 
     def to_save(
         self, hashes: list[bytes], blocks: list[int], tokens: list[int], root: bytes
@@ -191,10 +213,8 @@ class HostTier:
         for slot in slots:
             if slot in self._spilling:
                 self._spilling.discard(slot)
-                # A spilling slot keeps its chain while it is indexed (it is never evicted); a new
-                # namespace clears both, and then the slot is free.
-                if self._chains.pop(slot, None) is None:
-                    self._free.append(slot)
+                self._chains.pop(slot, None)
+                self._settle(slot)
 
     def reserve(self, count: int) -> list[int]:
         """Up to `count` slots for the disk tier to fill: fetching now."""
@@ -225,35 +245,42 @@ class HostTier:
         self._free = deque(slot for slot in self._free if slot not in moving)
         self._fetching |= old._fetching & moving
         self._spilling |= old._spilling & moving
+        self._dropped |= old._spilling & moving  # indexed by no books here: free once spilled
 
     def disk_tier_restarted(self) -> None:
         """The disk tier that was reading or writing slots is gone: fetches are void, spills are
         sent again."""
         self._free.extend(self._fetching)
         self._fetching.clear()
-        for slot in self._spilling:
+        spilling, self._spilling = self._spilling, set()
+        for slot in spilling:
             if slot in self._chains:  # still indexed: written again by the new one
                 self._unspilled[slot] = None
             else:
-                self._free.append(slot)
-        self._spilling.clear()
+                self._settle(slot)
 
     def stats(self) -> HostStats:
         return HostStats(self.num_slots, len(self._index), len(self._saving_hashes) + len(self._fetching))
 
     def _take_slot(self) -> int | None:
-        """A free slot, else the least recently used indexed one the disk tier is not reading,
-        evicted now (if the disk tier has not had it yet, it never will: the disk takes what it
-        can, and the host keeps the newest blocks)."""
+        """A free slot, else the least recently used indexed one that neither the disk tier nor a
+        load reads, evicted now (if the disk tier has not had it yet, it never will: the disk takes
+        what it can, and the host keeps the newest blocks)."""
         if self._free:
             return self._free.popleft()
         for h, slot in self._index.items():
-            if slot not in self._spilling:
+            if slot not in self._spilling and slot not in self._loading:
                 del self._index[h]
                 self._unspilled.pop(slot, None)
                 self._chains.pop(slot, None)
                 return slot
         return None
+
+    def _settle(self, slot: int) -> None:
+        """A dropped slot that no one reads any more is free."""
+        if slot in self._dropped and slot not in self._spilling and slot not in self._loading:
+            self._dropped.discard(slot)
+            self._free.append(slot)
 
     @property
     def unspilled(self) -> int:

@@ -33,7 +33,8 @@ class KVManager:
     or nothing, and evicts only cached prefixes that no sequence locks. A sequence's KV goes into
     the cache only under the generation it was computed in (`seq.kv_generation`): KV of older
     weights, even continued under new ones, is never cached again. A block being saved to the
-    host holds one more pool reference, until the executor reports the save done.
+    host holds one more pool reference, until the executor reports the save done; a host slot a
+    sent load reads stays pinned in the host tier until the executor reports the load made.
     """
 
     def __init__(
@@ -233,6 +234,11 @@ class KVManager:
         if self.host is not None:
             self.pool.release(self.host.saved(slots) + self.host.unsaved(abandoned))
 
+    def loaded(self, slots: list[int]) -> None:
+        """The executor reports loads of these host slots made: no longer pinned for them."""
+        if self.host is not None:
+            self.host.loaded(slots)
+
     def _write_through(self, seq: Sequence, tokens: list[int], blocks: list[int]) -> None:
         """Asks the executor to copy to host slots the blocks just cached (`blocks`, the KV of
         `tokens`) that the host lacks; each keeps a pool reference until its copy is done."""
@@ -258,6 +264,7 @@ class KVManager:
         if blocks is None:
             return cached
         self._commands.append(LoadBlocks(slots, blocks))
+        self.host.loading(slots)
         covered = (have + len(slots)) * self.block_size
         self.cache.insert(lookup[:covered], cached.blocks + blocks, tenant=seq.tenant)
         self.pool.release(blocks)  # the tree holds its own reference on those it stored

@@ -126,6 +126,37 @@ def test_host_slots_of_another_size_are_refused():
         KVTransfer(kv, torch.zeros(4, block_bytes(kv) // 4, dtype=torch.float32))
 
 
+def refill_after_the_load(kv: KVCache, host: torch.Tensor, step=lambda: None) -> None:
+    """Loads slots saved from some blocks into others, after `step` (work queued before the load);
+    once the load says it is done with the slots, another process may write them (the cache_tier's
+    fetches): the loaded blocks keep what the slots held before."""
+    transfer = KVTransfer(kv, host)
+    sources, slots, targets = list(range(0, 16)), list(range(16)), list(range(20, 36))
+    transfer.save(sources, slots).wait()
+    step()
+    loaded = transfer.load(slots, targets)
+    loaded.wait()
+    assert loaded.done()
+    host[:16].fill_(0)  # no wait for the step: the load's reads are over
+    for layer, (before, after) in enumerate(zip(blocks_of(kv, sources), blocks_of(kv, targets))):
+        assert torch.equal(before, after), f"layer {layer}"
+    transfer.close()
+
+
+def test_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled():
+    kv = filled_pool("cpu")
+    refill_after_the_load(kv, torch.zeros(16, block_bytes(kv), dtype=torch.uint8))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled(segment, monkeypatch):
+    kv = filled_pool("cuda", torch.bfloat16)
+    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # 4 blocks a half: chunks in turn
+    # The step before the load: its writes wait for it, its reads from the slots need not.
+    refill_after_the_load(kv, segment(16, block_bytes(kv)).slots(), step=lambda: torch.cuda._sleep(50_000_000))
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_on_cuda_scattered_blocks_come_back_the_same_through_a_segment(segment, monkeypatch):

@@ -5,6 +5,8 @@ imports this file in every process the supervisor starts; where `gpu.model` is i
 executor), each decoder layer's first half is wrapped to read the folder on every step:
 - a file `hang`: the step hangs for good in its first layer, and the file is removed, so the
   executor that the supervisor starts in its place runs;
+- a file `pause`: a step waits in its first layer while the file exists, and says so by a file
+  `paused` for that time, so a test can act while the executor is inside a step;
 - a file `oom_above_tokens` holding a number: a step of more tokens raises torch.OutOfMemoryError
   in its second layer, after the first wrote its KV, as a forward pass that allocates its
   activations as it goes runs out of device memory.
@@ -15,6 +17,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 FAULTS_DIR = os.environ.get("STEP_FAULTS_DIR")
@@ -23,10 +26,16 @@ FAULTS_DIR = os.environ.get("STEP_FAULTS_DIR")
 def _with_faults(query, faults: Path):
     def query_with_faults(self, x, residual, rope, kv):
         layer = self.self_attn.layer_index
-        hang, oom_above = faults / "hang", faults / "oom_above_tokens"
+        hang, pause, oom_above = faults / "hang", faults / "pause", faults / "oom_above_tokens"
         if layer == 0 and hang.exists():
             hang.unlink()
             threading.Event().wait()  # a device call that never returns
+        if layer == 0 and pause.exists():
+            paused = faults / "paused"
+            paused.touch()
+            while pause.exists():
+                time.sleep(0.01)
+            paused.unlink()
         if layer == 1 and oom_above.exists() and x.shape[0] > int(oom_above.read_text()):
             import torch
 
