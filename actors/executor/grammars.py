@@ -108,7 +108,8 @@ class SequenceGrammar:
 class Grammars:
     """The compiled grammars of one served model, from the tokenizer in `tokenizer_dir` (loaded in the
     worker thread on the first constraint). `on_compiled` is called from that thread after each
-    compile: a loop that waits for work must plan the sequences that waited for it."""
+    compile: a loop that waits for work must plan the sequences that waited for it. `fill_threads`:
+    how many threads fill a step's masks (default: half the cores, at most 8)."""
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class Grammars:
         vocab_size: int,
         eos_token_ids: list[int],
         on_compiled: Callable[[], None] = lambda: None,
+        fill_threads: int | None = None,
     ) -> None:
         self.tokenizer_dir = Path(tokenizer_dir)
         self.vocab_size = vocab_size
@@ -124,8 +126,8 @@ class Grammars:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
         self._compiler: xgrammar.GrammarCompiler | None = None  # made and used in the worker thread
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        threads = max(1, min(8, (os.cpu_count() or 2) // 2))
-        self.batch = xgrammar.BatchGrammarMatcher(threads)  # fills many rows' masks on several threads
+        self.fill_threads = fill_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        self.batch = xgrammar.BatchGrammarMatcher(self.fill_threads)  # fills many rows' masks on several threads
 
     def start(self, constraint: Constraint, replay: list[int]) -> SequenceGrammar:
         """The grammar state of a sequence starting under `constraint`, whose earlier runs drew `replay`."""
