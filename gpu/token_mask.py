@@ -33,7 +33,7 @@ class TokenMasks:
         """`logits` [R, V] float32, masked in place as `fill` says: it gets the host bitmask [R, words]
         int32 with every bit set and clears those of the tokens each row may not draw."""
         rows = logits.shape[0]
-        host = self._rows(rows)
+        host = self.host_rows(rows)
         fill(host)
         if self.device.type == "cuda":
             mask = self._device[:rows]
@@ -44,7 +44,7 @@ class TokenMasks:
             mask = host
         xgrammar.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size)
 
-    def _rows(self, rows: int) -> torch.Tensor:
+    def host_rows(self, rows: int) -> torch.Tensor:
         """The host bitmask's first `rows` rows, every bit set; grown (twice as large) when too small."""
         if self._uploaded is not None:
             self._uploaded.synchronize()
@@ -54,7 +54,9 @@ class TokenMasks:
             self._host = torch.empty(size, self.words, dtype=torch.int32, pin_memory=cuda)
             self._device = torch.empty(size, self.words, dtype=torch.int32, device=self.device) if cuda else self._host
         host = self._host[:rows]
-        host.fill_(ALL_ALLOWED)
+        # numpy's fill, on this thread alone: torch's would run on its intra-op threads, one region
+        # ending in a barrier across every core, so as slow as the busiest core, on the step's path.
+        host.numpy().fill(ALL_ALLOWED)
         return host
 
     def _warm_up(self) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 import torch
 import xgrammar
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from actors.executor.running_batch import PlannedInput
 
 COMPILED_GRAMMARS = 256  # kept, the least recently used dropped first
+# Nearly every mask allows a token among a vocabulary's first ids (bytes, punctuation, digits: what
+# a BPE learns first), so a mask is read whole only when none of these is allowed.
+LEADING_WORDS = 64  # 2,048 ids
 
 
 class SequenceGrammar:
@@ -221,16 +225,24 @@ class StepMasks:
         if self.previous is not None:
             pending, plan = self.previous
             accept_drawn(plan, pending.tokens())  # waits for the step before (its forward ran first)
-        rows = [(row, grammar) for row, grammar in self.rows if grammar.masks]
+        masking = {row: grammar for row, grammar in self.rows if grammar.masks}
+        rows = list(masking)
         if len(rows) == 1:
-            rows[0][1].matcher.fill_next_token_bitmask(bitmask, rows[0][0])
+            masking[rows[0]].matcher.fill_next_token_bitmask(bitmask, rows[0])
         elif rows:
-            self.batch.batch_fill_next_token_bitmask([g.matcher for _, g in rows], bitmask, [row for row, _ in rows])
-        if rows:
-            filled = bitmask[[row for row, _ in rows]]  # [C, words]
-            for (_, grammar), allowed in zip(rows, (filled != 0).any(dim=1).tolist()):
-                if not allowed:
-                    grammar.allows_nothing()  # its draw is then refused, and it fails
+            self.batch.batch_fill_next_token_bitmask([g.matcher for g in masking.values()], bitmask, rows)
+        for row in rows_allowing_nothing(bitmask, rows):
+            masking[row].allows_nothing()  # its draw is then refused, and it fails
+
+
+def rows_allowing_nothing(bitmask: torch.Tensor, rows: list[int]) -> list[int]:
+    """The rows among `rows` of the host bitmask [R, words] int32 with no bit set. Read with numpy,
+    on this thread and mostly a few words a row: torch's ops over the whole bitmask (a copy of the
+    rows, a comparison, a reduction) each ran on its intra-op threads, a region that ends in a
+    barrier across every core and so waits for the busiest, on the step's path."""
+    words = bitmask.numpy()
+    suspects = np.flatnonzero(~words[rows, :LEADING_WORDS].any(axis=1))
+    return [rows[i] for i in suspects if not words[rows[i]].any()]
 
 
 def accept_drawn(plan: "list[PlannedInput]", tokens: list[int | None]) -> None:

@@ -14,6 +14,7 @@ against a ceiling measured in the same run. Runnable modules:
     python -m ops.bench.sleep_wake  memory freed by sleep, wake to the next token, 20 cycles
     python -m ops.bench.kv_tier_copy  KV blocks GPU to host and back, against a pinned copy
     python -m ops.bench.stream_parsers  reading thinking and tool calls, per streamed delta (CPU)
+    python -m ops.bench.grammar_host  json_schema's token masks of workload d, host side (CPU)
 
 The rest serve them: `testbed` (the model on the device, and the ceilings), `inprocess` (the
 workloads in this process), `system` (the same requests served by a real deployment over HTTP,
