@@ -1,9 +1,9 @@
 """The OpenAPI document of the HTTP API, served at `/openapi.json`: every route http_app.py serves
-(openapi_routes.py lists them), each body described from the very Struct that parses it, so the
-document refuses what the decoder refuses (`additionalProperties: false`, ranges, lengths, and the
-rules a Struct cannot carry, given beside it: `exactly_one`). A rule JSON Schema cannot state (it
-needs the model, a compiler, or another field) is said in words on its field, as
-`x-beyond-schema`.
+(openapi_inference_routes.py and openapi_control_routes.py list them), each body described from
+the very Struct that parses it, so the document refuses what the decoder refuses
+(`additionalProperties: false`, ranges, lengths, and the rules a Struct cannot carry, given beside
+it: `exactly_one`). A rule JSON Schema cannot state (it needs the model, a compiler, or another
+field) is said in words on its field, as `x-beyond-schema`.
 
 The served model's facts, which the executor reports, bound what depends on them: token ids by the
 vocabulary. With API keys configured, the routes that need one say so, and their 401.
@@ -15,9 +15,14 @@ from typing import Any
 
 import msgspec
 
-from actors.frontdoor.openapi_routes import JSON, ROUTES, Route
+from actors.frontdoor.openapi_control_routes import CONTROL_ROUTES
+from actors.frontdoor.openapi_inference_routes import INFERENCE_ROUTES
+from actors.frontdoor.openapi_route import JSON, Route
 from actors.frontdoor.request_fields import COMPONENT_REF
 from actors.frontdoor.responses_api import ITEMS
+
+# In the document's order: its paths are listed as they come here.
+ROUTES = [*INFERENCE_ROUTES, *CONTROL_ROUTES]
 
 ERROR_BODY = {
     "type": "object",

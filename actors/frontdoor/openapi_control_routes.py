@@ -1,60 +1,22 @@
-"""Every route the HTTP app serves, as /openapi.json describes it: its body (the Struct that parses
-it), its query parameters, and the answers it gives, with their statuses and media types. One
-entry per (method, path) that http_app.py adds; tests/frontdoor/test_openapi.py holds the two equal.
+"""/openapi.json's entries for the routes that inspect or steer the engine: SGLang's
+/health_generate, info and load, sessions, /admin/*, pause and resume, live weights, and device
+memory (sleep and wake). One entry per (method, path) that http_app.py adds;
+tests/frontdoor/test_openapi.py holds the two equal.
 """
 
-from dataclasses import dataclass
 from typing import Any
 
 from actors.frontdoor import weight_bodies as weights
-from actors.frontdoor.anthropic_messages import MessagesRequest
-from actors.frontdoor.embedding_protocol import ENCODE_BODY, SCORE_BODY, EmbeddingsBody, SimilarityBody
 from actors.frontdoor.memory_routes import SLEEP_LEVELS, TAGS
 from actors.frontdoor.native_protocol import PUBLISH_BODY, FlushBody, SessionBody
-from actors.frontdoor.openai_protocol import ChatCompletionRequest, CompletionRequest
+from actors.frontdoor.openapi_route import Parameter, Route
 from actors.frontdoor.pause_routes import VLLM_MODES, ContinueBody, PauseBody
-from actors.frontdoor.responses_api import ResponsesRequest
 from actors.frontdoor.sglang_info import LOAD_SECTIONS
-from actors.frontdoor.sglang_protocol import GENERATE_BODY, AbortBody
 from schemas.admin import CacheFlushed, CacheReport, SchedulerStats
 
-JSON = "application/json"
-SSE = "text/event-stream"
-# Statuses a request that runs on the engine may meet besides its own 400s: the model named is not
-# served (404), a body over --max-body-bytes (413), too many in flight (429), an actor down or a
-# request failing downstream (500, 503), no answer in time (504).
-GENERATION_ERRORS = (400, 404, 413, 429, 500, 503, 504)
 ADMIN_ERRORS = (503, 504)  # the actor that answers is down or slow
 WEIGHT_NAMED = "the name is a weight of the served checkpoint"
 BOOLEAN = {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"}  # as .lower() reads it
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """A query parameter, or a path one (`where`)."""
-
-    name: str
-    schema: dict
-    description: str
-    required: bool = False
-    where: str = "query"  # or "path"
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    summary: str
-    ok: str  # what a 200 answers
-    media: tuple[str, ...] = (JSON,)  # of the 200; () for an empty body
-    body: Any = None  # the type that parses the body (a Struct, or Annotated with the rules it cannot see)
-    body_required: bool = True
-    errors: tuple[int, ...] = ()
-    parameters: tuple[Parameter, ...] = ()
-    ok_schema: Any = None  # the 200's body as a type, where one Struct gives it
-    anthropic_errors: bool = False  # errors in Anthropic's shape, not OpenAI's
-    # A rule of the server's state, not of the body (its 400 names no field): `x-beyond-schema`.
-    rule: str | None = None
 
 
 def _admin_get(path: str, summary: str, ok_schema: Any = None) -> Route:
@@ -83,106 +45,7 @@ def _memory(path: str, summary: str, body: Any) -> list[Route]:
     ]
 
 
-ROUTES: list[Route] = [
-    Route("get", "/health", "The process answers", '`{"status": "ok"}`'),
-    Route("get", "/health/ready", "Every actor a request passes through can serve", "ready", errors=(503,)),
-    Route(
-        "get",
-        "/metrics",
-        "Prometheus metrics, vLLM's names where the meaning matches",
-        "the metrics, in the text format or OpenMetrics as `Accept` asks",
-        media=("text/plain", "application/openmetrics-text"),
-    ),
-    Route("get", "/openapi.json", "This document", "this document"),
-    Route("get", "/v1/models", "The served model", "the model list"),
-    Route(
-        "post",
-        "/v1/chat/completions",
-        "OpenAI's chat completions, with vLLM's and SGLang's extras",
-        "a chat completion, or with `stream` an SSE stream of chunks",
-        media=(JSON, SSE),
-        body=ChatCompletionRequest,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/v1/completions",
-        "OpenAI's completions, with vLLM's extras",
-        "a completion, or with `stream` an SSE stream of chunks",
-        media=(JSON, SSE),
-        body=CompletionRequest,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/v1/responses",
-        "OpenAI's Responses API, stateless",
-        "a response object, or with `stream` its typed events",
-        media=(JSON, SSE),
-        body=ResponsesRequest,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/v1/messages",
-        "Anthropic's Messages API",
-        "a message, or with `stream` Anthropic's events",
-        media=(JSON, SSE),
-        body=MessagesRequest,
-        errors=GENERATION_ERRORS,
-        anthropic_errors=True,
-    ),
-    Route(
-        "post",
-        "/v1/embeddings",
-        "OpenAI's embeddings",
-        "unit-norm embeddings, as floats or base64",
-        body=EmbeddingsBody,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/encode",
-        "SGLang's embeddings",
-        "`{embedding, meta_info}` (a list for a batch)",
-        body=ENCODE_BODY,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/v1/score",
-        "Log-likelihoods of outputs given an input",
-        "each output's score",
-        body=SCORE_BODY,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/v1/similarity",
-        "Cosine similarities of embeddings, as vLLM's /score for embedding models",
-        "the similarity of each pair",
-        body=SimilarityBody,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/generate",
-        "SGLang's native generate",
-        "`{text, output_ids, meta_info}` (a list for a batch), or with `stream` an SSE stream",
-        media=(JSON, SSE),
-        body=GENERATE_BODY,
-        errors=GENERATION_ERRORS,
-    ),
-    Route(
-        "post",
-        "/abort_request",
-        "SGLang's abort: by rid prefix, or all",
-        "the requests end with finish_reason abort and their output (an empty body)",
-        media=(),
-        body=AbortBody,
-        body_required=False,
-        errors=(400, 503),
-    ),
+CONTROL_ROUTES: list[Route] = [
     Route("get", "/health_generate", "One token through every actor", "an empty body", media=(), errors=(503,)),
     *(
         Route("get", path, says, says, errors=ADMIN_ERRORS)
