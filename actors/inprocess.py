@@ -20,7 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from actors.executor.grammars import Grammars, StepMasks
-from actors.executor.running_batch import PlannedInput, RunningBatch
+from actors.executor.running_batch import RunningBatch
+from actors.executor.running_sequence import PlannedInput
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner

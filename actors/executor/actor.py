@@ -18,7 +18,8 @@ import torch
 
 from actors.executor.grammars import Grammars, StepMasks
 from actors.executor.kv_moves import KVMoves, MovesDone
-from actors.executor.running_batch import KVMove, PlannedInput, RunningBatch
+from actors.executor.running_batch import KVMove, RunningBatch
+from actors.executor.running_sequence import PlannedInput
 from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog

@@ -34,7 +34,7 @@ from schemas.errors import Error
 from schemas.generate import Constraint
 
 if TYPE_CHECKING:
-    from actors.executor.running_batch import PlannedInput
+    from actors.executor.running_sequence import PlannedInput
 
 COMPILED_GRAMMARS = 256  # kept, the least recently used dropped first
 # Nearly every mask allows a token among a vocabulary's first ids (bytes, punctuation, digits: what

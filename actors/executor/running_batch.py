@@ -24,19 +24,16 @@ end ends it ("stop"), and a failure of the grammar (no compile, a token it rejec
 with finish_reason "error".
 """
 
-from collections import deque
-from dataclasses import dataclass, field, replace
-
 import numpy as np
 
-from actors.executor.grammars import Grammars, SequenceGrammar, start_grammar
+from actors.executor.grammars import Grammars, start_grammar
 from actors.executor.prompt_pool import PromptPool
-from actors.executor.sequence_rules import FreeSlots, temperature_at, token_rules
-from actors.executor.step_logprobs import scored_targets, wire_logprobs
+from actors.executor.running_sequence import PlannedInput, RunningSequence
+from actors.executor.sequence_rules import FreeSlots, token_rules
+from actors.executor.step_inputs import advance, capacity, plan_chunk, sequence_input
+from actors.executor.step_logprobs import wire_logprobs
 from gpu.batch import FROM_PREVIOUS_STEP
-from gpu.logit_rules import TokenRules
 from gpu.step_io import SequenceInput, StepLogprobs
-from schemas.generate import SamplingParams
 from schemas.step import (
     Command,
     CopyBlock,
@@ -51,42 +48,6 @@ from schemas.step import (
 )
 
 KVMove = CopyBlock | SaveBlocks | LoadBlocks  # between KV blocks and host slots, before the next step
-
-
-@dataclass
-class RunningSequence:
-    request_id: str
-    params: SamplingParams
-    block_table: list[int]
-    num_outputs: int  # output tokens drawn by the steps launched so far, before a preemption included
-    position: int = 0  # tokens whose KV the steps launched so far write
-    chunks: deque[PrefillChunk] = field(default_factory=deque)
-    last_token: int | None = None  # drawn and booked, not yet fed back
-    pending: "PlannedInput | None" = None  # the launched input whose drawn token is fed next, not yet booked
-    exhausted: bool = False  # the last token planned reaches max_tokens or the context: nothing more to plan
-    stop_ids: frozenset[int] = frozenset()
-    cached_tokens: int | None = None  # reported in the first update, then None
-    booked_outputs: int = 0  # output tokens in the step outputs so far (before a preemption included)
-    # The prompt position from which its prompt tokens are scored; None: not scored. Only a run with
-    # no outputs yet scores: a later one's prefill holds outputs, and its client has the prompt's.
-    scores_from: int | None = None
-    rules: TokenRules | None = None  # penalties, bias, masks, min_tokens: built at its start
-    pool: PromptPool | None = None  # an embedding's pooling of its prompt (prompt_pool.py)
-    grammar: SequenceGrammar | None = None  # its constraint's state (structured output)
-
-
-@dataclass(frozen=True)
-class PlannedInput:
-    """What one `SequenceInput` of a step stands for, to book its result afterwards."""
-
-    seq: RunningSequence
-    row: int  # its index among the step's inputs
-    prefill_tokens: int  # 0 for a decode
-    output_index: int  # of the token it draws (of the next one when it draws none)
-    last: bool  # the sequence ends with this input: its token reaches max_tokens or the context (or, with
-    # max_tokens 0, its prompt's last chunk draws none)
-    scored_start: int = -1  # the prompt position of its first scored target; -1: it scores none
-    pooled_tokens: int = 0  # its last tokens whose hidden states an embedding pools
 
 
 class RunningBatch:
@@ -228,104 +189,25 @@ class RunningBatch:
             live.remove(seq)
         for seq in live:
             has_input = seq.last_token is not None or seq.pending is not None
-            if not seq.chunks and has_input and seq.position < self._capacity(seq):
+            if not seq.chunks and has_input and seq.position < capacity(seq, self.block_size):
                 if seq.pending is not None:  # drawn by the step in flight: read on the device
-                    inputs.append(self._input(seq, [FROM_PREVIOUS_STEP], seq.position, True, seq.pending.row))
+                    inputs.append(sequence_input(seq, [FROM_PREVIOUS_STEP], seq.position, True, seq.pending.row))
                 else:
-                    inputs.append(self._input(seq, [seq.last_token], seq.position, True))
+                    inputs.append(sequence_input(seq, [seq.last_token], seq.position, True))
                 seq.last_token = None
                 seq.position += 1
-                plan.append(self._advance(seq, len(inputs) - 1, 0, True))
+                plan.append(advance(seq, len(inputs) - 1, 0, True, self.max_model_len))
         prefill_budget = max_prefill_tokens
         for seq in live:
-            if seq.chunks and prefill_budget > 0 and (planned := self._plan_chunk(seq, prefill_budget, len(inputs))):
+            if (
+                seq.chunks
+                and prefill_budget > 0
+                and (planned := plan_chunk(seq, prefill_budget, len(inputs), self.block_size, self.max_model_len))
+            ):
                 inputs.append(planned[0])
                 plan.append(planned[1])
                 prefill_budget -= planned[1].prefill_tokens
         return inputs, plan
-
-    def _plan_chunk(self, seq: RunningSequence, budget: int, row: int) -> tuple[SequenceInput, PlannedInput] | None:
-        """As much of `seq`'s next chunk as `budget` and its blocks take, as input `row`; the rest
-        waits, first in line, for the next step. None if its blocks take none."""
-        chunk = seq.chunks[0]
-        taken = min(len(chunk.token_ids), budget, self._capacity(seq) - chunk.start_position)
-        if chunk.last and seq.grammar is not None and not seq.grammar.ready():
-            taken = min(taken, len(chunk.token_ids) - 1)  # its draw waits for the grammar's compile
-        if taken <= 0:
-            return None
-        if taken == len(chunk.token_ids):
-            seq.chunks.popleft()
-            next_token = chunk.next_token
-        else:
-            rest = chunk.token_ids[taken:]
-            seq.chunks[0] = PrefillChunk(
-                seq.request_id, rest, chunk.start_position + taken, chunk.last, chunk.next_token
-            )
-            next_token = rest[0]
-        token_ids = list(chunk.token_ids[:taken])
-        final = chunk.last and taken == len(chunk.token_ids)
-        draws = final and seq.num_outputs < seq.params.max_tokens  # max_tokens 0: the prompt alone
-        scored_from, targets = scored_targets(seq.scores_from, token_ids, chunk.start_position, next_token, final)
-        pooled = seq.pool.tokens_of(taken, final) if seq.pool else 0
-        sequence_input = self._input(seq, token_ids, chunk.start_position, draws, -1, scored_from, targets, pooled)
-        seq.position += taken
-        planned = self._advance(seq, row, taken, draws)
-        if pooled:
-            planned = replace(planned, pooled_tokens=pooled)
-        if final and not draws:
-            planned = replace(planned, last=True)
-            seq.exhausted = True
-        if targets:
-            planned = replace(planned, scored_start=chunk.start_position + scored_from + 1)
-        return sequence_input, planned
-
-    def _capacity(self, seq: RunningSequence) -> int:
-        """Tokens its granted blocks hold."""
-        return len(seq.block_table) * self.block_size
-
-    def _input(
-        self,
-        seq: RunningSequence,
-        token_ids: list[int],
-        start: int,
-        sample: bool,
-        previous_row: int = -1,
-        scored_from: int = 0,
-        scored_targets: tuple[int, ...] = (),
-        pooled_tokens: int = 0,
-    ) -> SequenceInput:
-        p = seq.params
-        return SequenceInput(
-            token_ids=token_ids,
-            start_position=start,
-            block_table=seq.block_table,
-            sample=sample,
-            temperature=temperature_at(p, seq.num_outputs),
-            top_p=p.top_p,
-            top_k=p.top_k,
-            min_p=p.min_p,
-            seed=p.seed or 0,
-            output_index=seq.num_outputs,
-            previous_row=previous_row,
-            logprobs=p.logprobs,
-            top_logprobs=p.top_logprobs,
-            logprob_token_ids=tuple(p.logprob_token_ids),
-            processed_logprobs=p.processed_logprobs,
-            scored_from=scored_from,
-            scored_targets=scored_targets,
-            rules=seq.rules,
-            pooled_tokens=pooled_tokens,
-        )
-
-    def _advance(self, seq: RunningSequence, row: int, prefill_tokens: int, sample: bool) -> PlannedInput:
-        """Counts the token the input draws, if any, and makes it the sequence's next input."""
-        if not sample:
-            return PlannedInput(seq, row, prefill_tokens, seq.num_outputs, last=False)
-        seq.num_outputs += 1
-        last = seq.num_outputs >= seq.params.max_tokens or seq.position + 1 >= self.max_model_len
-        planned = PlannedInput(seq, row, prefill_tokens, seq.num_outputs - 1, last)
-        seq.pending, seq.exhausted = (None, True) if last else (planned, False)
-        return planned
 
     @staticmethod
     def asks_logprobs(plan: list[PlannedInput]) -> bool:

@@ -15,7 +15,7 @@ import asyncio
 
 import torch
 
-from actors.executor.running_batch import PlannedInput
+from actors.executor.running_sequence import PlannedInput
 from actors.lib.memory_backoff import MemoryBackoff
 from schemas.step import OutOfMemory
 

@@ -10,7 +10,8 @@ import asyncio
 import pytest
 import torch
 
-from actors.executor.running_batch import PlannedInput, RunningBatch, RunningSequence
+from actors.executor.running_batch import RunningBatch
+from actors.executor.running_sequence import PlannedInput, RunningSequence
 from actors.executor.step_memory import MIN_PREFILL_TOKENS, StepMemory
 from gpu.model import DecoderLayer
 from schemas.generate import SamplingParams
