@@ -2,13 +2,13 @@
 blocks' hashes (actors/lib/block_hashes.py). The cache_tier actor owns one DiskStore: it reads
 chains into host slots on a hit and writes here the chains that leave the host tier (and sessions'
 chains). A file that fails a check is removed and its read ends short: a shorter hit, never wrong
-KV. The file format is actors/cache_tier/chain_file.py's.
+KV. The file format is actors/cache_tier/chain_file.py's; which file holds which block, and which
+files the size cap deletes, actors/cache_tier/chain_index.py's.
 """
 
 import errno
 import os
 import re
-from collections import OrderedDict
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import NamedTuple
@@ -17,6 +17,7 @@ import structlog
 
 from actors.cache_tier import chain_file
 from actors.cache_tier.chain_file import ChainHeader, Malformed
+from actors.cache_tier.chain_index import Chain, ChainIndex
 from actors.lib.block_hashes import extend_hashes, root_hash
 
 log = structlog.get_logger()
@@ -49,12 +50,6 @@ class _Inline:
         return map(function, items)
 
 
-class _Chain(NamedTuple):
-    hashes: list[bytes]
-    parent: bytes | None  # the hash of the block before the file's first
-    size_bytes: int
-
-
 class DiskStore:
     """Chains of blocks of `block_bytes` each, at most `capacity_bytes` of files, least recently
     used files deleted first. A read refreshes the files it reads, a put those of its chain; the
@@ -79,12 +74,9 @@ class DiskStore:
         self.namespace = namespace
         self.block_bytes = block_bytes
         self.capacity_bytes = capacity_bytes
-        self._files: OrderedDict[str, _Chain] = OrderedDict()  # least recently used first
-        self._blocks: dict[bytes, tuple[str, int]] = {}  # hash -> (file name, index in the file)
-        self._used_bytes = 0
-        self._hits = self._misses = self._corrupt = 0
+        self._hits = self._misses = 0
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._index()
+        self._index = ChainIndex(self.directory, namespace, block_bytes, capacity_bytes)
 
     def put(
         self, hashes: list[bytes], token_ids: list[int], blocks: list[memoryview], parent: bytes | None = None
@@ -105,9 +97,9 @@ class DiskStore:
         before = parent if parent is not None else root_hash(self.namespace)
         if extend_hashes(before, token_ids, block_size) != list(hashes):
             raise ValueError("hashes do not follow from parent and token_ids")
-        self._refresh(hashes)
+        self._index.refresh(hashes)
         written = 0
-        for start, stop in self._missing_runs(hashes):
+        for start, stop in self._index.missing_runs(hashes):
             run_parent = parent if start == 0 else hashes[start - 1]
             run_tokens = list(token_ids[start * block_size : stop * block_size])
             try:
@@ -123,22 +115,22 @@ class DiskStore:
                 )
                 break
             written += stop - start
-        self._refresh(hashes)
+        self._index.refresh(hashes)
         return written
 
     def holds(self, block_hash: bytes) -> bool:
         """Whether the index has the block (no figure counts this look)."""
-        return block_hash in self._blocks
+        return block_hash in self._index.blocks
 
     def hashes(self) -> list[bytes]:
         """Every block the index has."""
-        return list(self._blocks)
+        return list(self._index.blocks)
 
     def longest_prefix(self, hashes: list[bytes]) -> int:
         """How many leading blocks of the chain are on disk, from the index alone."""
         found = 0
         for block_hash in hashes:
-            if block_hash not in self._blocks:
+            if block_hash not in self._index.blocks:
                 break
             found += 1
         self._hits += found
@@ -162,75 +154,33 @@ class DiskStore:
         done = 0
         for piece, (got, problem) in zip(pieces, (pool or _Inline()).map(read, pieces)):
             if problem is not None:
-                self._give_up(piece.name, problem, got)
+                self._index.give_up(piece.name, problem, got)
             if done == piece.start:
                 done += got
-        self._refresh(hashes[:done])
+        self._index.refresh(hashes[:done])
         return done
 
     def stats(self) -> DiskStats:
-        return DiskStats(len(self._files), len(self._blocks), self._used_bytes, self._hits, self._misses, self._corrupt)
+        index = self._index
+        return DiskStats(len(index.files), len(index.blocks), index.used_bytes, self._hits, self._misses, index.corrupt)
 
     def clear(self) -> int:
         """Deletes every chain of this namespace (other processes' too); returns the blocks freed."""
-        freed = len(self._blocks)
-        for name in list(self._files):
-            self._remove(name)
+        freed = len(self._index.blocks)
+        for name in list(self._index.files):
+            self._index.remove(name)
         for entry in os.scandir(self.directory):
             if not entry.is_dir(follow_symlinks=False):
                 Path(entry.path).unlink(missing_ok=True)
         log.info("disk_tier_cleared", directory=str(self.directory), blocks=freed)
         return freed
 
-    def _index(self) -> None:
-        """Rebuilds the index from the files' headers (no block is read); removes temp files and
-        every file that is not a whole chain of this namespace; least recently written first."""
-        found, removed = [], 0
-        for entry in os.scandir(self.directory):
-            if entry.is_dir(follow_symlinks=False):
-                continue
-            try:
-                mtime_ns, chain = self._check_file(entry)
-                found.append((mtime_ns, entry.name, chain))
-            except (Malformed, OSError) as error:
-                if not entry.name.endswith(chain_file.TEMP_SUFFIX):
-                    self._corrupt += 1
-                    log.warning("disk_tier_file_removed", file=entry.path, reason=str(error))
-                Path(entry.path).unlink(missing_ok=True)
-                removed += 1
-        for _, name, chain in sorted(found, key=lambda f: f[:2]):
-            self._add(name, chain)
-        self._evict(0)  # the capacity may be smaller than the last run's
-        log.info(
-            "disk_tier_indexed",
-            directory=str(self.directory),
-            files=len(self._files),
-            blocks=len(self._blocks),
-            bytes=self._used_bytes,
-            removed=removed,
-        )
-
-    def _check_file(self, entry: os.DirEntry) -> tuple[int, _Chain]:
-        if entry.name.startswith(".") or not entry.name.endswith(chain_file.SUFFIX):
-            raise Malformed("not a chain file's name")
-        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            header, data_offset = chain_file.read_header(fd, self.namespace, self.block_bytes)
-            status = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if entry.name != chain_file.file_name(header.hashes):
-            raise Malformed("named after another block")
-        if status.st_size != data_offset + len(header.hashes) * self.block_bytes:
-            raise Malformed(f"{status.st_size} bytes, not the header's")
-        return status.st_mtime_ns, _Chain(header.hashes, header.parent, status.st_size)
-
     def _pieces(self, hashes: list[bytes]) -> list["_Piece"]:
         """The leading hashes the index holds, cut where the file changes, where a file's blocks
         stop following one another, and every READ_PIECE_BLOCKS blocks."""
         pieces: list[_Piece] = []
         for i, block_hash in enumerate(hashes):
-            if (where := self._blocks.get(block_hash)) is None:
+            if (where := self._index.blocks.get(block_hash)) is None:
                 break
             name, index = where
             last = pieces[-1] if pieces else None
@@ -270,17 +220,6 @@ class DiskStore:
         finally:
             os.close(fd)
 
-    def _give_up(self, name: str, problem: str, served: int) -> None:
-        """A file a read found gone or replaced is forgotten; a malformed one is removed."""
-        if name not in self._files:
-            return  # another piece of the same file said so first
-        if problem in ("gone", "replaced"):
-            self._forget(name)
-            return
-        self._corrupt += 1
-        log.warning("disk_tier_file_removed", file=name, reason=problem, served_blocks=served)
-        self._remove(name)
-
     def _write(self, hashes: list[bytes], token_ids: list[int], blocks: list[memoryview], parent: bytes | None) -> bool:
         checksums = [chain_file.checksum(memoryview(block).cast("B")) for block in blocks]
         header = ChainHeader(self.namespace, self.block_bytes, parent, hashes, token_ids, checksums)
@@ -289,61 +228,11 @@ class DiskStore:
         if size > self.capacity_bytes:
             log.warning("disk_tier_chain_too_large", bytes=size, capacity_bytes=self.capacity_bytes)
             return False
-        self._evict(size)
+        self._index.evict(size)
         name = chain_file.write_chain(self.directory, header, encoded, blocks).name
-        self._forget(name)  # a file of that name another process wrote, now replaced
-        self._add(name, _Chain(hashes, parent, size))
+        self._index.forget(name)  # a file of that name another process wrote, now replaced
+        self._index.add(name, Chain(hashes, parent, size))
         return True
-
-    def _missing_runs(self, hashes: list[bytes]) -> list[tuple[int, int]]:
-        """[start, stop) of each run of consecutive blocks not on disk yet."""
-        runs = []
-        for i, block_hash in enumerate(hashes):
-            if block_hash in self._blocks:
-                continue
-            if runs and runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], i + 1)
-            else:
-                runs.append((i, i + 1))
-        return runs
-
-    def _refresh(self, hashes: list[bytes]) -> None:
-        """Marks the files holding the chain, and those holding the blocks before it, used now:
-        the one nearest the prompt's start last, so it is the last of them to be evicted."""
-        names = list(dict.fromkeys(where[0] for h in hashes if (where := self._blocks.get(h)) is not None))
-        while names and (parent := self._files[names[0]].parent) in self._blocks:
-            name = self._blocks[parent][0]
-            if name in names:
-                break
-            names.insert(0, name)
-        for name in reversed(names):
-            self._files.move_to_end(name)
-
-    def _evict(self, incoming_bytes: int) -> None:
-        while self._files and self._used_bytes + incoming_bytes > self.capacity_bytes:
-            self._remove(next(iter(self._files)))
-
-    def _add(self, name: str, chain: _Chain) -> None:
-        self._files[name] = chain
-        self._used_bytes += chain.size_bytes
-        for i, block_hash in enumerate(chain.hashes):
-            self._blocks[block_hash] = (name, i)
-
-    def _forget(self, name: str) -> None:
-        chain = self._files.pop(name, None)
-        if chain is None:
-            return
-        self._used_bytes -= chain.size_bytes
-        for i, block_hash in enumerate(chain.hashes):
-            if self._blocks.get(block_hash) == (name, i):
-                del self._blocks[block_hash]
-
-    def _remove(self, name: str) -> None:
-        self._forget(name)
-        try:
-            (self.directory / name).unlink(missing_ok=True)
-        except OSError as error:
-            log.warning("disk_tier_remove_failed", file=name, error=str(error))
 
 
 def remove_chains(root: Path) -> int:
