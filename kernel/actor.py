@@ -22,8 +22,7 @@ from typing import ClassVar
 import structlog
 import uvloop
 
-from kernel import bus_auth
-from kernel import config as config_module
+from kernel import bus_auth, config_flags
 from kernel.bus import Bus
 from kernel.busy_poll import window_s_for
 from kernel.config import KernelConfig
@@ -160,9 +159,9 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
         prog=f"python -m actors.{actor_class.name}",
         description=(actor_class.__doc__ or "").strip().splitlines()[0],
     )
-    config_module.add_arguments(parser)
+    config_flags.add_arguments(parser)
     actor_class.add_arguments(parser)
-    config, args = config_module.parse(parser, argv)
+    config, args = config_flags.parse(parser, argv)
     if not config.bus.nats_url:
         parser.error("--nats-url is required when an actor runs on its own")
     try:

@@ -15,8 +15,7 @@ import msgspec
 import structlog
 import uvloop
 
-from kernel import bus_auth, tenants
-from kernel import config as config_module
+from kernel import bus_auth, config_flags, tenants
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
 from kernel.config import KernelConfig
@@ -106,7 +105,7 @@ class Supervisor:
     def _child_argv(self, actor: str) -> list[str]:
         # The path of the credentials goes on the command line, never the password: argv shows in `ps`.
         own = msgspec.structs.replace(self.config.bus, nats_credentials=self._credentials_file(actor))
-        return config_module.to_argv(msgspec.structs.replace(self.config, bus=own))
+        return config_flags.to_argv(msgspec.structs.replace(self.config, bus=own))
 
     def _child_names(self) -> list[tuple[str, str]]:
         """(name, actor) in start order; tokenizer replicas are tokenizer, tokenizer-2, ..."""
@@ -228,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m kernel.supervisor",
         description="Serve a Hugging Face causal LM over HTTP (OpenAI-compatible) and NATS.",
     )
-    config_module.add_arguments(parser)
-    config, _ = config_module.parse(parser, argv)
+    config_flags.add_arguments(parser)
+    config, _ = config_flags.parse(parser, argv)
     if config.engine.deterministic and config.engine.attention_backend != "auto":
         parser.error("--deterministic attends with its own batch-invariant kernels: leave --attention-backend at auto")
     if config.bus.nats_url and config.bus.nats_credentials:

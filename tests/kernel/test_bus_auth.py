@@ -4,8 +4,7 @@ import stat
 
 import pytest
 
-from kernel import bus_auth
-from kernel import config as config_module
+from kernel import bus_auth, config_flags
 from kernel.actor import Actor, main
 
 ACTOR_USERS = {
@@ -154,12 +153,12 @@ def test_a_bad_credential_file_is_a_clear_error(tmp_path, content):
 
 def test_the_credentials_flag_round_trips_and_reads_the_environment(monkeypatch):
     parser = argparse.ArgumentParser()
-    config_module.add_arguments(parser)
-    cfg = config_module.from_args(parser.parse_args(["--nats-credentials", "/data/bus/tokenizer.json"]))
+    config_flags.add_arguments(parser)
+    cfg = config_flags.from_args(parser.parse_args(["--nats-credentials", "/data/bus/tokenizer.json"]))
     assert cfg.bus.nats_credentials == "/data/bus/tokenizer.json"
-    assert config_module.from_args(parser.parse_args(config_module.to_argv(cfg))) == cfg
+    assert config_flags.from_args(parser.parse_args(config_flags.to_argv(cfg))) == cfg
     monkeypatch.setenv("KERNEL_NATS_CREDENTIALS", "/etc/llm/bus.json")
-    assert config_module.from_args(parser.parse_args([])).bus.nats_credentials == "/etc/llm/bus.json"
+    assert config_flags.from_args(parser.parse_args([])).bus.nats_credentials == "/etc/llm/bus.json"
 
 
 class Idle(Actor):

@@ -9,15 +9,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kernel import config
+from kernel import config, config_flags
 
 REPO = Path(__file__).parents[2]
 
 
 def parse(argv, env=None, monkeypatch=None):
     parser = argparse.ArgumentParser()
-    config.add_arguments(parser)
-    return config.from_args(parser.parse_args(argv))
+    config_flags.add_arguments(parser)
+    return config_flags.from_args(parser.parse_args(argv))
 
 
 def test_flags_override_environment_which_overrides_toml(tmp_path, monkeypatch):
@@ -31,7 +31,7 @@ def test_flags_override_environment_which_overrides_toml(tmp_path, monkeypatch):
 
 def test_to_argv_round_trips():
     cfg = parse(["--port", "9001", "--model", "/m/qwen", "--restart-period-s", "2.5"])
-    assert parse(config.to_argv(cfg)) == cfg
+    assert parse(config_flags.to_argv(cfg)) == cfg
     assert cfg.engine.model_name == "qwen"
 
 
@@ -45,7 +45,7 @@ def test_a_switch_turns_off_by_flag_environment_or_toml(tmp_path, monkeypatch):
     assert parse([]).engine.prefix_caching is True
     assert parse(["--no-prefix-caching"]).engine.prefix_caching is False
     cfg = parse(["--no-prefix-caching"])
-    assert config.to_argv(cfg) == ["--no-prefix-caching"] and parse(config.to_argv(cfg)) == cfg
+    assert config_flags.to_argv(cfg) == ["--no-prefix-caching"] and parse(config_flags.to_argv(cfg)) == cfg
     monkeypatch.setenv("KERNEL_PREFIX_CACHING", "false")
     assert parse([]).engine.prefix_caching is False
     assert parse(["--prefix-caching"]).engine.prefix_caching is True
