@@ -69,42 +69,30 @@ def config_for(n_cols: int, k_cols: int, dtype: torch.dtype, rows: int) -> Matmu
     """The tile of a product of `rows` rows with an [n_cols, k_cols] weight of `dtype`; its K step
     is the weight's whatever `rows` is. Small decode batches take 64-row tiles in 4 warps, as wide
     as MIN_ONE_ROW_PROGRAMS programs allow, with 5 stages in flight. Larger calls take TMA tiles
-    where the GPU and the shapes allow them (`_tma_config`), else the pointer kernel's: 128 x 128
-    in 8 warps (128 x 256 where the K step is 64), 64 x 128 for large decode batches where it is 128."""
+    where the GPU and the shapes allow them (`_tma_fits`), else the pointer kernel's: 128 x 128 in
+    8 warps (128 x 256 where the K step is 64), 64 x 128 for large decode batches where it is 128."""
     regime = "decode" if rows <= DECODE_ROWS else "batch" if rows <= BATCH_ROWS else "prefill"
     return _config(n_cols, k_cols, dtype, regime)
 
 
 @cache
 def _config(n_cols: int, k_cols: int, dtype: torch.dtype, regime: str) -> MatmulConfig:
+    """Measured on an H200 (a sweep of tiles, stages and warp specialization). TMA's large decode
+    batches take 64 x 128 tiles in one warp group where the K step is long (o and down), with their
+    loads warp-specialized; the pointer kernel's take them in two."""
     block_k = block_k_for(n_cols, k_cols, dtype)
     long_steps = block_k * dtype.itemsize >= 256
+    tma = regime != "decode" and _tma_fits(n_cols, k_cols, dtype)
     if regime == "decode":
         block_m, block_n, warps, most_stages = 64, _decode_block_n(n_cols), 4, 5
-    elif _tma_fits(n_cols, k_cols, dtype):
-        return _tma_config(block_k, long_steps, dtype, regime)
     elif regime == "batch" and long_steps:
-        block_m, block_n, warps, most_stages = 64, 128, 8, 4
+        block_m, block_n, warps, most_stages = 64, 128, 4 if tma else 8, 4
     else:
         block_m, block_n, warps, most_stages = 128, 128 if long_steps else 256, 8, 3
     stage_bytes = (block_m + block_n) * block_k * dtype.itemsize
-    stages = max(2, min(most_stages, _shared_memory_bytes() // stage_bytes))
-    return MatmulConfig(block_m, block_n, block_k, group_m=8, num_warps=warps, num_stages=stages)
-
-
-def _tma_config(block_k: int, long_steps: bool, dtype: torch.dtype, regime: str) -> MatmulConfig:
-    """Measured on an H200 (a sweep of tiles, stages and warp specialization): 64 x 128 tiles in one
-    warp group for large decode batches where the K step is long (o and down), 128 x 256 in two
-    elsewhere where it is short, 128 x 128 in two for prefills with long steps; warp-specialized
-    loads for decode batches. The epilogue stages the output tile in shared memory too."""
-    if regime == "batch" and long_steps:
-        block_m, block_n, warps, most_stages = 64, 128, 4, 4
-    else:
-        block_m, block_n, warps, most_stages = 128, 128 if long_steps else 256, 8, 3
-    stage_bytes = (block_m + block_n) * block_k * dtype.itemsize
-    room = _shared_memory_bytes() - block_m * block_n * dtype.itemsize
-    stages = max(2, min(most_stages, room // stage_bytes))
-    return MatmulConfig(block_m, block_n, block_k, 8, warps, stages, tma=True, warp_specialize=regime == "batch")
+    epilogue_bytes = block_m * block_n * dtype.itemsize if tma else 0  # TMA stages the output tile there too
+    stages = max(2, min(most_stages, (_shared_memory_bytes() - epilogue_bytes) // stage_bytes))
+    return MatmulConfig(block_m, block_n, block_k, 8, warps, stages, tma, warp_specialize=tma and regime == "batch")
 
 
 def _tma_fits(n_cols: int, k_cols: int, dtype: torch.dtype) -> bool:
@@ -127,6 +115,17 @@ def _shared_memory_bytes() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
 
 
+@triton.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of the `tile`-th tile in program order. Tiles run down GROUP_M row
+    tiles before the next columns, so a weight tile read from memory serves those row tiles from
+    L2. Which program computes a tile changes no arithmetic."""
+    per_group = GROUP_M * tiles_n
+    first_m = tile // per_group * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_rows, (tile % per_group) // group_rows
+
+
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every row count
 def _matmul_kernel(
     x_ptr,
@@ -144,16 +143,7 @@ def _matmul_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     # x: [rows, K] and y: [rows, N] contiguous; w: [N, K] contiguous (nn.Linear's layout).
-    # Programs run down GROUP_M row tiles before the next columns, so a weight tile read from
-    # memory serves those row tiles from L2. Which program computes a tile changes no arithmetic.
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(rows, BLOCK_M)
-    tiles_n = tl.cdiv(n_cols, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = pid // per_group * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
+    tile_m, tile_n = _tile_of(tl.program_id(0), tl.cdiv(rows, BLOCK_M), tl.cdiv(n_cols, BLOCK_N), GROUP_M)
 
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -196,14 +186,10 @@ def _tma_matmul_kernel(
     # them. `flatten` lets the compiler start a tile's loads while the last one's products finish.
     tiles_m = tl.cdiv(rows, BLOCK_M)
     tiles_n = tl.cdiv(n_cols, BLOCK_N)
-    per_group = GROUP_M * tiles_n
     for tile in tl.range(
         tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True, warp_specialize=WARP_SPECIALIZE
     ):
-        first_m = tile // per_group * GROUP_M
-        group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-        tile_m = first_m + (tile % per_group) % group_rows
-        tile_n = (tile % per_group) // group_rows
+        tile_m, tile_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for start in range(0, k_cols, BLOCK_K):
             x = x_desc.load([tile_m * BLOCK_M, start])  # [BM, BK]
