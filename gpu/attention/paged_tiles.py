@@ -164,11 +164,12 @@ def _attend_keys(
         m_new = tl.maximum(m, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m - m_new)
+        p_low = p.to(v.dtype)  # the operand of P @ V (and of the row sums by dot)
         if ROW_SUMS_BY_DOT:
             ones = tl.full([BLOCK_N, 16], 1.0, v.dtype)
-            l = l * alpha + tl.max(tl.dot(p.to(v.dtype), ones, input_precision=DOT_PRECISION), 1)
+            l = l * alpha + tl.max(tl.dot(p_low, ones, input_precision=DOT_PRECISION), 1)
         else:
             l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p_low, v, input_precision=DOT_PRECISION)
         m = m_new
     return acc, m, l
