@@ -27,7 +27,7 @@ from gpu.host_weights import HostWeights
 from gpu.ipc_tensors import open_payload
 from gpu.live_weights import LiveWeights, TensorSpec, parse_dtype
 from gpu.safetensors_stream import StoredTensor, read_header, stream_tensors
-from gpu.weight_check import DeferredChecks, WeightError, adjacent_runs, checksum
+from gpu.weight_check import DeferredChecks, WeightError, adjacent_runs, checksum, finite_on_device
 from gpu.weight_group import GroupError, WeightGroup, dtype_runs
 from gpu.weights import checkpoint_files
 
@@ -57,6 +57,9 @@ class WeightReceiver:
         self.host = host
         self.device = torch.device(device)
         self._groups: dict[str, WeightGroup] = {}
+        # The finite check's kernels load at their first use (75 ms on an H200): now, not in the
+        # first update a trainer times.
+        finite_on_device(torch.zeros(1, dtype=torch.bfloat16, device=self.device)).item()
 
     def apply_disk(self, model_path: str | Path) -> UpdateReport:
         """A full update from a checkpoint directory of the served architecture, streamed at the

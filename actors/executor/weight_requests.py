@@ -3,9 +3,10 @@ trainer's group, reads of a weight, renames of the version, memory by tag.
 
 A request waits in a queue until the step loop runs it between two steps with no step in flight
 (`ExecutorActor._step_loop`), in a worker thread, so the bus and the heartbeats are served while a
-checkpoint loads. Nothing computes while the weights change, so every step's tokens come from one
-version's weights, the version its StepOutput names. A failed update left the old weights serving
-(gpu/weight_receiver.py: refused before a byte was written, or rolled back) under the old version.
+checkpoint loads (the few that take milliseconds run on the loop). Nothing computes while the
+weights change, so every step's tokens come from one version's weights, the version its StepOutput
+names. A failed update left the old weights serving (gpu/weight_receiver.py: refused before a byte
+was written, or rolled back) under the old version.
 """
 
 import asyncio
@@ -81,9 +82,21 @@ class WeightRequests:
         """Runs the queued requests, in order; call only with no step in flight."""
         while self._queue:
             message, future = self._queue.pop(0)
-            reply = await asyncio.to_thread(self._run, message)
+            if self._quick(message):
+                reply = self._run(message)
+            else:
+                reply = await asyncio.to_thread(self._run, message)
             if not future.cancelled():
                 future.set_result(reply)
+
+    def _quick(self, message: ExecutorWeightsRequest) -> bool:
+        """Whether `message` runs in a few milliseconds, so on the loop itself: a rename, or a CUDA
+        IPC bucket into resident weights (device copies). A trainer sends an IPC update per bucket
+        and waits for each answer; a worker thread's handoff and wait for the GIL cost as much."""
+        if isinstance(message, SetVersion):
+            return True
+        ipc = isinstance(message, ApplyWeights) and isinstance(message.source, IpcSource)
+        return ipc and "weights" not in self.memory.released
 
     def _run(self, message: ExecutorWeightsRequest) -> ExecutorWeightsReply | Error:
         try:

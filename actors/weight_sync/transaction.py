@@ -113,7 +113,7 @@ class WeightTransactions:
             if paused_here:
                 await self._resume()
             return applied
-        await asyncio.to_thread(self.versions.commit, version, model_path)
+        self.versions.commit(version, model_path)  # a file of a few bytes: a thread's handoff costs more
         if paused_here:
             await self._resume()
         pause_s = time.perf_counter() - paused_at if paused_here else 0.0
