@@ -157,13 +157,24 @@ def _prompts(req: GenerateBody) -> list[str] | list[list[int]] | Error:
     ids = req.input_ids
     batch = ids if isinstance(ids[0], list) else [ids]
     try:
-        prompts = msgspec.convert(integral(batch), list[list[TokenId]])
+        prompts = _token_lists(batch)
     except msgspec.ValidationError as exc:
         detail, _, where = str(exc).partition(" - at `$")
         return invalid(f"input_ids must be token ids, or a list of such lists: {detail}", f"input_ids{where[:-1]}")
     if not all(prompts):
         return invalid("a prompt of the batch is empty", "input_ids")
     return prompts
+
+
+def _token_lists(batch: list) -> list[list[int]]:
+    """`batch` as lists of token ids; msgspec.ValidationError if it is none. Ids written as floats
+    of no fraction (2.0) are ids too: the slow walk over every id is taken only for them."""
+    try:
+        return msgspec.convert(batch, list[list[TokenId]])
+    except msgspec.ValidationError as exc:
+        if "got `float`" not in str(exc):
+            raise
+        return msgspec.convert(integral(batch), list[list[TokenId]])
 
 
 def _per_item(value, count: int, param: str, default) -> list | Error:

@@ -68,9 +68,13 @@ def split(node: Node, num_blocks: int, block_size: int) -> Node:
 def _same_blocks(node: Node, key: Key, pos: int, block_size: int) -> int:
     """How many leading blocks of `node` hold the tokens of `key` from `pos` (at least one: the
     child was found by its first block)."""
-    bs, same = block_size, 1
-    while same < len(node.blocks) and pos + (same + 1) * bs <= len(key):
-        if node.key[same * bs : (same + 1) * bs] != key[pos + same * bs : pos + (same + 1) * bs]:
-            break
+    bs = block_size
+    most = min(len(node.blocks), (len(key) - pos) // bs)
+    # Usually all of them: one comparison of the whole run (a long prompt's hit walks hundreds of
+    # blocks), then block by block only to find where a key leaves the node.
+    if node.key[bs : most * bs] == key[pos + bs : pos + most * bs]:
+        return most
+    same = 1
+    while node.key[same * bs : (same + 1) * bs] == key[pos + same * bs : pos + (same + 1) * bs]:
         same += 1
     return same

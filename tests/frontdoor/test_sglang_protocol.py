@@ -60,6 +60,8 @@ def test_sampling_params_map_to_ours():
     }
     (item,) = parse(input_ids=[1, 2, 3], sampling_params=sampling, rid="r1").items
     assert (item.rid, item.request.input_ids, item.request.text) == ("r1", [1, 2, 3], None)
+    (floats,) = parse(input_ids=[1.0, 2, 3.0]).items  # JSON's numbers: 1.0 is the id 1
+    assert floats.request.input_ids == [1, 2, 3] and all(type(i) is int for i in floats.request.input_ids)
     assert item.request.params == SamplingParams(
         max_tokens=8,
         min_tokens=2,
@@ -172,6 +174,8 @@ def test_session_params_continue_a_session():
         ({"input_ids": [[1], []]}, "input_ids", "empty"),
         ({"input_ids": [1, -2]}, "input_ids[0][1]", "token ids"),
         ({"input_ids": [1, "a"]}, "input_ids[0][1]", "token ids"),
+        ({"input_ids": [1, 2.5]}, "input_ids[0][1]", "token ids"),
+        ({"input_ids": [1.0, -2.0]}, "input_ids[0][1]", "token ids"),
         ({"text": 5}, "text", "Expected"),
         ({"text": "a", "top_logprobs_num": 21}, "top_logprobs_num", "<= 20"),
         ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len", "past"),
