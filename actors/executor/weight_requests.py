@@ -92,11 +92,12 @@ class WeightRequests:
     def _quick(self, message: ExecutorWeightsRequest) -> bool:
         """Whether `message` runs in a few milliseconds, so on the loop itself: a rename, or a CUDA
         IPC bucket into resident weights (device copies). A trainer sends an IPC update per bucket
-        and waits for each answer; a worker thread's handoff and wait for the GIL cost as much."""
+        and waits for each answer; a worker thread's handoff and wait for the GIL cost as much.
+        (CPU tensors arrive through the trainer's socket, which is not to be waited on here.)"""
         if isinstance(message, SetVersion):
             return True
         ipc = isinstance(message, ApplyWeights) and isinstance(message.source, IpcSource)
-        return ipc and "weights" not in self.memory.released
+        return ipc and self.receiver.device.type == "cuda" and "weights" not in self.memory.released
 
     def _run(self, message: ExecutorWeightsRequest) -> ExecutorWeightsReply | Error:
         try:
