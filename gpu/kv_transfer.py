@@ -6,9 +6,11 @@ A slot holds one block of every layer, contiguous ([num_layers, 2, block_size, k
 in the pool's dtype), so a block crosses PCIe in one large copy: 2 MiB copies run at the link's
 rate where the 64 KiB of one layer's block crawl. On CUDA a block set is gathered from the layers
 (in one operation: they are views of one allocation, gpu/kv_cache.py) into a staging buffer on the
-device, then copied per slot; the gathers run on one stream of this object's and the copies on
-another, through two staging halves, so the copy engine moves one chunk while the next is
-gathered, and neither waits on the step's work more than ordering requires.
+device, then copied per slot; the gathers run on one stream and the copies on another, through two
+staging halves, so the copy engine moves one chunk while the next is gathered, and neither waits on
+the step's work more than ordering requires. Saves and loads each have their own streams and
+staging (a `_Lane`): a load, which a prefill waits for, never queues behind the write-through of
+the blocks the last prompt computed, and the two directions cross PCIe at once.
 """
 
 import math
@@ -18,10 +20,10 @@ import torch
 
 from gpu.kv_cache import KVCache
 
-# Both staging halves together: chunks of blocks (64 of llama-3.1-8b a half), never one large
-# allocation. A chunk costs one gather (or scatter) of every layer's rows and a copy per run of
-# slots, launched from the executor's step loop, so larger chunks launch less per block.
-STAGING_BYTES = 256 << 20
+# One direction's two staging halves together: chunks of blocks (32 of llama-3.1-8b a half), never
+# one large allocation. A chunk costs one gather (or scatter) of every layer's rows and a copy per
+# run of slots, launched from the executor's step loop, so larger chunks launch less per block.
+STAGING_BYTES = 128 << 20
 
 
 class Transfer:
@@ -64,18 +66,13 @@ class KVTransfer:
         self._coalesce = host_slots.stride(0) == block_bytes
         self._device = layer.device
         self._registered: int | None = None  # the host address this object pinned, to unpin on close
-        self._copies: torch.cuda.Stream | None = None  # host <-> staging, on the copy engine
-        self._kernels: torch.cuda.Stream | None = None  # pool <-> staging gathers and scatters
         if self._device.type == "cuda":
             self._pin(host_slots, block_bytes)
-            self._copies = torch.cuda.Stream(self._device)
-            self._kernels = torch.cuda.Stream(self._device)
         # The CPU takes the same path, without streams, so its tests cover the chunks and runs.
         per_half = max(1, STAGING_BYTES // 2 // block_bytes)
-        self._staging: list[torch.Tensor] | None = [  # each [per_half, num_layers, 2, block_size, kv_heads, head_dim]
-            torch.empty(per_half, *self._block_shape, dtype=layer.dtype, device=self._device) for _ in range(2)
-        ]
-        self._free: list[torch.cuda.Event | None] = [None, None]  # per half: after it, nothing uses it
+        self._saves: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype, priority=0)
+        # A load stands between a prompt and its first token: its streams go first.
+        self._loads: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype, priority=-1)
 
     def _pin(self, host_slots: torch.Tensor, block_bytes: int) -> None:
         """Page-locks the host slots for DMA, unless they are already (torch's pinned tensors)."""
@@ -92,53 +89,54 @@ class KVTransfer:
         """Host slot `slots[i]` <- pool block `blocks[i]`, every layer, of the pool as the work
         queued so far on the current stream leaves it; the current stream does not wait."""
         self._check(blocks, slots)
-        self._wait(self._kernels, self._record(self._current()))
-        rows, layers = self._rows(blocks), len(self._kv.layers)
-        for half, start, stop in self._chunks(len(blocks)):
-            staging = self._staging[half][: stop - start]
-            with self._on(self._kernels):
-                self._wait(self._kernels, self._free[half])
+        lane = self._saves
+        _wait(lane.kernels, _record(self._current()))
+        rows, layers = self._rows(blocks, lane), len(self._kv.layers)
+        for half, start, stop in lane.chunks(len(blocks)):
+            staging = lane.staging[half][: stop - start]
+            with _on(lane.kernels):
+                _wait(lane.kernels, lane.free[half])
                 torch.index_select(self._kv.rows, 0, rows[start * layers : stop * layers], out=self._as_rows(staging))
-                gathered = self._record(self._kernels)
-            with self._on(self._copies):
-                self._wait(self._copies, gathered)
+                gathered = _record(lane.kernels)
+            with _on(lane.copies):
+                _wait(lane.copies, gathered)
                 for row, slot, count in self._runs(slots[start:stop]):
                     self._host[slot : slot + count].copy_(staging[row : row + count], non_blocking=True)
-                self._free[half] = self._record(self._copies)
-        return Transfer(self._record(self._copies))
+                lane.free[half] = _record(lane.copies)
+        return Transfer(_record(lane.copies))
 
     def load(self, slots: list[int], blocks: list[int]) -> Transfer:
         """Pool block `blocks[i]` <- host slot `slots[i]`, every layer; work queued afterwards on the
         current stream (the next step) sees the loaded blocks. The Transfer is done once the slots
         are read (another process may write them then)."""
         self._check(blocks, slots)
+        lane = self._loads
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
         # waits for it; the copies from the host need not.
-        self._wait(self._kernels, self._record(self._current()))
-        rows, layers = self._rows(blocks), len(self._kv.layers)
-        for half, start, stop in self._chunks(len(blocks)):
-            staging = self._staging[half][: stop - start]
-            with self._on(self._copies):
-                self._wait(self._copies, self._free[half])
+        _wait(lane.kernels, _record(self._current()))
+        rows, layers = self._rows(blocks, lane), len(self._kv.layers)
+        for half, start, stop in lane.chunks(len(blocks)):
+            staging = lane.staging[half][: stop - start]
+            with _on(lane.copies):
+                _wait(lane.copies, lane.free[half])
                 for row, slot, count in self._runs(slots[start:stop]):
                     staging[row : row + count].copy_(self._host[slot : slot + count], non_blocking=True)
-                arrived = self._record(self._copies)
-            with self._on(self._kernels):
-                self._wait(self._kernels, arrived)
+                arrived = _record(lane.copies)
+            with _on(lane.kernels):
+                _wait(lane.kernels, arrived)
                 self._kv.rows.index_copy_(0, rows[start * layers : stop * layers], self._as_rows(staging))
-                self._free[half] = self._record(self._kernels)
-        self._wait(self._current(), self._record(self._kernels))
-        return Transfer(self._record(self._copies))  # after the last copy out of the slots
+                lane.free[half] = _record(lane.kernels)
+        _wait(self._current(), _record(lane.kernels))
+        return Transfer(_record(lane.copies))  # after the last copy out of the slots
 
     def close(self) -> None:
         """Waits for the copies under way and unpins what this object pinned; the pool and the host
         memory stay their owners'."""
-        if self._staging is None:
+        if self._saves is None:
             return
-        for stream in (self._copies, self._kernels):
-            if stream is not None:
-                stream.synchronize()
-        self._staging = None
+        for lane in (self._saves, self._loads):
+            lane.synchronize()
+        self._saves = self._loads = None
         if self._registered is not None:
             with torch.cuda.device(self._device):
                 error = int(torch.cuda.cudart().cudaHostUnregister(self._registered))
@@ -155,13 +153,8 @@ class KVTransfer:
             if wrong or len(set(ids)) != len(ids):
                 found = f"{wrong[:8]} out of range" if wrong else "repeats"
                 raise ValueError(f"{field} must be distinct ids in [0, {count}), got {found}")
-        if self._staging is None:
+        if self._saves is None:
             raise ValueError("this KVTransfer is closed")
-
-    def _chunks(self, count: int) -> list[tuple[int, int, int]]:
-        """(staging half, first, past last) of each chunk of `count` blocks, the halves in turn."""
-        size = self._staging[0].shape[0]
-        return [(k % 2, start, min(start + size, count)) for k, start in enumerate(range(0, count, size))]
 
     def _runs(self, slots: list[int]) -> list[tuple[int, int, int]]:
         """(staging row, first slot, count) of each copy: runs of consecutive slots where they are adjacent."""
@@ -177,31 +170,57 @@ class KVTransfer:
         """Staged blocks [count, num_layers, ...] as the pool's rows of one layer's block each."""
         return staging.view(-1, self._kv.rows.shape[1])
 
-    def _rows(self, blocks: list[int]) -> torch.Tensor:
+    def _rows(self, blocks: list[int], lane: "_Lane") -> torch.Tensor:
         """The pool's rows of `blocks` (KVCache.row_ids), on the device: one gather or scatter moves
         a chunk of blocks of every layer."""
         host = torch.tensor(self._kv.row_ids(blocks), dtype=torch.long)
-        if self._kernels is None:
+        if lane.kernels is None:
             return host
         # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
         # the kernels' stream reaches it, and that stream has just been told to wait for the step.
-        with torch.cuda.stream(self._kernels):
+        with torch.cuda.stream(lane.kernels):
             return host.pin_memory().to(self._device, non_blocking=True)
 
-    # Stream plumbing, which does nothing on the CPU (no streams; every copy done when it returns).
-
     def _current(self) -> torch.cuda.Stream | None:
-        return torch.cuda.current_stream(self._device) if self._kernels is not None else None
+        return torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
 
-    @staticmethod
-    def _on(stream: torch.cuda.Stream | None):
-        return torch.cuda.stream(stream) if stream is not None else nullcontext()
 
-    @staticmethod
-    def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
-        return stream.record_event() if stream is not None else None
+class _Lane:
+    """One direction's copies: a stream for the copy engine (host <-> staging), one for the gathers
+    or scatters (pool <-> staging), and two staging halves, each [per_half, *block_shape], used in
+    turn with the event after which nothing uses each. On the CPU: no streams, the same chunks."""
 
-    @staticmethod
-    def _wait(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
-        if stream is not None and event is not None:
-            stream.wait_event(event)
+    def __init__(
+        self, device: torch.device, per_half: int, block_shape: tuple, dtype: torch.dtype, priority: int
+    ) -> None:
+        on_cuda = device.type == "cuda"
+        self.copies = torch.cuda.Stream(device, priority=priority) if on_cuda else None
+        self.kernels = torch.cuda.Stream(device, priority=priority) if on_cuda else None
+        self.staging = [torch.empty(per_half, *block_shape, dtype=dtype, device=device) for _ in range(2)]
+        self.free: list[torch.cuda.Event | None] = [None, None]
+
+    def chunks(self, count: int) -> list[tuple[int, int, int]]:
+        """(staging half, first, past last) of each chunk of `count` blocks, the halves in turn."""
+        size = self.staging[0].shape[0]
+        return [(k % 2, start, min(start + size, count)) for k, start in enumerate(range(0, count, size))]
+
+    def synchronize(self) -> None:
+        for stream in (self.copies, self.kernels):
+            if stream is not None:
+                stream.synchronize()
+
+
+# Stream plumbing, which does nothing on the CPU (no streams; every copy done when it returns).
+
+
+def _on(stream: torch.cuda.Stream | None):
+    return torch.cuda.stream(stream) if stream is not None else nullcontext()
+
+
+def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    return stream.record_event() if stream is not None else None
+
+
+def _wait(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
+    if stream is not None and event is not None:
+        stream.wait_event(event)
