@@ -182,7 +182,9 @@ def test_on_cuda_a_save_sees_the_work_queued_before_it_and_the_next_step_sees_a_
     blocks, targets = list(range(0, 256, 2)), list(range(1, 256, 2))
     # Indices on the device beforehand: a list index would copy from pageable memory, and wait.
     block_index, target_index = torch.tensor(blocks, device="cuda"), torch.tensor(targets, device="cuda")
-    torch.cuda._sleep(50_000_000)  # the step's work, still running when the save is queued
+    # The step's work, still running when the save is queued: long enough (about half a second)
+    # that the save's first use of pinned memory on a fresh process cannot outlast it.
+    torch.cuda._sleep(1_000_000_000)
     for layer in kv.layers:
         layer.index_fill_(0, block_index, 7.0)
     saved = transfer.save(blocks, list(range(128)))
