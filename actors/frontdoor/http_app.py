@@ -35,7 +35,7 @@ from actors.frontdoor.sglang_serving import SGLangServing
 from actors.frontdoor.tenants import Tenants
 from actors.frontdoor.weight_routes import WeightRoutes
 from actors.lib.chat_format import ChatFormat
-from actors.lib.origin.pipeline import RequestPipeline
+from actors.lib.origin.pipeline import PIPELINE_ACTORS, RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import (
@@ -56,7 +56,6 @@ from schemas.step import DescribeExecutor, ExecutorInfo
 log = structlog.get_logger()
 
 
-PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")
 ADMIN_TIMEOUT_S = 5.0
 # A flush of the disk tier waits for the disk work asked before it, which the scheduler waits a minute for.
 FLUSH_TIMEOUT_S = 65.0

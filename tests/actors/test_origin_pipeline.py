@@ -40,6 +40,10 @@ class StandIns:
         )
         await self.bus.subscribe(SUBJECTS.tokenizer, Encode | Track, self._on_tokenizer)
         await self.bus.subscribe(SUBJECTS.tokenizer_untrack, Untrack, self._on_untrack)
+        # Alive for the whole test (the origin holds requests until every actor on their path is
+        # ready); tests that replace or silence the scheduler beat for it themselves.
+        for actor in ("tokenizer", "scheduler", "executor"):
+            await self.heartbeat(actor, f"{actor}-a", interval_s=60.0)
 
     async def _on_scheduler(self, message, _reply_to):
         self.scheduler.put_nowait(message)

@@ -247,9 +247,15 @@ def test_stuck_actor_is_detected_and_restarted(own_server):
     os.kill(pid, signal.SIGSTOP)
     wait_for(lambda: httpx.get(f"{own_server.base_url}/health/ready").status_code == 503, 10)
     assert "tokenizer" in httpx.get(f"{own_server.base_url}/health/ready").json()["not_ready"]
+    # A request sent while no tokenizer is ready is held until one is, not refused.
+    held: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: held.append(complete(own_server)))
+    sender.start()
     own_server.wait_for("actor_stuck", timeout_s=15, child="tokenizer")
     wait_for_ready_restart(own_server, "tokenizer", starts=starts + 1)
     wait_for(lambda: httpx.get(f"{own_server.base_url}/health/ready").status_code == 200, 30)
+    sender.join(60)
+    assert [r.status_code for r in held] == [200], held and held[0].text
     assert complete(own_server).status_code == 200
 
 

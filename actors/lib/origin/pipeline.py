@@ -43,6 +43,12 @@ from schemas.tokenizer import Encoded
 log = structlog.get_logger()
 LIVENESS_CHECK_S = 0.5
 ORIGINS = ("frontdoor", "gateway")  # the actors whose processes are origins
+PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")  # those every request passes through
+# A request that comes while one of them is not ready (the server starting: an executor on a GPU
+# loads and captures for tens of seconds; or one restarting) waits for it this long, then is
+# refused with a retriable error naming what is not ready.
+READY_WAIT_S = 60.0
+READY_POLL_S = 0.05
 
 
 class RequestPipeline:
@@ -139,6 +145,8 @@ class RequestPipeline:
         # before they can arrive.
         if not request.params.detokenize and (error := await self._receive_steps()):
             return error
+        if error := await self._until_ready():
+            return error
         request_id = request_id or uuid.uuid4().hex
         earlier = None
         if request.session is not None:
@@ -182,6 +190,17 @@ class RequestPipeline:
                 return reply
         log.info("request_submitted", request_id=request_id, prompt_tokens=len(group.prompt_ids), choices=request.n)
         return group
+
+    async def _until_ready(self) -> Error | None:
+        """Holds a request until every actor it passes through has a ready instance (at most
+        READY_WAIT_S, or its own timeout if shorter); then None, or the error that refuses it."""
+        deadline = time.monotonic() + min(READY_WAIT_S, self._request_timeout_s)
+        while reasons := self._policy.not_ready(PIPELINE_ACTORS):
+            if time.monotonic() >= deadline:
+                named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
+                return Error("unavailable", f"the server is not ready ({named}); retry", retriable=True)
+            await asyncio.sleep(READY_POLL_S)
+        return None
 
     async def _track_and_submit(self, stream: RequestStream) -> Accepted | Error:
         """Tracks and submits a new request at once. The Track leaves first (gather starts its tasks in
