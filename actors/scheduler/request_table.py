@@ -49,13 +49,12 @@ class RequestTable:
                 param="prompt",
             )
         for field, ids in (("prompt", prompt_ids), ("logprob_token_ids", params.logprob_token_ids)):
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                return Error(
-                    "invalid_request",
-                    f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                    param=field,
-                )
+            if not ids or 0 <= min(ids) and max(ids) < self.vocab_size:  # in C: a long prompt's ids
+                continue
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+            return Error(
+                "invalid_request", f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", param=field
+            )
         start = params.prompt_logprobs_from
         if start is not None and start >= len(prompt_ids):
             return Error(
