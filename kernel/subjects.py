@@ -83,7 +83,7 @@ class Subjects:
         return self._("admin", "pause_state")
 
     @property
-    def admin_weights(self) -> str:  # public: schemas/weights.py's WeightsRequest -> WeightsReply (weight_sync)
+    def admin_weights(self) -> str:  # public: WeightsRequest -> WeightsReply (weight_sync; schemas/admin_weights.py)
         return self._("admin", "weights")
 
     @property

@@ -16,8 +16,7 @@ import nats.errors
 import torch
 
 from gpu.weight_check import checksum
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     BeginBusUpload,
     FinishBusUpload,
     TensorManifest,
@@ -25,6 +24,7 @@ from schemas.weights import (
     UploadState,
     WeightsUpdated,
 )
+from schemas.errors import Error
 
 SUBJECT = "llm.admin.weights"
 CHUNK_BYTES = 512 * 1024  # half of nats-server's default max_payload

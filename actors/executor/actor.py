@@ -28,8 +28,8 @@ from actors.lib.block_hashes import weights_fingerprint
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep, SequenceInput
 from kernel.actor import Actor
+from schemas.executor_weights import ExecutorWeightsRequest
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, OutOfMemory, SequenceUpdate, StepOutput
-from schemas.weights import ExecutorWeightsRequest
 
 # A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
 # three times this (three missed heartbeats) the supervisor takes the executor for stuck.

@@ -18,28 +18,24 @@ from actors.lib.block_hashes import updated_fingerprint
 from gpu.runner import ModelRunner
 from gpu.weight_check import WeightError
 from gpu.weight_receiver import UpdateReport, WeightReceiver
+from schemas.admin_weights import WeightValues, WeightVersion
 from schemas.errors import Error
-from schemas.weights import (
+from schemas.executor_weights import (
     ApplyWeights,
     DiskSource,
     ExecutorWeightsReply,
     ExecutorWeightsRequest,
-    GetMemory,
     GroupJoined,
     GroupSource,
     IpcSource,
     JoinWeightGroup,
     LeaveWeightGroup,
-    MemoryState,
     ReadWeight,
-    ReleaseMemory,
-    ResumeMemory,
     SetVersion,
     WeightsApplied,
     WeightSource,
-    WeightValues,
-    WeightVersion,
 )
+from schemas.sleep import GetMemory, MemoryState, ReleaseMemory, ResumeMemory
 
 # A trainer that stops broadcasting mid-update (it died) must not hold the executor for ever: past
 # this the receive is aborted, the group reset and the old weights restored.

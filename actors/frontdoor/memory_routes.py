@@ -17,8 +17,9 @@ from actors.frontdoor.weight_routes import unexpected
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import CacheFlushed, FlushCache, GetStats, SchedulerStats
+from schemas.admin_weights import WeightsReply
 from schemas.errors import Error
-from schemas.weights import GetMemory, MemoryState, MemoryTag, ReleaseMemory, ResumeMemory, WeightsReply
+from schemas.sleep import GetMemory, MemoryState, MemoryTag, ReleaseMemory, ResumeMemory
 
 # Release retracts what runs and frees the KV pool and graphs; resume allocates them again and
 # recaptures the graphs: seconds, on a large model.

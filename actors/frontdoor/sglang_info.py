@@ -18,9 +18,9 @@ from actors.lib.origin.pipeline import RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects
 from schemas.admin import GetStats, SchedulerStats
+from schemas.admin_weights import GetWeightVersion, WeightVersion
 from schemas.errors import Error
 from schemas.generate import GenerateRequest, SamplingParams
-from schemas.weights import GetWeightVersion, WeightVersion
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's
 STATS_TIMEOUT_S = 5.0

@@ -1,5 +1,5 @@
 """SGLang's live-weight request bodies, decoded into the weight_sync actor's messages
-(schemas/weights.py) or an `Error` naming the field at fault. No I/O.
+(schemas/admin_weights.py) or an `Error` naming the field at fault. No I/O.
 
 Each body has the fields and defaults of SGLang's io_struct.py (`UpdateWeightFromDiskReqInput`,
 `UpdateWeightsFromDistributedReqInput`, `UpdateWeightsFromTensorReqInput`,
@@ -10,7 +10,7 @@ SGLang's switches that change nothing here (`torch_empty_cache`, `recapture_cuda
 `disable_draft_model`) are accepted with no effect, each saying why; those asking for a behaviour
 this server lacks (`is_async`, `keep_pause`, `manifest`) are taken only as their no-op value
 (false, null), and any unknown field gets a 400 rather than being dropped silently. Beyond SGLang's: `pause_mode` on every update (what
-happens to requests in flight, schemas/weights.py's `UpdatePause`) and `checksums` on a distributed
+happens to requests in flight, schemas/admin_weights.py's `UpdatePause`) and `checksums` on a distributed
 one (one per tensor, checked before it is written).
 """
 
@@ -19,16 +19,12 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from actors.frontdoor.request_fields import beyond_schema, decode_body, invalid
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     DestroyWeightGroup,
     GetWeightsByName,
     InitWeightGroup,
-    MemoryTag,
     Port,
     Rank,
-    ReleaseMemory,
-    ResumeMemory,
     UpdateFromDisk,
     UpdateFromDistributed,
     UpdateFromTensor,
@@ -36,6 +32,8 @@ from schemas.weights import (
     UpdateWeightVersion,
     WorldSize,
 )
+from schemas.errors import Error
+from schemas.sleep import MemoryTag, ReleaseMemory, ResumeMemory
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 # A port number, 1 to 65535, written in ASCII digits (leading zeros allowed).

@@ -24,8 +24,7 @@ from actors.frontdoor.request_fields import invalid
 from actors.frontdoor.sglang_info import serving_weights
 from kernel.bus import Bus
 from kernel.subjects import Subjects
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     GetWeightsByName,
     GroupState,
     WeightsReply,
@@ -34,6 +33,7 @@ from schemas.weights import (
     WeightValues,
     WeightVersion,
 )
+from schemas.errors import Error
 
 # An update may first wait for the requests in flight to finish (SGLang's default), then load a
 # checkpoint at the disk's rate; a group join waits for every rank. The weight_sync actor keeps its

@@ -37,9 +37,9 @@ from schemas.requests import (
     Submit,
     Tenant,
 )
+from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 from schemas.session import AsTenant, BeginTurn, PublicSessionRequest, RecordTurn, SessionReply, SessionRequest
 from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
-from schemas.weights import CacheGeneration, WeightsCommitted
 
 DESCRIBE_TIMEOUT_S = 2.0
 ORPHAN_CHECK_S = 0.5

@@ -29,7 +29,7 @@ from schemas.admin import (
     TierName,
 )
 from schemas.errors import Error
-from schemas.weights import CacheGeneration, WeightsCommitted
+from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 
 
 def admin_subjects(subjects: Subjects) -> list[tuple[str, type[AdminRequest]]]:

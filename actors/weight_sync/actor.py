@@ -1,5 +1,5 @@
 """The weight_sync actor: the one owner of the weight version, and the trainer's door for new
-weights, on `<ns>.admin.weights` (schemas/weights.py).
+weights, on `<ns>.admin.weights` (schemas/admin_weights.py).
 
 Thin: it decodes, hands each request to a plain object and replies. Updates, renames, sleep and
 wake are exclusive (transaction.py, memory.py): each runs in a task of its own, which answers when
@@ -22,26 +22,14 @@ from actors.weight_sync.transaction import UpdateOptions, WeightTransactions
 from actors.weight_sync.upload_store import UploadStore
 from actors.weight_sync.versions import VersionBook
 from kernel.actor import Actor
-from schemas.errors import Error
-from schemas.step import ExecutorInfo
-from schemas.weights import (
+from schemas.admin_weights import (
     BeginBusUpload,
     DestroyWeightGroup,
-    DiskSource,
     FinishBusUpload,
-    GetMemory,
     GetWeightsByName,
     GetWeightVersion,
-    GroupJoined,
-    GroupSource,
     GroupState,
     InitWeightGroup,
-    IpcSource,
-    JoinWeightGroup,
-    LeaveWeightGroup,
-    ReadWeight,
-    ReleaseMemory,
-    ResumeMemory,
     UpdateFromDisk,
     UpdateFromDistributed,
     UpdateFromTensor,
@@ -52,6 +40,18 @@ from schemas.weights import (
     WeightsUpdated,
     WeightVersion,
 )
+from schemas.errors import Error
+from schemas.executor_weights import (
+    DiskSource,
+    GroupJoined,
+    GroupSource,
+    IpcSource,
+    JoinWeightGroup,
+    LeaveWeightGroup,
+    ReadWeight,
+)
+from schemas.sleep import GetMemory, ReleaseMemory, ResumeMemory
+from schemas.step import ExecutorInfo
 
 EXECUTOR_TIMEOUT_S = 30.0  # a read, or leaving a group; and beyond a join's own timeout, for its answer
 UPLOAD_HEADROOM_BYTES = 4096  # of a bus message, beside a chunk's data: the rest of UploadChunk

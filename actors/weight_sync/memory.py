@@ -10,7 +10,7 @@ import structlog
 
 from actors.weight_sync.peers import Peers
 from schemas.errors import Error
-from schemas.weights import MemoryState, MemoryTag, ReleaseMemory, ResumeMemory
+from schemas.sleep import MemoryState, MemoryTag, ReleaseMemory, ResumeMemory
 
 MEMORY_TIMEOUT_S = 120.0  # giving back or taking again every byte of a large model, and recapturing graphs
 

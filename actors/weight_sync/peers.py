@@ -18,14 +18,10 @@ from schemas.admin import (
     SchedulerStats,
 )
 from schemas.errors import Error
+from schemas.executor_weights import ExecutorWeightsReply, ExecutorWeightsRequest
 from schemas.requests import AbortAll, Aborted
+from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 from schemas.step import DescribeExecutor, ExecutorInfo
-from schemas.weights import (
-    CacheGeneration,
-    ExecutorWeightsReply,
-    ExecutorWeightsRequest,
-    WeightsCommitted,
-)
 
 SCHEDULER_TIMEOUT_S = 10.0
 

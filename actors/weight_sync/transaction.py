@@ -19,21 +19,18 @@ import structlog
 from actors.weight_sync.peers import Peers
 from actors.weight_sync.versions import VersionBook
 from schemas.admin import PauseState
-from schemas.errors import Error
-from schemas.weights import (
-    ApplyWeights,
+from schemas.admin_weights import (
     FinishBusUpload,
-    SetVersion,
     UpdateFromDisk,
     UpdateFromDistributed,
     UpdateFromTensor,
     UpdatePause,
-    WeightsApplied,
-    WeightsCommitted,
-    WeightSource,
     WeightsUpdated,
     WeightVersion,
 )
+from schemas.errors import Error
+from schemas.executor_weights import ApplyWeights, SetVersion, WeightsApplied, WeightSource
+from schemas.scheduler_weights import WeightsCommitted
 
 # A load from disk runs at the disk's rate (16 GB: a minute on a slow one); a trainer's group has
 # its own deadline inside the executor. Past this the executor is taken for gone.

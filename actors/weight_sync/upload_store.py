@@ -26,8 +26,8 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from schemas.admin_weights import BeginBusUpload, UploadChunk, UploadState
 from schemas.errors import Error
-from schemas.weights import BeginBusUpload, UploadChunk, UploadState
 
 # dtype name -> (safetensors' code, bytes per element)
 DTYPES = {

@@ -10,7 +10,7 @@ from actors.scheduler.sessions import SessionTable
 from schemas.admin import CacheFlushed, ContinueGeneration, FlushCache, GetPause, GetStats, PauseGeneration, PauseState
 from schemas.errors import Error
 from schemas.generate import SamplingParams
-from schemas.weights import CacheGeneration, WeightsCommitted
+from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 
 BS = 4
 PROMPT = list(range(100, 110))  # two full blocks and two tokens

@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 
 from actors.weight_sync.upload_store import UploadStore
 from gpu.weight_check import checksum
+from schemas.admin_weights import BeginBusUpload, TensorManifest, UploadChunk
 from schemas.errors import Error
-from schemas.weights import BeginBusUpload, TensorManifest, UploadChunk
 
 CHUNK = 64
 TENSORS = {

@@ -7,19 +7,12 @@ from dataclasses import dataclass, field
 from actors.weight_sync.transaction import UpdateOptions, WeightTransactions
 from actors.weight_sync.versions import VersionBook
 from schemas.admin import CacheFlushed, PauseState
+from schemas.admin_weights import WeightsUpdated, WeightVersion
 from schemas.errors import Error
+from schemas.executor_weights import ApplyWeights, DiskSource, SetVersion, WeightsApplied
 from schemas.requests import Aborted
+from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 from schemas.step import ExecutorInfo
-from schemas.weights import (
-    ApplyWeights,
-    CacheGeneration,
-    DiskSource,
-    SetVersion,
-    WeightsApplied,
-    WeightsCommitted,
-    WeightsUpdated,
-    WeightVersion,
-)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pytest
 from actors.cache_tier.actor import DEFAULT_DIR
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
-from schemas.weights import UpdateFromDisk, WeightsUpdated
+from schemas.admin_weights import UpdateFromDisk, WeightsUpdated
 from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments, settle
 from tests.e2e.weights_client import Reference, ask, generate
 from tests.full_disk import small_tmpfs

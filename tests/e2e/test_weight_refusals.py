@@ -20,15 +20,10 @@ import pytest
 
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     FinishBusUpload,
-    GetMemory,
     GetWeightsByName,
     GetWeightVersion,
-    MemoryState,
-    ReleaseMemory,
-    ResumeMemory,
     UpdateFromDisk,
     UpdateFromDistributed,
     UpdateFromTensor,
@@ -36,6 +31,8 @@ from schemas.weights import (
     WeightValues,
     WeightVersion,
 )
+from schemas.errors import Error
+from schemas.sleep import GetMemory, MemoryState, ReleaseMemory, ResumeMemory
 from tests.e2e.weights_client import ask
 from tests.gpu.weight_trainer import Trainer
 

@@ -17,8 +17,7 @@ from gpu.model_builder import build_model_dir
 from ops import bus_weights
 from ops.local_server import start_server
 from schemas.admin import ContinueGeneration, GetPause, PauseGeneration, PauseState
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     DestroyWeightGroup,
     FinishBusUpload,
     GetWeightVersion,
@@ -30,6 +29,7 @@ from schemas.weights import (
     WeightsUpdated,
     WeightVersion,
 )
+from schemas.errors import Error
 from tests.e2e.weights_client import Reference, admin, ask, generate, streamed, swapped_mid_request
 from tests.gpu.weight_trainer import Trainer
 from tests.over_http import random_prompts

@@ -13,9 +13,9 @@ from gpu.host_weights import HostWeights
 from gpu.runner import ModelRunner
 from gpu.weight_receiver import WeightReceiver
 from ops.bus_client import stream_generate
+from schemas.admin_weights import WeightsReply, WeightsRequest
 from schemas.errors import Error
 from schemas.generate import GenerateChunk, GenerateRequest, GenerateResult
-from schemas.weights import WeightsReply, WeightsRequest
 from tests.sampling import greedy
 
 

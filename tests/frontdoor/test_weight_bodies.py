@@ -7,18 +7,17 @@ import json
 import pytest
 
 from actors.frontdoor import weight_bodies as bodies
-from schemas.errors import Error
-from schemas.weights import (
+from schemas.admin_weights import (
     DestroyWeightGroup,
     GetWeightsByName,
     InitWeightGroup,
-    ReleaseMemory,
-    ResumeMemory,
     UpdateFromDisk,
     UpdateFromDistributed,
     UpdateFromTensor,
     UpdateWeightVersion,
 )
+from schemas.errors import Error
+from schemas.sleep import ReleaseMemory, ResumeMemory
 
 
 def body(**fields) -> bytes:

@@ -10,7 +10,7 @@ from actors.frontdoor.http_errors import errors_as_json
 from actors.frontdoor.memory_routes import MemoryRoutes
 from actors.frontdoor.weight_routes import WeightRoutes, sglang_values
 from kernel.subjects import Subjects
-from schemas.weights import WeightValues
+from schemas.admin_weights import WeightValues
 
 
 @pytest.fixture

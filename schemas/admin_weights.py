@@ -1,7 +1,9 @@
-"""Live weights: a trainer's conversations with the weight_sync actor on `<ns>.admin.weights`, and the
-weight_sync actor's with the executor on `<ns>.executor.weights`.
+"""Live weights, as a trainer asks for them: its conversation with the weight_sync actor on
+`<ns>.admin.weights` (updates, the trainer's group, uploads over the bus, versions, reads, and
+schemas/sleep.py's sleep and wake). weight_sync carries each out with the executor
+(schemas/executor_weights.py) and, for an update, the scheduler (schemas/scheduler_weights.py).
 
-The trainer-facing messages carry SGLang's field names and defaults (its `/update_weights_*`,
+These messages carry SGLang's field names and defaults (its `/update_weights_*`,
 `/init_weights_update_group`, `/release_memory_occupation`... bodies), so an RL client's request
 maps onto them one to one. Every update is one transaction, run by the weight_sync actor: pause
 (as asked), load into the executor's live buffers, validate, commit (the new version), flush or
@@ -16,13 +18,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from schemas.sleep import GetMemory, MemoryState, ReleaseMemory, ResumeMemory
+
 # How requests in flight live through an update that finds generation running (one already paused by
 # `PauseGeneration` stays as it is, and the update leaves it paused): SGLang's default waits for
 # them to finish; `abort_all_requests` ends them ("abort"); "in_place" holds them and lets them go
 # on under the new weights (their tokens' versions then change mid-sequence: `version_spans`).
 UpdatePause = Literal["wait", "abort", "retract", "in_place"]
-
-MemoryTag = Literal["weights", "kv_cache", "cuda_graph"]
 
 
 class UpdateFromDisk(msgspec.Struct, frozen=True, tag="update_from_disk"):
@@ -152,26 +154,6 @@ class WeightValues(msgspec.Struct, frozen=True, tag="weight_values"):
     checksum: str  # of the whole tensor as served, comparable to the trainer's
 
 
-class ReleaseMemory(msgspec.Struct, frozen=True, tag="release_memory"):
-    """Sleep: running requests are retracted, and the tagged device memory goes back to the driver
-    (None: every tag). Weights are kept in pinned host memory unless an update will follow."""
-
-    tags: list[MemoryTag] | None = None
-
-
-class ResumeMemory(msgspec.Struct, frozen=True, tag="resume_memory"):
-    tags: list[MemoryTag] | None = None
-
-
-class GetMemory(msgspec.Struct, frozen=True, tag="get_memory"):
-    pass
-
-
-class MemoryState(msgspec.Struct, frozen=True, tag="memory_state"):
-    released: list[MemoryTag]  # the tags whose memory is back with the driver now
-    device_bytes: int = 0  # device memory the executor holds now
-
-
 class WeightsUpdated(msgspec.Struct, frozen=True, tag="weights_updated"):
     """SGLang's answer (`success`, `message`, `num_paused_requests`), with what was loaded."""
 
@@ -215,100 +197,3 @@ WeightsRequest = (
     | GetMemory
 )
 WeightsReply = WeightsUpdated | GroupState | UploadState | WeightVersion | WeightValues | MemoryState
-
-
-# weight_sync -> executor, on `<ns>.executor.weights` (request and reply). The executor runs each
-# between two steps, with no step in flight.
-
-
-class DiskSource(msgspec.Struct, frozen=True, tag="disk"):
-    model_path: str
-
-
-class GroupSource(msgspec.Struct, frozen=True, tag="group"):
-    group_name: str
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    flattened: bool  # one broadcast of all the tensors' bytes, in order, rather than one per tensor
-    checksums: list[str] = []
-
-
-class IpcSource(msgspec.Struct, frozen=True, tag="ipc"):
-    serialized_named_tensors: list[bytes]
-    flattened: bool
-
-
-WeightSource = DiskSource | GroupSource | IpcSource
-
-
-class ApplyWeights(msgspec.Struct, frozen=True, tag="apply_weights"):
-    """Loads `source` into the live weights, validating each tensor before it is written; on any
-    failure restores the old weights (gpu/host_weights.py) and answers an Error. `full`: every
-    weight of the model must be in it (a checkpoint); else a subset may be."""
-
-    update_id: str
-    source: WeightSource
-    version: str
-    full: bool
-
-
-class WeightsApplied(msgspec.Struct, frozen=True, tag="weights_applied"):
-    version: str
-    tensors: int
-    bytes: int
-    seconds: float
-
-
-class JoinWeightGroup(msgspec.Struct, frozen=True, tag="join_weight_group"):
-    group: InitWeightGroup
-
-
-class LeaveWeightGroup(msgspec.Struct, frozen=True, tag="leave_weight_group"):
-    group_name: str
-
-
-class GroupJoined(msgspec.Struct, frozen=True, tag="group_joined"):
-    group_name: str
-
-
-class ReadWeight(msgspec.Struct, frozen=True, tag="read_weight"):
-    name: str
-    truncate_size: int
-
-
-class SetVersion(msgspec.Struct, frozen=True, tag="set_version"):
-    """Renames the version of the weights the executor serves (UpdateWeightVersion)."""
-
-    version: str
-
-
-ExecutorWeightsRequest = (
-    ApplyWeights
-    | JoinWeightGroup
-    | LeaveWeightGroup
-    | ReadWeight
-    | SetVersion
-    | ReleaseMemory
-    | ResumeMemory
-    | GetMemory
-)
-ExecutorWeightsReply = WeightsApplied | GroupJoined | WeightValues | WeightVersion | MemoryState
-
-
-# weight_sync -> scheduler, on `<ns>.scheduler.weights`: after the executor committed new
-# weights, before generation resumes.
-
-
-class WeightsCommitted(msgspec.Struct, frozen=True, tag="weights_committed"):
-    """The scheduler's prefix cache starts a new generation of keys unless `keep_cache`: KV
-    computed under the old weights (cached, or held by requests that go on in place) is never
-    matched again, and the cached part is freed."""
-
-    version: str
-    keep_cache: bool
-
-
-class CacheGeneration(msgspec.Struct, frozen=True, tag="cache_generation"):
-    generation: int  # the prefix cache's key generation now
-    freed_blocks: int
