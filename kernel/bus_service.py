@@ -6,7 +6,8 @@ given), and answer a handler that raises with error headers instead of a typed `
 that several actors must each receive (the step outputs, the heartbeats) would reach only one of
 them. So the bus keeps its own subscriptions and counts each here as an `Endpoint`; the service,
 nats.micro's own, answers the three discovery verbs with those endpoints and their counts.
-Only kernel/bus.py uses this module; with it, the only two that import nats.
+kernel/bus.py serves it and kernel/bus_subscriptions.py counts into it; the bus's modules are the only
+ones that import nats.
 """
 
 import dataclasses

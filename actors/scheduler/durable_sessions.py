@@ -12,7 +12,8 @@ import asyncio
 
 from actors.scheduler.session_records import restored_session, session_record
 from actors.scheduler.sessions import Session, SessionTable
-from kernel.bus import Bus, PayloadTooLarge
+from kernel.bus import Bus
+from kernel.bus_codec import PayloadTooLarge
 from kernel.subjects import Subjects
 from schemas.errors import Error
 from schemas.health import Heartbeat

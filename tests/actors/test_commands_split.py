@@ -10,7 +10,8 @@ import json
 import pytest
 
 from actors.scheduler.actor import SchedulerActor
-from kernel.bus import Bus, encode
+from kernel.bus import Bus
+from kernel.bus_codec import encode
 from kernel.config import BusConfig, KernelConfig
 from kernel.nats_server import EmbeddedNats
 from kernel.subjects import Subjects

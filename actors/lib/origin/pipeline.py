@@ -28,7 +28,8 @@ from actors.lib.origin.request_book import RequestBook
 from actors.lib.origin.request_figures import OriginFigures
 from actors.lib.origin.request_stream import RequestGroup, RequestStream
 from actors.lib.origin.session_turns import SessionTurnGroup, continue_conversation
-from kernel.bus import Bus, BusUnavailable
+from kernel.bus import Bus
+from kernel.bus_subscriptions import BusUnavailable
 from kernel.subjects import Subjects
 from schemas.embed import Pooling
 from schemas.errors import Error
