@@ -5,35 +5,28 @@ arrive and applied between steps, so the bus never sits between two steps. Steps
 loop applies commands, plans and launches step N+1, then waits for step N's tokens, books and
 publishes them while the GPU runs N+1. Each step publishes one `StepOutput` with every sequence's
 new tokens (and their logprobs, for the requests that ask), and the ends of aborted sequences.
-A step the device has no memory for is survived (step_memory.py), and a step that hangs is seen
-(step_watchdog.py).
+The launch of each step, and the collection of the one before, are step_launcher.py's.
 Weight requests (weight_requests.py) run between steps, once the step in flight is booked.
 """
 
 import asyncio
-import time
 import uuid
-
-import torch
 
 from actors.executor.grammars import Grammars, StepMasks
 from actors.executor.kv_moves import KVMoves, MovesDone
-from actors.executor.running_batch import KVMove, RunningBatch
+from actors.executor.running_batch import RunningBatch
 from actors.executor.running_sequence import PlannedInput
+from actors.executor.step_launcher import StepLauncher
 from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
 from actors.executor.weight_requests import WeightRequests
 from actors.lib.block_hashes import weights_fingerprint
 from gpu.runner import ModelRunner
-from gpu.step_io import PendingStep, SequenceInput
+from gpu.step_io import PendingStep
 from kernel.actor import Actor
 from schemas.executor_weights import ExecutorWeightsRequest
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, OutOfMemory, SequenceUpdate, StepOutput
-
-# A launch on the event loop longer than this is logged: the loop served nothing meanwhile, and at
-# three times this (three missed heartbeats) the supervisor takes the executor for stuck.
-SLOW_LAUNCH_S = 1.0
 
 
 def pick_device(requested: str) -> str:
@@ -88,6 +81,7 @@ class ExecutorActor(Actor):
         self.step_count = 0
         self.watchdog = StepWatchdog(cfg.step_deadline_s)
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
+        self.launcher = StepLauncher(self.runner, self.moves, self.watchdog, self.memory, self.log)
         # A restart loads the model from --model again, whatever updates came since: that version.
         fingerprint = weights_fingerprint(cfg.model, str(self.runner.dtype))
         self.weights = WeightRequests(
@@ -203,7 +197,7 @@ class ExecutorActor(Actor):
             if inputs or copies or in_flight:
                 previous = in_flight[0] if in_flight else None
                 masks = StepMasks.of(inputs, plan, in_flight, self.grammars)  # of its constrained draws
-                launched, tokens, out_of_memory = await self._step(copies, inputs, plan, previous, masks)
+                launched, tokens, out_of_memory = await self.launcher.step(copies, inputs, plan, previous, masks)
                 if in_flight:
                     pending, booked = in_flight
                     logprobs = pending.logprobs() if self.batch.asks_logprobs(booked) else None
@@ -257,89 +251,3 @@ class ExecutorActor(Actor):
             limit_bytes=self.bus.max_payload_bytes // 2,
             halves=halves_of,
         )
-
-    async def _step(
-        self,
-        copies: list[KVMove],
-        inputs: list[SequenceInput],
-        plan: list[PlannedInput],
-        previous: PendingStep | None,
-        masks: StepMasks | None = None,
-    ) -> tuple[PendingStep | None, list[int | None] | None, OutOfMemory | None]:
-        """Launches the next step and collects the one in flight, under the watchdog's eye. A
-        launch the device has no memory for launches nothing; the step before is collected all the
-        same, and the report of the failure comes third. `masks`: of the launch's constrained draws."""
-        with self.watchdog.watch(f"a step of {len(inputs)} sequences"):
-            try:
-                launched, tokens = await self._launch_then_collect(copies, inputs, previous, masks)
-            except torch.OutOfMemoryError as error:
-                out_of_memory = await self.memory.recover(error, plan)
-                self.log.warning(
-                    "step_out_of_memory",
-                    sequences=out_of_memory.sequences,
-                    tokens=out_of_memory.tokens,
-                    prefill_budget=self.memory.prefill_budget,
-                )
-                return None, await self._collect(previous), out_of_memory
-        if inputs:
-            self.memory.step_fit()
-        return launched, tokens, None
-
-    async def _launch_then_collect(
-        self,
-        copies: list[KVMove],
-        inputs: list[SequenceInput],
-        previous: PendingStep | None,
-        masks: StepMasks | None = None,
-    ) -> tuple[PendingStep | None, list[int | None] | None]:
-        """Enqueues the next step behind the one in flight, then waits for that one's tokens, so
-        the GPU has work queued while the host books and publishes.
-
-        On a GPU a launch returns once the step is enqueued, after its host work (a millisecond or
-        a few), so both happen on the event loop, which polls for the step's end between bus
-        messages: handing them to a worker thread cost two thread wake-ups a step, a visible share
-        of a small model's first token. The loop serves nothing while a launch runs, so a launch
-        must stay well under the heartbeats' 3 s; one over SLOW_LAUNCH_S is logged. Start-up
-        captures the graphs, which compiles and loads the kernels, so later launches stay far under
-        it. On the CPU a launch computes the whole step, so it runs in a worker thread, and the bus
-        and the heartbeats are served meanwhile. Measurements: docs/journal/benchmarks.md, section
-        "Low-load TTFT: the executor launches on its event loop". A launch with constrained draws
-        (`masks`) waits inside for the previous step's tokens, after enqueueing its forward pass
-        (grammars.py): on a GPU the loop is blocked for that wait, at most the step in flight."""
-        if not self.runner.launches_asynchronously:
-            return await asyncio.to_thread(self._launch_then_wait, copies, inputs, previous, masks)
-        started = time.perf_counter()
-        launched = self._launch(copies, inputs, masks)
-        if (blocked_s := time.perf_counter() - started) > SLOW_LAUNCH_S:
-            self.log.warning(
-                "slow_launch",
-                seconds=round(blocked_s, 3),
-                sequences=len(inputs),
-                tokens=sum(len(s.token_ids) for s in inputs),
-            )
-        return launched, await self._collect(previous)
-
-    @staticmethod
-    async def _collect(step: PendingStep | None) -> list[int | None] | None:
-        """The tokens of a launched step, polled for on the loop."""
-        if step is None:
-            return None
-        while not step.done():  # busy-waits, as cudaEventSynchronize usually does
-            await asyncio.sleep(0)
-        return step.tokens()
-
-    def _launch_then_wait(
-        self,
-        copies: list[KVMove],
-        inputs: list[SequenceInput],
-        previous: PendingStep | None,
-        masks: StepMasks | None = None,
-    ) -> tuple[PendingStep | None, list[int | None] | None]:
-        """In a worker thread: launches, then blocks until the previous step's tokens are on the host."""
-        return self._launch(copies, inputs, masks), previous.tokens() if previous else None
-
-    def _launch(
-        self, copies: list[KVMove], inputs: list[SequenceInput], masks: StepMasks | None = None
-    ) -> PendingStep | None:
-        self.moves.apply(copies)
-        return self.runner.launch(inputs, masks) if inputs else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import structlog
 
-from actors.executor import actor as executor_actor
+from actors.executor import step_launcher
 from actors.executor.actor import ExecutorActor
 from actors.inprocess import InProcessEngine
 from actors.scheduler.batching import ContinuousBatcher
@@ -178,7 +178,7 @@ def in_process_outputs(model_dir, prompts: list[list[int]], max_tokens: list[int
 async def test_steps_launched_and_polled_on_the_loop_give_the_in_process_tokens(
     tmp_path, build_tiny_model, launched_on_loop, captured_logs, monkeypatch
 ):
-    monkeypatch.setattr(executor_actor, "SLOW_LAUNCH_S", 0.0)  # every launch counts as slow: each is logged
+    monkeypatch.setattr(step_launcher, "SLOW_LAUNCH_S", 0.0)  # every launch counts as slow: each is logged
     model_dir = build_tiny_model("llama")
     outputs, _ = await serve_through_executor(tmp_path, model_dir, PROMPTS, MAX_TOKENS)
 
