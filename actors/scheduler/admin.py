@@ -26,6 +26,7 @@ from schemas.admin import (
     PauseGeneration,
     PauseState,
     PublishPrefix,
+    SchedulerStats,
     TierName,
 )
 from schemas.errors import Error
@@ -43,6 +44,25 @@ def admin_subjects(subjects: Subjects) -> list[tuple[str, type[AdminRequest]]]:
         (subjects.admin_continue, ContinueGeneration),
         (subjects.admin_pause_state, GetPause),
     ]
+
+
+def scheduler_stats(batcher: ContinuousBatcher) -> SchedulerStats:
+    """The batcher's figures, as GET /admin/stats shows them before the pause adds its own."""
+    kv = batcher.kv
+    cache, tiers = kv.cache.stats(), kv.tiers()
+    return SchedulerStats(
+        len(batcher.requests.waiting),
+        len(batcher.requests.running),
+        kv.pool.num_blocks,
+        kv.pool.num_free,
+        cache.cached_blocks,
+        cache.evictable_blocks,
+        cache.hit_tokens,
+        cache.queried_tokens,
+        batcher.preemptions,
+        tiers,
+        sum(tiers[t].hits for t in ("host", "disk") if t in tiers) * kv.block_size,
+    )
 
 
 class PauseChanged(NamedTuple):
@@ -76,7 +96,7 @@ class SchedulerAdmin:
         batcher = self.batcher
         match message:
             case GetStats():
-                return self.pause.stats(batcher.stats())
+                return self.pause.stats(scheduler_stats(batcher))
             case GetCache():
                 return batcher.kv.report(batcher.requests.running)
             case FlushCache():

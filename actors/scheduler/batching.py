@@ -12,10 +12,12 @@ run until steps fit again.
 
 The batcher decides; four plain objects it owns keep the books: the request table
 (request_table.py), the KV manager (kv_manager.py), the prefill planner (prefill_planner.py) and
-the ledger of drops the executor has not confirmed (drop_ledger.py).
+the ledger of drops the executor has not confirmed (drop_ledger.py). Admitting one sequence, and
+the command that starts it, are admission.py's.
 """
 
 from actors.lib.memory_backoff import MemoryBackoff
+from actors.scheduler.admission import admit
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.drop_ledger import DropLedger
 from actors.scheduler.kv_manager import KVManager
@@ -23,12 +25,11 @@ from actors.scheduler.prefill_planner import PrefillPlanner
 from actors.scheduler.request_table import RequestTable
 from actors.scheduler.sequence import Sequence, State
 from kernel.tenants import may_abort
-from schemas.admin import SchedulerStats
 from schemas.embed import Pooling
 from schemas.errors import Error
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
-from schemas.step import Command, DropSequence, GrantBlocks, HoldStepping, StartSequence, StepOutput
+from schemas.step import Command, DropSequence, GrantBlocks, HoldStepping, StepOutput
 
 
 class ContinuousBatcher:
@@ -205,23 +206,6 @@ class ContinuousBatcher:
         self._commands = []
         self.drops.clear()
 
-    def stats(self) -> SchedulerStats:
-        cache = self.kv.cache.stats()
-        tiers = self.kv.tiers()
-        return SchedulerStats(
-            len(self.requests.waiting),
-            len(self.requests.running),
-            self.kv.pool.num_blocks,
-            self.kv.pool.num_free,
-            cache.cached_blocks,
-            cache.evictable_blocks,
-            cache.hit_tokens,
-            cache.queried_tokens,
-            self.preemptions,
-            tiers,
-            sum(tiers[t].hits for t in ("host", "disk") if t in tiers) * self.kv.block_size,
-        )
-
     # -- scheduling -----------------------------------------------------------------------
 
     def schedule(self) -> list[Command]:
@@ -244,11 +228,12 @@ class ContinuousBatcher:
             seq = waiting[skipped]
             if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv) or self.kv.waits_for_disk(seq):
                 skipped += 1
-            elif self._admit(seq):
+            elif (started := admit(seq, self.requests, self.kv)) is not None:
+                self._commands += started
                 budget -= self._send_chunk(seq, budget)
             else:
                 break  # first come, first served: nothing overtakes a request short of blocks
-        self._commands += self.kv.take_commands()
+        self._commands += self.kv.take_commands()  # with the loads of one that waits, into the tree
         commands, self._commands = self._commands, []
         return commands
 
@@ -266,45 +251,6 @@ class ContinuousBatcher:
                     break
             if blocks:
                 self._commands.append(GrantBlocks(seq.request_id, blocks))
-
-    def _admit(self, seq: Sequence) -> bool:
-        """Starts `seq` on the executor if blocks for all its uncached tokens can be had. It reads
-        the cached prefix's shared blocks and writes only its own, after them; a choice whose
-        parent computed the prompt forks the parent's blocks instead."""
-        parent = self.requests.get(seq.fork_of) if seq.fork_of and not seq.output_ids else None
-        if parent is not None and (parent.prefilling or parent.state is State.DRAINING):
-            return False  # the prompt is being computed, once for every choice
-        if parent is not None and parent.state is State.RUNNING:
-            copy = self.kv.fork(seq, parent)
-            if copy is None:
-                return False
-            self._commands.append(copy)
-            computed = len(seq.prompt_ids) - 1  # the prompt's last token again, for this choice's logits
-        elif self.kv.start(seq):
-            computed = seq.cached.num_tokens
-        else:
-            self._commands += self.kv.take_commands()  # loads into the tree, though this one waits
-            return False
-        self._commands += self.kv.take_commands()  # loads of its prefix from the host: before its start
-        self.requests.start(seq)
-        seq.start_run(computed)
-        # A penalty counts the prompt (the repetition penalty) and the outputs before a preemption;
-        # a constraint's grammar replays those outputs.
-        p = seq.params
-        penalized = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-        self._commands.append(
-            StartSequence(
-                seq.request_id,
-                seq.params,
-                list(seq.blocks),
-                len(seq.output_ids),
-                computed,
-                penalty_prompt_ids=list(seq.prompt_ids) if p.repetition_penalty != 1.0 else [],
-                output_ids=list(seq.output_ids) if penalized or p.constraint is not None else [],
-                pooling=seq.pooling,
-            )
-        )
-        return True
 
     def _send_chunk(self, seq: Sequence, budget: int) -> int:
         chunk = self.prefill.next_chunk(seq, budget)

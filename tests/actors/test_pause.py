@@ -7,6 +7,7 @@ with the tokens an unpaused run draws (greedy), the aborted ones with a prefix o
 import pytest
 
 from actors.inprocess import InProcessEngine
+from actors.scheduler.admin import scheduler_stats
 from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import State
 from gpu.runner import ModelRunner
@@ -106,7 +107,7 @@ def test_in_place_holds_stepping_and_keeps_the_kv(llama_dir, unpaused):
     assert engine.batch.held and {name: len(engine.outputs[name]) for name in PROMPTS} == drawn
     for name, held in blocks.items():  # kept (a grant ahead may add some)
         assert list(engine.batcher.sequences[name].blocks)[: len(held)] == held
-    stats = pause_.stats(engine.batcher.stats())
+    stats = pause_.stats(scheduler_stats(engine.batcher))
     assert (stats.running, stats.waiting) == (0, 4)  # held ones do not count as running
     check_blocks(engine)
     resume_and_finish(engine, pause_, unpaused)

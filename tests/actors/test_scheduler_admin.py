@@ -3,7 +3,7 @@ holds, the continue, stats while paused, a flush, and the commit of new weights.
 
 import structlog
 
-from actors.scheduler.admin import PauseChanged, SchedulerAdmin
+from actors.scheduler.admin import PauseChanged, SchedulerAdmin, scheduler_stats
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.sequence import Sequence
 from actors.scheduler.sessions import SessionTable
@@ -60,7 +60,7 @@ async def test_a_flush_frees_the_cached_blocks_of_the_tiers_this_server_has():
     a = admin()
     cached_prompt(a)
     assert await a.flush(FlushCache().tier) == CacheFlushed(2, {"gpu": 2})
-    assert a.batcher.stats().free_blocks == 16
+    assert scheduler_stats(a.batcher).free_blocks == 16
     assert await a.flush("all") == CacheFlushed(0, {"gpu": 0})  # neither a host nor a disk tier
 
 
@@ -69,4 +69,4 @@ def test_new_weights_start_a_cache_generation_unless_the_update_keeps_the_cache(
     cached_prompt(a)
     assert a.weights_committed(WeightsCommitted("1", keep_cache=True)) == CacheGeneration(0, 0)
     assert a.weights_committed(WeightsCommitted("2", keep_cache=False)) == CacheGeneration(1, 2)
-    assert a.batcher.stats().free_blocks == 16
+    assert scheduler_stats(a.batcher).free_blocks == 16
