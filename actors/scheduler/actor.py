@@ -1,8 +1,9 @@
 """The scheduler actor: owns the request table, the queue, the running batch, the KV block ids
 and the sessions table.
 
-It wraps a `ContinuousBatcher`: submits, aborts and step outputs go in, executor commands come
-out, published as one message per scheduling round without waiting for a reply. Beside it a
+It wraps a `ContinuousBatcher`, built for the executor that answers (batcher_setup.py): submits,
+aborts and step outputs go in, executor commands come out, published as one message per
+scheduling round without waiting for a reply. Beside it a
 `SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache,
 `DurableSessions` (durable_sessions.py) answers for it and keeps the snapshot actor's copy on disk
 up to date, and a `SchedulerAdmin` (admin.py) answers the admin conversations and the commit of
@@ -11,14 +12,14 @@ new weights.
 
 import asyncio
 import uuid
-from collections import defaultdict
 
 from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
+from actors.scheduler.batcher_setup import new_batcher, reset_batcher, session_budget_tokens
 from actors.scheduler.batching import ContinuousBatcher
-from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.disk_link import DiskLink
 from actors.scheduler.durable_sessions import DurableSessions
-from actors.scheduler.sequence import Sequence, State
+from actors.scheduler.request_ends import ends_of_aborted
+from actors.scheduler.sequence import Sequence
 from actors.scheduler.sessions import SessionTable
 from kernel.actor import Actor
 from kernel.liveness import Liveness
@@ -26,17 +27,7 @@ from kernel.tenants import request_tenant
 from schemas.admin import AdminReply, AdminRequest, FlushCache
 from schemas.errors import Error
 from schemas.health import Heartbeat
-from schemas.requests import (
-    Abort,
-    AbortAll,
-    Aborted,
-    Accepted,
-    OutputBatch,
-    RequestOutput,
-    SchedulerRequest,
-    Submit,
-    Tenant,
-)
+from schemas.requests import Abort, AbortAll, Aborted, Accepted, OutputBatch, SchedulerRequest, Submit, Tenant
 from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 from schemas.session import AsTenant, BeginTurn, PublicSessionRequest, RecordTurn, SessionReply, SessionRequest
 from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
@@ -110,37 +101,13 @@ class SchedulerActor(Actor):
         if info.executor_id == self.executor_id:
             return
         if self.batcher is None:
-            engine, tenancy = self.config.engine, self.config.tenancy
-            self.batcher = ContinuousBatcher(
-                info.num_blocks,
-                info.block_size,
-                info.max_model_len,
-                info.vocab_size,
-                engine.max_num_seqs,
-                engine.max_prefill_tokens,
-                prefix_caching=engine.prefix_caching,
-                tenancy=TenancyPolicy(tenancy.public_prefix_tenants, tenancy.public_prefix_window_s),
-                host_slots=info.host_kv_slots,
-                kv_fingerprint=f"{info.weights_fingerprint}|{info.dtype}",
-                disk_segment=info.host_segment if engine.disk_kv_gb > 0 else "",
-                kv_block_bytes=info.kv_block_bytes,
-            )
+            self.batcher = new_batcher(info, self.config.engine, self.config.tenancy)
         else:
             self.log.warning(
                 "executor_changed", old=self.executor_id, new=info.executor_id, requeued=len(self.batcher.sequences)
             )
-            self.batcher.reset_executor(
-                info.num_blocks,
-                info.block_size,
-                info.max_model_len,
-                info.vocab_size,
-                info.host_kv_slots,
-                f"{info.weights_fingerprint}|{info.dtype}",
-                info.host_segment if self.config.engine.disk_kv_gb > 0 else "",
-                info.kv_block_bytes,
-            )
-        budget = self.config.engine.session_budget_tokens
-        budget = info.num_blocks * info.block_size // 2 if budget is None else budget
+            reset_batcher(self.batcher, info, self.config.engine)
+        budget = session_budget_tokens(info, self.config.engine)
         if self.sessions is None:
             self.sessions = SessionTable(self.batcher.kv.cache, budget)
             self.admin = SchedulerAdmin(self.batcher, self.sessions, self.disk_link.flush, self.log)
@@ -191,16 +158,9 @@ class SchedulerActor(Actor):
     async def _aborted(self, aborted: list[Sequence], keep_output: bool) -> None:
         """After aborts: with `keep_output`, ends those that were not on the executor (whose end
         comes from there) for their origins, after the tokens they drew; then schedules."""
-        ends: dict[str, list[RequestOutput]] = defaultdict(list)
         for seq in aborted:
             self.sessions.turn_released(seq.request_id)
-            if keep_output and seq.state is not State.RUNNING:
-                done = len(seq.output_ids)
-                ends[seq.origin].append(
-                    RequestOutput(
-                        seq.request_id, [], "", "abort", done, output_index=done, weight_version=self.weight_version
-                    )
-                )
+        ends = ends_of_aborted(aborted, self.weight_version) if keep_output else {}
         for origin, outputs in ends.items():
             await self.bus.publish(origin, OutputBatch(outputs))
         if aborted:
