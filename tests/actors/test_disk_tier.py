@@ -155,3 +155,18 @@ def test_a_listing_that_failed_is_asked_again(monkeypatch):
     kv.disk.replied(None, listing, Error("unavailable", "no cache_tier yet", retriable=True))
     assert kv.waits_for_disk(sequence("s", list(range(13))))  # meanwhile every prompt asks
     assert any(isinstance(request, ListBlocks) for _, request in kv.disk.take_requests())
+
+
+def test_no_spill_is_sent_while_a_request_waits_for_its_fetch():
+    """The disk tier answers one request at a time: a spill sent now would hold the fetch up."""
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    writer = sequence("w", list(range(100, 109)))
+    kv.host.to_save(kv.host.hashes(writer, writer.prompt_ids, 2), [5, 6], writer.prompt_ids, kv.host.root(writer))
+    kv.host.saved([0, 1])  # two host blocks the disk has not had
+    seq = sequence("s", list(range(13)))
+    assert kv.waits_for_disk(seq)
+    ((request_id, fetch),) = moves(kv)
+    assert isinstance(fetch, FetchBlocks) and moves(kv) == []  # the spill waits
+    kv.disk.replied(request_id, fetch, BlocksFetched(0))
+    ((_, spill),) = moves(kv)
+    assert isinstance(spill, SpillBlocks)
