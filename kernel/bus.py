@@ -7,7 +7,8 @@ raises `BusUnavailable`.
 
 Its parts: kernel/bus_codec.py (msgpack in and out), kernel/bus_connection.py (the connection and
 its reconnection), kernel/bus_subscriptions.py (decode, call the handler, answer) and
-kernel/bus_service.py (the subscriptions as a NATS micro service). Only these modules import nats.
+kernel/bus_service.py (the subscriptions as a NATS micro service), kernel/bus_kv.py (JetStream's
+key-value buckets). Only these modules import nats.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ import structlog
 from kernel.bus_auth import BusCredentials
 from kernel.bus_codec import PayloadTooLarge, decode, encode, encode_within
 from kernel.bus_connection import close_connection, open_connection
+from kernel.bus_kv import KeyValueBucket, open_bucket
 from kernel.bus_service import start_service
 from kernel.bus_subscriptions import Handler, Subscription, Subscriptions, TokenHandler
 from kernel.busy_poll import BusyPoll
@@ -219,6 +221,11 @@ class Bus:
             data = encode(Error("invalid_request", f"the answer is too large to cross the server's bus: {exc}"))
         self._note_traffic(message)
         await self._nc.publish(reply_to, data)
+
+    async def key_value(self, name: str) -> KeyValueBucket:
+        """The server's JetStream key-value bucket `name`, made if new (kernel/bus_kv.py); raises
+        `JetStreamUnavailable` where the server has no JetStream."""
+        return await open_bucket(self._nc, name)
 
     async def flush(self, timeout_s: float = 2.0) -> None:
         await self._nc.flush(timeout=timeout_s)

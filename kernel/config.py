@@ -103,6 +103,7 @@ class SupervisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """What the supervisor starts, where it keeps state, and how often a child may restart."""
 
     data_dir: NonEmpty = ".kernel"
+    session_store: Literal["auto", "files", "jetstream"] = "auto"
     tokenizers: AtLeastOne = 1
     max_restarts: AtLeastZero = 5
     restart_period_s: PositiveSeconds = 60.0

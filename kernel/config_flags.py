@@ -28,6 +28,10 @@ HELP = {
     "an external server has its own): a prompt crosses the bus whole, at up to 5 bytes a "
     "token, and a longer one gets 400",
     "data_dir": "where the embedded server, converted and built models and other state live",
+    "session_store": "where the snapshot actor keeps sessions for restarts: files (under <data-dir>/sessions/), "
+    "jetstream (a key-value bucket of the NATS server, one per --namespace: servers on several machines sharing "
+    "one external NATS and namespace share their sessions; files, with a warning, where the server has no "
+    "JetStream), or auto: jetstream with --nats-url, files under the embedded server",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral), a .gguf file of one (converted once "
     f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
     f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",

@@ -18,7 +18,7 @@ import uvloop
 from kernel import bus_auth, config_flags, tenants
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
-from kernel.config import KernelConfig
+from kernel.config import KernelConfig, SupervisionConfig
 from kernel.liveness import Instance, Liveness
 from kernel.log import configure
 from kernel.model_source import ModelUnavailable, prepare_model
@@ -75,7 +75,9 @@ class Supervisor:
             )
             await self.nats.start()
             self.config = msgspec.structs.replace(
-                self.config, bus=msgspec.structs.replace(self.config.bus, nats_url=self.nats.url)
+                self.config,
+                bus=msgspec.structs.replace(self.config.bus, nats_url=self.nats.url),
+                supervision=self._local_sessions(),
             )
         own_credentials = self._credentials_file("supervisor")
         credentials = bus_auth.load_credentials(own_credentials) if own_credentials else None
@@ -94,6 +96,14 @@ class Supervisor:
                 group.create_task(self._stop_on(stop_requested))
         finally:
             await bus.close()
+
+    def _local_sessions(self) -> SupervisionConfig:
+        """Under the embedded server, `auto` keeps sessions in files: its children are handed its
+        --nats-url, which in them would mean an external server's JetStream."""
+        supervision = self.config.supervision
+        if supervision.session_store != "auto":
+            return supervision
+        return msgspec.structs.replace(supervision, session_store="files")
 
     def _credentials_file(self, user: str) -> str | None:
         """Under the embedded server each actor connects as a user of its own; the credentials

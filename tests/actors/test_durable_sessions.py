@@ -9,8 +9,9 @@ import time
 import structlog
 
 from actors.scheduler.durable_sessions import DurableSessions
-from actors.snapshot.actor import SESSIONS_DIR, SnapshotActor
+from actors.snapshot.actor import SnapshotActor
 from actors.snapshot.session_store import SessionStore
+from actors.snapshot.stores import SESSIONS_DIR
 from kernel.bus import Bus
 from kernel.config import BusConfig, KernelConfig, SupervisionConfig
 from kernel.subjects import Subjects
@@ -31,7 +32,8 @@ async def test_a_turn_asked_while_restoring_waits_for_the_saved_session(nats_url
     await asyncio.sleep(0.5)
     assert not begun.done() and not restoring.done()  # no snapshot actor yet: the restore asks again
 
-    config = KernelConfig(bus=BusConfig(nats_url=nats_url), supervision=SupervisionConfig(data_dir=str(tmp_path)))
+    supervision = SupervisionConfig(data_dir=str(tmp_path), session_store="files")
+    config = KernelConfig(bus=BusConfig(nats_url=nats_url), supervision=supervision)
     snapshot_bus = await Bus.connect(nats_url, "snapshot")
     snapshot = SnapshotActor(config, snapshot_bus, argparse.Namespace())
     stop = asyncio.Event()

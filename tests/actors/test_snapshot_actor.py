@@ -1,9 +1,12 @@
 """The snapshot actor on a real nats-server: it takes the scheduler's changes in the order sent, so
-a restore asked right after a burst of saves and drops sees every one of them."""
+a restore asked right after a burst of saves and drops sees every one of them, in files or in the
+server's JetStream alike."""
 
 import argparse
 import asyncio
 import time
+
+import pytest
 
 from actors.snapshot.actor import SnapshotActor
 from kernel.bus import Bus
@@ -26,8 +29,10 @@ def record(i: int, last_used: float) -> SessionRecord:
     return SessionRecord(f"s{i:03}", Tenant(), 64, 600.0, last_used, [TurnRecord("t", None, 0, list(range(i)))])
 
 
-async def test_a_restore_sees_every_change_sent_before_it(nats_url, tmp_path):
-    config = KernelConfig(bus=BusConfig(nats_url=nats_url), supervision=SupervisionConfig(data_dir=str(tmp_path)))
+@pytest.mark.parametrize("session_store", ["files", "jetstream"])
+async def test_a_restore_sees_every_change_sent_before_it(nats_url, tmp_path, session_store):
+    supervision = SupervisionConfig(data_dir=str(tmp_path), session_store=session_store)
+    config = KernelConfig(bus=BusConfig(nats_url=nats_url), supervision=supervision)
     actor_bus = await Bus.connect(nats_url, "snapshot")
     scheduler = await Bus.connect(nats_url, "scheduler")
     started = asyncio.Event()
@@ -53,6 +58,7 @@ async def test_a_restore_sees_every_change_sent_before_it(nats_url, tmp_path):
         assert isinstance(reply, SessionsRestored) and reply.complete
         assert reply.records == [r for i, r in enumerate(records) if i % 3 and i < 30]
         assert reply.snapshot_id == actor.instance_id
+        assert any((tmp_path / "sessions").glob("*.session")) == (session_store == "files")
     finally:
         stop.set()
         await running

@@ -1,0 +1,94 @@
+"""The snapshot actor's sessions in a JetStream key-value bucket of the NATS server, for servers on
+an external NATS (`--nats-url`): every server of one bus namespace on that NATS reads and writes
+the same sessions, so a session saved by a server on one machine continues on another.
+
+The same behaviour as the files (session_store.py): one key per session, named by its id, holding
+the same bytes as its file (magic, digest, msgpack record), so a value flipped or cut anywhere is
+caught and never served; such a value is deleted and logged, where a file would be set aside (a
+bucket has no folder to set it aside in).
+"""
+
+import time
+from collections.abc import Callable, Collection
+
+import structlog
+
+from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, Unreadable, decode_file, encode_file
+from kernel.bus_kv import KeyValueBucket, KeyValueError
+from schemas.snapshot import SessionRecord
+
+log = structlog.get_logger()
+
+BUCKET_PURPOSE = "sessions"  # the bucket's name starts with it, then the bus namespace
+
+
+class KeyValueSessionStore:
+    """The saved sessions in `bucket`, one key each. Operations raise `KeyValueError` where the
+    bucket does not answer, as the files' raise OSError, except `save`, which reports it."""
+
+    def __init__(self, bucket: KeyValueBucket, clock: Callable[[], float] = time.time) -> None:
+        self.bucket = bucket
+        self.clock = clock  # the wall clock: records' `last_used` is wall-clock time, across machines
+
+    async def save(self, record: SessionRecord) -> bool:
+        """Puts `record` over the session's value. If the bucket refuses it: a warning, the older
+        value deleted too (a restore must not bring back a session without its latest turns), and
+        False."""
+        try:
+            await self.bucket.put(record.session_id, encode_file(record))
+        except KeyValueError as exc:  # too large for the server, or JetStream is down
+            log.warning("session_not_saved", session_id=record.session_id, error=str(exc))
+            try:
+                await self.bucket.delete(record.session_id)
+            except KeyValueError:
+                pass  # unreachable now: the scheduler sends every session again when the bus is back
+            return False
+        return True
+
+    async def drop(self, session_id: str) -> bool:
+        """Deletes the session's value; False if there was none."""
+        if await self.bucket.get(session_id) is None:
+            return False
+        await self.bucket.delete(session_id)
+        return True
+
+    async def keep_only(self, session_ids: Collection[str]) -> list[str]:
+        """Deletes every saved session not in `session_ids`; returns the ids deleted."""
+        kept, dropped = set(session_ids), []
+        for session_id in sorted(await self.bucket.keys()):
+            if session_id not in kept:
+                await self.bucket.delete(session_id)
+                dropped.append(session_id)
+        return dropped
+
+    async def restore(self, after: str, limit_bytes: int) -> tuple[list[SessionRecord], bool]:
+        """The saved sessions with ids after `after`, in id order, as many as fit `limit_bytes`
+        encoded, and whether none is left after them. Expired sessions and unreadable values are
+        deleted on the way, so neither is returned."""
+        page: list[SessionRecord] = []
+        used = 0
+        for session_id in sorted(i for i in await self.bucket.keys() if i > after):
+            data = await self.bucket.get(session_id)
+            if data is None:
+                continue  # deleted since the listing, by this deployment's scheduler or another's
+            try:
+                record = decode_file(data)
+                if record.session_id != session_id:
+                    raise Unreadable(f"it holds session {record.session_id!r}")
+            except Unreadable as exc:
+                await self.bucket.delete(session_id)
+                log.error("session_value_unreadable", bucket=self.bucket.name, session_id=session_id, reason=str(exc))
+                continue
+            if self.clock() - record.last_used > record.idle_timeout_s:
+                log.info("session_expired_while_down", session_id=session_id)
+                await self.bucket.delete(session_id)
+                continue
+            size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
+            if size > limit_bytes:
+                log.warning("session_too_large_to_restore", session_id=session_id, bytes=size, limit=limit_bytes)
+                continue
+            if used + size > limit_bytes:
+                return page, False
+            page.append(record)
+            used += size
+        return page, True

@@ -1,0 +1,97 @@
+"""A JetStream key-value bucket as actors use it: bytes by key, in a bucket that keeps only each
+key's latest value. kernel/bus.py opens one (`Bus.key_value`); what goes wrong on the wire comes
+back as `JetStreamUnavailable` or `KeyValueError`, never as a nats exception.
+
+A bucket lives in the NATS server, not in one deployment: every client of that server that names
+the same bucket sees the same keys, which is how servers on several machines share state.
+"""
+
+import hashlib
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+REQUEST_TIMEOUT_S = 5.0  # of one JetStream API call; a healthy server answers in milliseconds
+
+
+class KeyValueError(Exception):
+    """A bucket operation that failed: the server refused it, or did not answer in time."""
+
+
+class JetStreamUnavailable(KeyValueError):
+    """The NATS server has no JetStream (started without `-js`), or it is not reachable now."""
+
+
+def bucket_name(purpose: str, namespace: str) -> str:
+    """A bucket of its own per bus namespace, so deployments that share a NATS server under
+    different namespaces never mix their keys. Bucket names allow no dots, which namespaces have:
+    the dots become underscores, and a digest of the namespace itself tells `a.b` from `a_b`."""
+    digest = hashlib.blake2b(namespace.encode(), digest_size=4).hexdigest()
+    return f"{purpose}-{namespace.replace('.', '_')}-{digest}"
+
+
+class KeyValueBucket:
+    """One bucket. Keys are JetStream's: letters, digits and `-_=./`."""
+
+    def __init__(self, kv: KeyValue, name: str) -> None:
+        self._kv = kv
+        self.name = name
+
+    async def put(self, key: str, value: bytes) -> None:
+        """Replaces the key's value. Raises `KeyValueError` if the bucket did not take it (a value
+        over the server's max_payload, say)."""
+        try:
+            await self._kv.put(key, value)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _error(f"cannot put {key!r} into bucket {self.name}", exc) from None
+
+    async def get(self, key: str) -> bytes | None:
+        """The key's value, or None if it has none (never put, or deleted)."""
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # a deleted key raises it too
+            return None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _error(f"cannot get {key!r} from bucket {self.name}", exc) from None
+        return entry.value or b""
+
+    async def delete(self, key: str) -> None:
+        """Removes the key's value, if it has one."""
+        try:
+            await self._kv.purge(key)  # a purge drops the old value's bytes too, not only hides them
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _error(f"cannot delete {key!r} from bucket {self.name}", exc) from None
+
+    async def keys(self) -> list[str]:
+        """Every key with a value, in no particular order."""
+        try:
+            return await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _error(f"cannot list the keys of bucket {self.name}", exc) from None
+
+
+async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
+    """The bucket `name`, made if it does not exist yet, keeping one value per key. Raises
+    `JetStreamUnavailable` where the server has no JetStream."""
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    try:
+        try:
+            kv = await js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            # Two servers may make it at once: the second's identical request succeeds as well.
+            kv = await js.create_key_value(bucket=name, history=1)
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise _error(f"cannot open the key-value bucket {name}", exc) from None
+    return KeyValueBucket(kv, name)
+
+
+def _error(what: str, exc: Exception) -> KeyValueError:
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return JetStreamUnavailable(f"{what}: the NATS server has no JetStream (start it with -js)")
+    if isinstance(exc, nats.errors.ConnectionClosedError):
+        return JetStreamUnavailable(f"{what}: the bus connection is closed")
+    return KeyValueError(f"{what}: {exc!r}")
