@@ -58,6 +58,25 @@ def discovery(actor: str) -> list[str]:
     return ["$SRV.*", f"$SRV.*.{actor}", f"$SRV.*.{actor}.*"]
 
 
+def key_value_bucket(bucket: str) -> list[str]:
+    """What a user publishes to use one JetStream key-value bucket, and no other stream: bind or
+    make it, get, put and delete keys, and list them (an ordered consumer of the stream, delivered
+    to the user's own inbox)."""
+    stream = f"KV_{bucket}"
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.FC.{stream}.>",
+        f"$KV.{bucket}.>",
+    ]
+
+
 def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = False) -> dict[str, Grant]:
     """What each user may publish and subscribe to: the one table to extend with a new actor.
     Every user may also subscribe to its own inbox (see `inbox_prefix`). `tenants`: the tenants of
@@ -113,7 +132,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             answers_requests=True,
         ),
         "snapshot": Grant(
-            publish=[s.heartbeat("snapshot")],
+            publish=[s.heartbeat("snapshot"), *key_value_bucket(s.sessions_bucket)],
             subscribe=[s.snapshot_sessions, *discovery("snapshot")],
             answers_requests=True,
         ),

@@ -3,10 +3,9 @@ key's latest value. kernel/bus.py opens one (`Bus.key_value`); what goes wrong o
 back as `JetStreamUnavailable` or `KeyValueError`, never as a nats exception.
 
 A bucket lives in the NATS server, not in one deployment: every client of that server that names
-the same bucket sees the same keys, which is how servers on several machines share state.
+the same bucket sees the same keys, which is how servers on several machines share state. Names
+come from kernel/subjects.py, one bucket per namespace.
 """
-
-import hashlib
 
 import nats.errors
 import nats.js.errors
@@ -22,14 +21,6 @@ class KeyValueError(Exception):
 
 class JetStreamUnavailable(KeyValueError):
     """The NATS server has no JetStream (started without `-js`), or it is not reachable now."""
-
-
-def bucket_name(purpose: str, namespace: str) -> str:
-    """A bucket of its own per bus namespace, so deployments that share a NATS server under
-    different namespaces never mix their keys. Bucket names allow no dots, which namespaces have:
-    the dots become underscores, and a digest of the namespace itself tells `a.b` from `a_b`."""
-    digest = hashlib.blake2b(namespace.encode(), digest_size=4).hexdigest()
-    return f"{purpose}-{namespace.replace('.', '_')}-{digest}"
 
 
 class KeyValueBucket:

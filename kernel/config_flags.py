@@ -29,9 +29,9 @@ HELP = {
     "token, and a longer one gets 400",
     "data_dir": "where the embedded server, converted and built models and other state live",
     "session_store": "where the snapshot actor keeps sessions for restarts: files (under <data-dir>/sessions/), "
-    "jetstream (a key-value bucket of the NATS server, one per --namespace: servers on several machines sharing "
-    "one external NATS and namespace share their sessions; files, with a warning, where the server has no "
-    "JetStream), or auto: jetstream with --nats-url, files under the embedded server",
+    "jetstream (a key-value bucket of the NATS server, one per --namespace: a server of the namespace started on "
+    "another machine on that NATS continues them; files, with a warning, where the server has no JetStream), "
+    "or auto: jetstream with --nats-url, files under the embedded server",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral), a .gguf file of one (converted once "
     f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
     f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",

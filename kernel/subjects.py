@@ -1,5 +1,7 @@
-"""Every subject name in one place: `<namespace>.<actor>.<verb>`."""
+"""Every subject name in one place: `<namespace>.<actor>.<verb>`; and the JetStream buckets',
+which live in the NATS server beside them, one per namespace too."""
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -97,6 +99,16 @@ class Subjects:
     @property
     def snapshot_sessions(self) -> str:  # schemas/snapshot.py: the scheduler's saves, drops and restores, in order
         return self._("snapshot", "sessions")
+
+    @property
+    def sessions_bucket(self) -> str:  # the snapshot actor's JetStream key-value bucket (kernel/bus_kv.py)
+        return self._bucket("sessions")
+
+    def _bucket(self, purpose: str) -> str:
+        """Bucket names allow no dots, which namespaces have: the dots become underscores, and a
+        digest of the namespace itself tells `a.b` from `a_b`, so namespaces never share a bucket."""
+        digest = hashlib.blake2b(self.namespace.encode(), digest_size=4).hexdigest()
+        return f"{purpose}-{self.namespace.replace('.', '_')}-{digest}"
 
     @property
     def cache_tier(self) -> str:  # schemas/cache.py: the scheduler's spills and fetches of the disk tier

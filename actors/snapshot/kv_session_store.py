@@ -19,8 +19,6 @@ from schemas.snapshot import SessionRecord
 
 log = structlog.get_logger()
 
-BUCKET_PURPOSE = "sessions"  # the bucket's name starts with it, then the bus namespace
-
 
 class KeyValueSessionStore:
     """The saved sessions in `bucket`, one key each. Operations raise `KeyValueError` where the

@@ -10,11 +10,12 @@ from typing import Protocol
 
 import structlog
 
-from actors.snapshot.kv_session_store import BUCKET_PURPOSE, KeyValueSessionStore
+from actors.snapshot.kv_session_store import KeyValueSessionStore
 from actors.snapshot.session_store import SessionStore
 from kernel.bus import Bus
-from kernel.bus_kv import JetStreamUnavailable, bucket_name
+from kernel.bus_kv import JetStreamUnavailable
 from kernel.config import KernelConfig
+from kernel.subjects import Subjects
 from schemas.snapshot import SessionRecord
 
 SESSIONS_DIR = "sessions"
@@ -56,7 +57,7 @@ async def open_storage(config: KernelConfig, bus: Bus) -> SessionStorage:
     its embedded NATS) or `jetstream`, the bus namespace's bucket, or the files, with a warning,
     where the server has no JetStream."""
     if config.supervision.session_store != "files":
-        name = bucket_name(BUCKET_PURPOSE, config.bus.namespace)
+        name = Subjects(config.bus.namespace).sessions_bucket
         try:
             bucket = await bus.key_value(name)
         except JetStreamUnavailable as exc:

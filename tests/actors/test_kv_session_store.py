@@ -7,13 +7,15 @@ import asyncio
 import pytest
 import structlog
 
-from actors.snapshot.kv_session_store import BUCKET_PURPOSE, KeyValueSessionStore
+from actors.snapshot.kv_session_store import KeyValueSessionStore
 from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, encode_file
 from actors.snapshot.stores import FileSessionStorage, open_storage
+from kernel import bus_auth
 from kernel.bus import Bus
-from kernel.bus_kv import JetStreamUnavailable, bucket_name
+from kernel.bus_kv import JetStreamUnavailable
 from kernel.config import BusConfig, KernelConfig, SupervisionConfig
-from kernel.nats_server import find_binary, free_port
+from kernel.nats_server import EmbeddedNats, find_binary, free_port
+from kernel.subjects import Subjects
 from tests.actors.test_session_store import NOW, record
 
 
@@ -25,7 +27,7 @@ async def bus(nats_url):
 
 
 async def store(bus: Bus, namespace: str = "llm", now: float = NOW) -> KeyValueSessionStore:
-    return KeyValueSessionStore(await bus.key_value(bucket_name(BUCKET_PURPOSE, namespace)), clock=lambda: now)
+    return KeyValueSessionStore(await bus.key_value(Subjects(namespace).sessions_bucket), clock=lambda: now)
 
 
 async def restore_all(sessions: KeyValueSessionStore, limit_bytes: int = 1 << 20) -> list:
@@ -111,6 +113,23 @@ async def test_namespaces_on_one_server_never_mix_and_one_namespace_shares(bus, 
         assert await restore_all(await store(other_machine, "llm.b")) == []
     finally:
         await other_machine.close()
+
+
+async def test_the_snapshot_user_of_a_server_with_users_may_use_its_bucket(tmp_path):
+    """`--session-store jetstream` under the embedded server, whose users may publish only what
+    kernel/bus_auth.py grants them."""
+    server = EmbeddedNats(tmp_path, config_file=bus_auth.prepare(tmp_path, "llm"))
+    await server.start()
+    credentials = bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "snapshot"))
+    snapshot = await Bus.connect(server.url, "snapshot", credentials)
+    try:
+        sessions = await store(snapshot)
+        assert await sessions.save(record("a")) and await sessions.save(record("b"))
+        assert await sessions.drop("a") and await sessions.keep_only([]) == ["b"]
+        assert await restore_all(sessions) == []
+    finally:
+        await snapshot.close()
+        await server.stop()
 
 
 async def test_the_store_is_the_bucket_with_jetstream_and_the_files_without(bus, nats_url, tmp_path):

@@ -192,7 +192,7 @@ def test_help_groups_the_same_flags_by_component():
         "chat": ["--tool-call-parser", "--reasoning-parser"],
         "requests": ["--request-timeout-s", "--max-migrations"],
         "tenancy": ["--api-keys", "--admin-key", "--public-prefix-tenants", "--public-prefix-window-s"],
-        "supervision": ["--data-dir", "--tokenizers", "--max-restarts", "--restart-period-s"],
+        "supervision": ["--data-dir", "--session-store", "--tokenizers", "--max-restarts", "--restart-period-s"],
         "logging": ["--log-format", "--log-level"],
     }
 
