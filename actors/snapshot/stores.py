@@ -13,7 +13,7 @@ import structlog
 from actors.snapshot.kv_session_store import KeyValueSessionStore
 from actors.snapshot.session_store import SessionStore
 from kernel.bus import Bus
-from kernel.bus_kv import JetStreamUnavailable
+from kernel.bus_kv import JetStreamUnavailable, KeyValueError
 from kernel.config import KernelConfig
 from kernel.subjects import Subjects
 from schemas.snapshot import SessionRecord
@@ -55,12 +55,16 @@ class FileSessionStorage:
 async def open_storage(config: KernelConfig, bus: Bus) -> SessionStorage:
     """The storage `--session-store` names: with `auto` (which the supervisor makes `files` under
     its embedded NATS) or `jetstream`, the bus namespace's bucket, or the files, with a warning,
-    where the server has no JetStream."""
+    where the server has no JetStream (under `auto`: where the bucket cannot be opened at all)."""
     if config.supervision.session_store != "files":
         name = Subjects(config.bus.namespace).sessions_bucket
         try:
             bucket = await bus.key_value(name)
-        except JetStreamUnavailable as exc:
+        except KeyValueError as exc:
+            # Asked for by name, a bucket the server refuses (its permissions, say) is an error to
+            # see at once; under `auto`, as where the server has no JetStream, the files serve.
+            if config.supervision.session_store == "jetstream" and not isinstance(exc, JetStreamUnavailable):
+                raise
             log.warning("sessions_in_files_not_jetstream", reason=str(exc))
         else:
             log.info("session_store_opened", bucket=name)
