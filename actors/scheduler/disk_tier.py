@@ -6,8 +6,9 @@ to `replied`.
   time of up to SPILL_BATCH blocks; the host tier evicts a block only once the disk tier had it.
   So what leaves the host is on disk, and a session's blocks are there when the server restarts.
   The disk tier serves one request at a time, so a fetch (a prompt waits for it) would queue behind
-  the spill being written: no spill is sent while a fetch waits, and a spill is small enough to be
-  written and synced in tens of milliseconds.
+  the spill being written: while fetches wait no spill is sent (for at most SPILL_HOLD_S: a steady
+  flow of fetches must not keep the host's blocks off the disk for ever), and a spill is small
+  enough to be written and synced in tens of milliseconds.
 - Fetches: a waiting request whose prefix continues past what the GPU and the host hold asks the
   disk tier for the rest, once, before its admission: its blocks are read into reserved host slots,
   and the admission then loads them as any host hit. The request waits for the answer, not longer
@@ -42,7 +43,8 @@ from schemas.cache import (
 )
 from schemas.errors import Error
 
-SPILL_BATCH = 16  # blocks per spill request: 32 MiB of llama-3.1-8b, about 20 ms at 1.5 GB/s
+SPILL_BATCH = 16  # blocks per spill request (of an 8B model's blocks: 32 MiB)
+SPILL_HOLD_S = 0.5  # the longest spills wait for fetches
 MAX_FETCH = 1024  # blocks per fetch request
 FETCH_DEADLINE_S = 2.0  # a request waits no longer for its fetch
 ANSWER_TIMEOUT_S = 60.0  # the disk tier's answer to any request
@@ -65,6 +67,7 @@ class DiskTier:
         self._fetches: dict[str, PendingFetch] = {}  # request id -> its fetch in flight
         self._requests: list[tuple[str | None, CacheTierRequest]] = []
         self._spilling = False
+        self._spills_held_since: float | None = None  # when waiting fetches began to hold the spills
         self._on_disk: dict[Namespace, set[bytes]] = {}  # the blocks the disk holds, once listed
         self._list_after: dict[Namespace, float] = {}  # listings asked (or failed): when to ask again
         self._figures: dict[Namespace, DiskFigures] = {}  # as the disk tier last answered
@@ -97,7 +100,7 @@ class DiskTier:
         if key not in self._on_disk and self._list_after.get(key, 0.0) <= time.monotonic():
             self._list_after[key] = float("inf")  # asked: not again unless it fails
             self._requests.append((None, ListBlocks(self.segment, key)))
-        if not self._spilling and not self._fetches and (spills := self.host.take_spill(SPILL_BATCH)):
+        if not self._spilling and self._may_spill() and (spills := self.host.take_spill(SPILL_BATCH)):
             self._spilling = True
             tokens = [t for spill in spills for t in spill.token_ids]
             request = SpillBlocks(
@@ -111,6 +114,16 @@ class DiskTier:
             self._requests.append((None, request))
         requests, self._requests = self._requests, []
         return requests
+
+    def _may_spill(self) -> bool:
+        """No fetch waits, or they have held the spills SPILL_HOLD_S already."""
+        if not self._fetches:
+            self._spills_held_since = None
+            return True
+        now = time.monotonic()
+        if self._spills_held_since is None:
+            self._spills_held_since = now
+        return now - self._spills_held_since >= SPILL_HOLD_S
 
     def replied(self, request_id: str | None, request: CacheTierRequest, reply: CacheTierReply) -> None:
         """The disk tier's answer. An Error of its own: nothing was stored or read. No answer in

@@ -4,6 +4,8 @@ waits for its fetch, which lands in host slots the admission then loads, and onc
 are listed only a prompt the disk can continue waits; slots the disk tier is moving stay out of use
 until it answers or restarts."""
 
+import time
+
 from actors.scheduler import disk_tier
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.host_tier import HostTier
@@ -170,3 +172,15 @@ def test_no_spill_is_sent_while_a_request_waits_for_its_fetch():
     kv.disk.replied(request_id, fetch, BlocksFetched(0))
     ((_, spill),) = moves(kv)
     assert isinstance(spill, SpillBlocks)
+
+
+def test_fetches_hold_the_spills_no_longer_than_spill_hold_s(monkeypatch):
+    monkeypatch.setattr(disk_tier, "SPILL_HOLD_S", 0.05)
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=4, fingerprint="m", disk_segment="kvhost-x")
+    writer = sequence("w", list(range(100, 109)))
+    kv.host.to_save(kv.host.hashes(writer, writer.prompt_ids, 2), [5, 6], writer.prompt_ids, kv.host.root(writer))
+    kv.host.saved([0, 1])
+    assert kv.waits_for_disk(sequence("s", list(range(13))))
+    assert [type(r) for _, r in moves(kv)] == [FetchBlocks]  # unanswered from here on
+    time.sleep(0.06)
+    assert [type(r) for _, r in moves(kv)] == [SpillBlocks]

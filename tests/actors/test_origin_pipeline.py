@@ -242,3 +242,20 @@ async def test_abort_all_asks_the_scheduler_for_every_request_of_the_tenant(orig
     assert theirs.choices[0].running and not theirs.choices[0].aborting
     await mine.close()
     await theirs.close()
+
+
+async def test_a_request_is_held_until_its_path_is_ready_and_counts_while_held(nats_url, origin):
+    """No actor has beaten yet (a server starting): the request waits, counted in flight (so the
+    concurrency limit sees it), and goes on once the tokenizer, scheduler and executor are up."""
+    pipeline, _ = origin
+    submitted = asyncio.create_task(pipeline.submit(GenerateRequest(text="hi"), request_id="r"))
+    await until(lambda: pipeline.in_flight == 1)
+    await asyncio.sleep(0.2)
+    assert not submitted.done()
+    bus = await Bus.connect(nats_url, "stand-ins")
+    actors = StandIns(bus)
+    await actors.start()  # subscribes, then beats for the three actors
+    group = await asyncio.wait_for(submitted, 5)
+    assert (await actors.next_to_scheduler()).request_id == "r" and pipeline.in_flight == 1
+    await group.close()
+    await bus.close()

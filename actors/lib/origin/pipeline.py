@@ -77,6 +77,7 @@ class RequestPipeline:
         self._aborts = Aborts(self._downstream, abort_end_wait_s)
         self._steps_subscription = asyncio.Lock()
         self._receiving_steps = False
+        self._held = 0  # requests waiting in `_until_ready`
 
     async def start(self) -> None:
         await self._bus.subscribe(self._origin_subject, OutputBatch, self._on_outputs)
@@ -86,8 +87,9 @@ class RequestPipeline:
 
     @property
     def in_flight(self) -> int:
-        """Requests taken and not yet closed by their clients; each choice of n counts."""
-        return len(self._book)
+        """Requests taken and not yet closed by their clients (each choice of n counts), and those
+        held until the actors on their path are ready: the concurrency limit counts both."""
+        return len(self._book) + self._held
 
     def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
         """Of `actors`, those with no live instance that can serve now, each with why."""
@@ -195,12 +197,18 @@ class RequestPipeline:
     async def _until_ready(self) -> Error | None:
         """Holds a request until every actor it passes through has a ready instance (at most
         READY_WAIT_S, or its own timeout if shorter); then None, or the error that refuses it."""
+        if not self._policy.not_ready(PIPELINE_ACTORS):
+            return None
         deadline = time.monotonic() + min(READY_WAIT_S, self._request_timeout_s)
-        while reasons := self._policy.not_ready(PIPELINE_ACTORS):
-            if time.monotonic() >= deadline:
-                named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
-                return Error("unavailable", f"the server is not ready ({named}); retry", retriable=True)
-            await asyncio.sleep(READY_POLL_S)
+        self._held += 1
+        try:
+            while reasons := self._policy.not_ready(PIPELINE_ACTORS):
+                if time.monotonic() >= deadline:
+                    named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
+                    return Error("unavailable", f"the server is not ready ({named}); retry", retriable=True)
+                await asyncio.sleep(READY_POLL_S)
+        finally:
+            self._held -= 1
         return None
 
     async def _track_and_submit(self, stream: RequestStream) -> Accepted | Error:
