@@ -35,6 +35,7 @@ class DurableSessions:
         self.subject = subjects.snapshot_sessions
         self.log = log
         self.restored = asyncio.Event()  # set when the restore ended, with the sessions or without them
+        self._read_whole = False  # whether that restore read every saved session
         self._snapshot_id: str | None = None  # the snapshot actor's instance that has every change
 
     async def answer(
@@ -80,6 +81,7 @@ class DurableSessions:
                     self.log.error("session_not_restored", session_id=record.session_id, reason=str(exc))
             table.restore(sessions)
             self.log.info("sessions_restored", sessions=len(sessions), turns=sum(len(s.turns) for s in sessions))
+        self._read_whole = records is not None
         self.restored.set()
 
     async def snapshot_heard(self, table: SessionTable, beat: Heartbeat) -> None:
@@ -94,7 +96,10 @@ class DurableSessions:
         if not self.restored.is_set():
             return  # the restore reads the disk whole; nothing changed before it ends
         try:
-            await self.bus.publish(self.subject, SessionsHeld(sorted(table.sessions)))
+            # Only after a whole read: the saved sessions this scheduler never read are not closed
+            # ones, and a SessionsHeld would delete them.
+            if self._read_whole:
+                await self.bus.publish(self.subject, SessionsHeld(sorted(table.sessions)))
         except PayloadTooLarge as exc:
             # Past some 30,000 sessions under NATS's default 1 MB: a session whose drop was lost
             # then stays on disk, and comes back after a restart until its idle timeout.

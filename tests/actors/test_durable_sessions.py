@@ -16,7 +16,7 @@ from kernel.bus import Bus
 from kernel.config import BusConfig, KernelConfig, SupervisionConfig
 from kernel.subjects import Subjects
 from schemas.session import BeginTurn, OpenSession, SessionOpened, TurnTokens
-from schemas.snapshot import SessionRecord, TurnRecord
+from schemas.snapshot import SaveSession, SessionRecord, SessionsHeld, TurnRecord
 from tests.actors.test_sessions import ALICE, make
 
 
@@ -54,3 +54,30 @@ async def test_a_turn_asked_while_restoring_waits_for_the_saved_session(nats_url
         await running
         await snapshot_bus.close()
         await scheduler_bus.close()
+
+
+async def test_after_a_restore_that_read_nothing_no_saved_session_is_dropped(nats_url, monkeypatch):
+    """The snapshot actor did not answer in time: the scheduler serves on without the saved
+    sessions, and later tells a snapshot actor of its own sessions, never that it holds only them
+    (which would delete every saved session it never read)."""
+    monkeypatch.setattr("actors.scheduler.durable_sessions.RESTORE_DEADLINE_S", 0.3)
+    _, _, table, _ = make()
+    bus = await Bus.connect(nats_url, "scheduler")
+    heard: list = []
+    listener = await Bus.connect(nats_url, "snapshot-listener")
+    await listener.subscribe(Subjects().snapshot_sessions, SessionsHeld | SaveSession, lambda m, _r: _note(heard, m))
+    durable = DurableSessions(bus, Subjects(), structlog.get_logger())
+    try:
+        await durable.restore(table)  # nothing answers
+        assert isinstance(await durable.answer(table, OpenSession(), ALICE), SessionOpened)
+        await durable.send_all(table)
+        await bus.flush()
+        await asyncio.sleep(0.2)
+        assert heard and not any(isinstance(m, SessionsHeld) for m in heard)
+    finally:
+        await listener.close()
+        await bus.close()
+
+
+async def _note(heard: list, message) -> None:
+    heard.append(message)
