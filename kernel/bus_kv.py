@@ -20,7 +20,11 @@ class KeyValueError(Exception):
 
 
 class JetStreamUnavailable(KeyValueError):
-    """The NATS server has no JetStream (started without `-js`), or it is not reachable now."""
+    """JetStream cannot be reached now: the server has none, or the connection is closed."""
+
+
+class NoJetStream(JetStreamUnavailable):
+    """The NATS server has no JetStream at all (started without `-js`)."""
 
 
 class KeyValueBucket:
@@ -64,6 +68,14 @@ class KeyValueBucket:
         except (nats.errors.Error, TimeoutError) as exc:
             raise _error(f"cannot list the keys of bucket {self.name}", exc) from None
 
+    async def drop_delete_markers(self, older_than_s: int = 1800) -> None:
+        """Removes what deleted keys leave behind (a marker each, which every listing of the keys
+        reads past) once older than `older_than_s`."""
+        try:
+            await self._kv.purge_deletes(olderthan=older_than_s)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _error(f"cannot drop the delete markers of bucket {self.name}", exc) from None
+
 
 async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
     """The bucket `name`, made if it does not exist yet, keeping one value per key. Raises
@@ -82,7 +94,7 @@ async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
 
 def _error(what: str, exc: Exception) -> KeyValueError:
     if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
-        return JetStreamUnavailable(f"{what}: the NATS server has no JetStream (start it with -js)")
+        return NoJetStream(f"{what}: the NATS server has no JetStream (start it with -js)")
     if isinstance(exc, nats.errors.ConnectionClosedError):
         return JetStreamUnavailable(f"{what}: the bus connection is closed")
     return KeyValueError(f"{what}: {exc!r}")

@@ -11,14 +11,15 @@ from typing import Protocol
 import structlog
 
 from actors.snapshot.kv_session_store import KeyValueSessionStore
-from actors.snapshot.session_store import SessionStore
+from actors.snapshot.session_store import SUFFIX, SessionStore
 from kernel.bus import Bus
-from kernel.bus_kv import JetStreamUnavailable, KeyValueError
+from kernel.bus_kv import NoJetStream
 from kernel.config import KernelConfig
 from kernel.subjects import Subjects
 from schemas.snapshot import SessionRecord
 
 SESSIONS_DIR = "sessions"
+MOVE_ALL_BYTES = 1 << 62  # a page with no limit: every saved file at once
 
 log = structlog.get_logger()
 
@@ -54,20 +55,36 @@ class FileSessionStorage:
 
 async def open_storage(config: KernelConfig, bus: Bus) -> SessionStorage:
     """The storage `--session-store` names: with `auto` (which the supervisor makes `files` under
-    its embedded NATS) or `jetstream`, the bus namespace's bucket, or the files, with a warning,
-    where the server has no JetStream (under `auto`: where the bucket cannot be opened at all)."""
+    its embedded NATS) or `jetstream`, the bus namespace's bucket; under `auto`, the files, with a
+    warning, where the server has no JetStream at all. Any other failure to open the bucket is
+    raised (the supervisor starts the actor again): sessions saved in files meanwhile would be
+    missing from the bucket, and the bucket's stale ones would come back."""
+    root = Path(config.supervision.data_dir) / SESSIONS_DIR
     if config.supervision.session_store != "files":
         name = Subjects(config.bus.namespace).sessions_bucket
         try:
             bucket = await bus.key_value(name)
-        except KeyValueError as exc:
-            # Asked for by name, a bucket the server refuses (its permissions, say) is an error to
-            # see at once; under `auto`, as where the server has no JetStream, the files serve.
-            if config.supervision.session_store == "jetstream" and not isinstance(exc, JetStreamUnavailable):
+        except NoJetStream as exc:
+            if config.supervision.session_store == "jetstream":
                 raise
             log.warning("sessions_in_files_not_jetstream", reason=str(exc))
         else:
+            store = KeyValueSessionStore(bucket)
+            await bucket.drop_delete_markers()
+            await _move_files_into(store, root)
             log.info("session_store_opened", bucket=name)
-            return KeyValueSessionStore(bucket)
-    root = Path(config.supervision.data_dir) / SESSIONS_DIR
+            return store
     return FileSessionStorage(await asyncio.to_thread(SessionStore, root))
+
+
+async def _move_files_into(store: KeyValueSessionStore, root: Path) -> None:
+    """Sessions a server saved in files before it ran on this NATS go into an empty bucket, once:
+    otherwise they would be lost to it, and come back stale if it ever ran on files again."""
+    if not any(root.glob(f"*{SUFFIX}")) or await store.bucket.keys():
+        return
+    files = await asyncio.to_thread(SessionStore, root)
+    records, _ = await asyncio.to_thread(files.restore, "", MOVE_ALL_BYTES)
+    for record in records:
+        if await store.save(record):
+            await asyncio.to_thread(files.drop, record.session_id)
+    log.info("sessions_moved_into_bucket", bucket=store.bucket.name, sessions=len(records))

@@ -3,12 +3,13 @@ behaviour as the files (saved sessions come back in pages, expired ones and unre
 deleted, never served), one bucket per bus namespace, and the files where JetStream is missing."""
 
 import asyncio
+import time
 
 import pytest
 import structlog
 
 from actors.snapshot.kv_session_store import KeyValueSessionStore
-from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, encode_file
+from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, SessionStore, encode_file
 from actors.snapshot.stores import FileSessionStorage, open_storage
 from kernel import bus_auth
 from kernel.bus import Bus
@@ -160,3 +161,18 @@ async def listening(port: int) -> None:
         except OSError:
             await asyncio.sleep(0.05)
     raise TimeoutError(f"nats-server did not listen on port {port}")
+
+
+async def test_sessions_saved_in_files_move_into_an_empty_bucket_once(bus, nats_url, tmp_path):
+    """A server that kept its sessions in files, started on a NATS with JetStream: they go into the
+    bucket (and leave the files), so none is lost and none comes back stale later."""
+    now = time.time()
+    SessionStore(tmp_path / "sessions").save(record("old", last_used=now))
+    bus_config = BusConfig(nats_url=nats_url, namespace="moved")
+    config = KernelConfig(bus=bus_config, supervision=SupervisionConfig(data_dir=str(tmp_path)))
+    storage = await open_storage(config, bus)
+    assert [r.session_id for r in await restore_all(storage)] == ["old"]
+    assert not list((tmp_path / "sessions").glob("*.session"))
+    SessionStore(tmp_path / "sessions").save(record("later", last_used=now))  # the bucket has some: not moved
+    storage = await open_storage(config, bus)
+    assert [r.session_id for r in await restore_all(storage)] == ["old"]
