@@ -259,3 +259,20 @@ async def test_a_request_is_held_until_its_path_is_ready_and_counts_while_held(n
     assert (await actors.next_to_scheduler()).request_id == "r" and pipeline.in_flight == 1
     await group.close()
     await bus.close()
+
+
+async def test_a_request_aborted_while_held_is_never_submitted_and_ends_aborted(nats_url, origin):
+    pipeline, _ = origin
+    submitted = asyncio.create_task(pipeline.submit(GenerateRequest(text="hi"), tenant=Tenant("a"), request_id="r"))
+    await until(lambda: pipeline.in_flight == 1)
+    assert await pipeline.abort_request("r", tenant=Tenant("b")) == []  # not theirs
+    assert await pipeline.abort_request("r", tenant=Tenant("a")) == ["r"]
+    bus = await Bus.connect(nats_url, "stand-ins")
+    actors = StandIns(bus)
+    await actors.start()
+    group = await asyncio.wait_for(submitted, 5)
+    got = [(output.token_ids, output.finish_reason) async for _index, output in group]
+    assert got == [([], "abort")] and actors.scheduler.empty()  # nothing went downstream
+    await group.close()
+    assert pipeline.in_flight == 0
+    await bus.close()

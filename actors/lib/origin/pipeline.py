@@ -21,6 +21,7 @@ import structlog
 
 from actors.lib.origin.aborts import END_WAIT_S, Aborts
 from actors.lib.origin.downstream import Downstream
+from actors.lib.origin.held_requests import HeldRequests
 from actors.lib.origin.intake import choice_records, refusal
 from actors.lib.origin.migration_policy import MISSED_START, STALL_S, STALLED, MigrationPolicy
 from actors.lib.origin.migrations import Migrations
@@ -49,7 +50,6 @@ PIPELINE_ACTORS = ("tokenizer", "scheduler", "executor")  # those every request 
 # loads and captures for tens of seconds; or one restarting) waits for it this long, then is
 # refused with a retriable error naming what is not ready.
 READY_WAIT_S = 60.0
-READY_POLL_S = 0.05
 
 
 class RequestPipeline:
@@ -77,7 +77,7 @@ class RequestPipeline:
         self._aborts = Aborts(self._downstream, abort_end_wait_s)
         self._steps_subscription = asyncio.Lock()
         self._receiving_steps = False
-        self._held = 0  # requests waiting in `_until_ready`
+        self._held = HeldRequests()
 
     async def start(self) -> None:
         await self._bus.subscribe(self._origin_subject, OutputBatch, self._on_outputs)
@@ -89,7 +89,7 @@ class RequestPipeline:
     def in_flight(self) -> int:
         """Requests taken and not yet closed by their clients (each choice of n counts), and those
         held until the actors on their path are ready: the concurrency limit counts both."""
-        return len(self._book) + self._held
+        return len(self._book) + len(self._held)
 
     def not_ready(self, actors: tuple[str, ...]) -> dict[str, str]:
         """Of `actors`, those with no live instance that can serve now, each with why."""
@@ -148,11 +148,14 @@ class RequestPipeline:
         # before they can arrive.
         if not request.params.detokenize and (error := await self._receive_steps()):
             return error
-        if error := await self._until_ready():
-            return error
         request_id = request_id or uuid.uuid4().hex
+        if self._path_not_ready():
+            wait_s = min(READY_WAIT_S, self._request_timeout_s)
+            if error := await self._held.hold(request_id, tenant, self._path_not_ready, wait_s):
+                return error
+        aborted = self._held.take_aborted(request_id)
         earlier = None
-        if request.session is not None:
+        if request.session is not None and not aborted:  # a turn aborted before it began leaves its session be
             begin = BeginTurn(request.session.session_id, tenant, request_id, request.session.parent_turn)
             earlier = await self._downstream.begin_turn(begin)
             if isinstance(earlier, Error):
@@ -182,6 +185,9 @@ class RequestPipeline:
             stream = RequestStream(record, self._request_timeout_s, self.release, self.figures.clock(arrived))
             self._book.open(stream)
             group.choices.append(stream)
+            if aborted:  # while it was held: never submitted
+                stream.end_aborted()
+                continue
             try:
                 reply = await self._track_and_submit(stream)
             except asyncio.CancelledError:  # the client left: abort what was submitted
@@ -194,22 +200,8 @@ class RequestPipeline:
         log.info("request_submitted", request_id=request_id, prompt_tokens=len(group.prompt_ids), choices=request.n)
         return group
 
-    async def _until_ready(self) -> Error | None:
-        """Holds a request until every actor it passes through has a ready instance (at most
-        READY_WAIT_S, or its own timeout if shorter); then None, or the error that refuses it."""
-        if not self._policy.not_ready(PIPELINE_ACTORS):
-            return None
-        deadline = time.monotonic() + min(READY_WAIT_S, self._request_timeout_s)
-        self._held += 1
-        try:
-            while reasons := self._policy.not_ready(PIPELINE_ACTORS):
-                if time.monotonic() >= deadline:
-                    named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
-                    return Error("unavailable", f"the server is not ready ({named}); retry", retriable=True)
-                await asyncio.sleep(READY_POLL_S)
-        finally:
-            self._held -= 1
-        return None
+    def _path_not_ready(self) -> dict[str, str]:
+        return self._policy.not_ready(PIPELINE_ACTORS)
 
     async def _track_and_submit(self, stream: RequestStream) -> Accepted | Error:
         """Tracks and submits a new request at once. The Track leaves first (gather starts its tasks in
@@ -253,6 +245,9 @@ class RequestPipeline:
         `tenant` may (None: anyone may): each ends with finish_reason "abort", after every token
         it generated and their logprobs. Returns the ids aborted downstream (`<id>-<i>` for a
         choice of n); none if the request is not this origin's or has ended."""
+        if self._held.abort(request_id, tenant):
+            log.info("request_aborted_by_client", request_id=request_id, held=True)
+            return [request_id]
         streams = self._book.of_client(request_id, tenant)
         if streams:
             log.info("request_aborted_by_client", request_id=request_id, choices=len(streams))
@@ -263,9 +258,10 @@ class RequestPipeline:
         """Aborts, as `abort_request` does, every request of `tenant` (narrowed by its `user` if it
         has one), or with None every request, whichever origin took it. Returns the ids aborted
         downstream."""
+        held = self._held.abort_all(tenant)
         aborted = await self._aborts.abort_all(tenant, self._book.of_tenant(tenant))
-        log.info("requests_aborted_by_client", tenant=tenant and tenant.name, aborted=aborted)
-        return aborted
+        log.info("requests_aborted_by_client", tenant=tenant and tenant.name, aborted=aborted, held=held)
+        return aborted if isinstance(aborted, Error) else held + aborted
 
     # -- migration ------------------------------------------------------------------------
 
