@@ -46,7 +46,9 @@ class KVTransfer:
     slot_bytes = KVCache.bytes_per_block of the pool's geometry; its rows may be further apart).
 
     The caller keeps a block and a slot out of other use until a copy between them is done: a saved
-    block, and a slot being loaded, until its `Transfer.done()`. A device synchronize (the pool's
+    block, and a slot being loaded, until its `Transfer.done()`. Saves and loads run on lanes of
+    their own, which order nothing between them: a slot being saved is not loaded from, nor a block
+    being saved loaded into, until the save is done (the scheduler indexes a slot only once saved). A device synchronize (the pool's
     release for sleep does one) waits for this object's streams too."""
 
     def __init__(self, kv: KVCache, host_slots: torch.Tensor) -> None:

@@ -57,8 +57,8 @@ class WeightReceiver:
         self.host = host
         self.device = torch.device(device)
         self._groups: dict[str, WeightGroup] = {}
-        # The finite check's kernels load at their first use (75 ms on an H200): now, not in the
-        # first update a trainer times.
+        # The finite check's kernels load at their first use, which takes tens of milliseconds:
+        # now, not in the first update a trainer times.
         finite_on_device(torch.zeros(1, dtype=torch.bfloat16, device=self.device)).item()
 
     def apply_disk(self, model_path: str | Path) -> UpdateReport:

@@ -110,9 +110,11 @@ class WeightTransactions:
             if paused_here:
                 await self._resume()
             return applied
-        self.versions.commit(version, model_path)  # a file of a few bytes: a thread's handoff costs more
-        if paused_here:
-            await self._resume()
+        try:
+            self.versions.commit(version, model_path)  # a file of a few bytes: a thread's handoff costs more
+        finally:  # the file may fail (a full disk): generation goes on all the same
+            if paused_here:
+                await self._resume()
         pause_s = time.perf_counter() - paused_at if paused_here else 0.0
         log.info("weights_updated", tensors=applied.tensors, bytes=applied.bytes, pause_s=round(pause_s, 3))
         return WeightsUpdated(
