@@ -8,6 +8,7 @@ caught and never served; such a value is deleted and logged, where a file would 
 bucket has no folder to set it aside in).
 """
 
+import asyncio
 import time
 from collections.abc import Callable, Collection
 
@@ -18,6 +19,9 @@ from kernel.bus_kv import KeyValueBucket, KeyValueError
 from schemas.snapshot import SessionRecord
 
 log = structlog.get_logger()
+# Values asked for at once in a restore: one round trip for many, where a remote NATS's would add up
+# over thousands of sessions.
+GETS_AT_ONCE = 64
 
 
 class KeyValueSessionStore:
@@ -27,6 +31,7 @@ class KeyValueSessionStore:
     def __init__(self, bucket: KeyValueBucket, clock: Callable[[], float] = time.time) -> None:
         self.bucket = bucket
         self.clock = clock  # the wall clock: records' `last_used` is wall-clock time, across machines
+        self._listing: list[str] = []  # the keys, in order, as a restore's first page listed them
 
     async def save(self, record: SessionRecord) -> bool:
         """Puts `record` over the session's value. If the bucket refuses it: a warning, the older
@@ -65,28 +70,42 @@ class KeyValueSessionStore:
         deleted on the way, so neither is returned."""
         page: list[SessionRecord] = []
         used = 0
-        for session_id in sorted(i for i in await self.bucket.keys() if i > after):
-            data = await self.bucket.get(session_id)
-            if data is None:
-                continue  # deleted since the listing, by this deployment's scheduler or another's
-            try:
-                record = decode_file(data)
-                if record.session_id != session_id:
-                    raise Unreadable(f"it holds session {record.session_id!r}")
-            except Unreadable as exc:
-                await self.bucket.delete(session_id)
-                log.error("session_value_unreadable", bucket=self.bucket.name, session_id=session_id, reason=str(exc))
-                continue
-            if self.clock() - record.last_used > record.idle_timeout_s:
-                log.info("session_expired_while_down", session_id=session_id)
-                await self.bucket.delete(session_id)
-                continue
-            size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
-            if size > limit_bytes:
-                log.warning("session_too_large_to_restore", session_id=session_id, bytes=size, limit=limit_bytes)
-                continue
-            if used + size > limit_bytes:
-                return page, False
-            page.append(record)
-            used += size
+        if not after:  # a restore begins: the keys are listed once for all its pages
+            self._listing = sorted(await self.bucket.keys())
+        ids = [i for i in self._listing if i > after]
+        for start in range(0, len(ids), GETS_AT_ONCE):
+            chunk = ids[start : start + GETS_AT_ONCE]
+            values = await asyncio.gather(*(self.bucket.get(session_id) for session_id in chunk))
+            for session_id, data in zip(chunk, values):
+                record = await self._readable(session_id, data)
+                if record is None:
+                    continue
+                size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
+                if size > limit_bytes:
+                    log.warning("session_too_large_to_restore", session_id=session_id, bytes=size, limit=limit_bytes)
+                    continue
+                if used + size > limit_bytes:
+                    return page, False
+                page.append(record)
+                used += size
         return page, True
+
+    async def _readable(self, session_id: str, data: bytes | None) -> SessionRecord | None:
+        """The record in `data`, or None where there is none to restore: deleted since the listing
+        (by this deployment's scheduler or another's), unreadable, or expired (the last two
+        deleted here)."""
+        if data is None:
+            return None
+        try:
+            record = decode_file(data)
+            if record.session_id != session_id:
+                raise Unreadable(f"it holds session {record.session_id!r}")
+        except Unreadable as exc:
+            await self.bucket.delete(session_id)
+            log.error("session_value_unreadable", bucket=self.bucket.name, session_id=session_id, reason=str(exc))
+            return None
+        if self.clock() - record.last_used > record.idle_timeout_s:
+            log.info("session_expired_while_down", session_id=session_id)
+            await self.bucket.delete(session_id)
+            return None
+        return record
