@@ -203,6 +203,8 @@ class KvTierFigures(msgspec.Struct, kw_only=True):
     multi_turn_tokens_s_off: float
     host_hit_ttft_s: list[float]  # a prefix the pool evicted and the host holds, each repeat
     fresh_ttft_s: list[float]  # a prompt as long never seen, same server
+    # The same prefix while the pool still held it, same server: what a host hit adds is its load.
+    gpu_hit_ttft_s: list[float] = []
     cold_tokens_s_on: list[float]  # random prompts, never a hit: a round per repeat, each of new prompts
     cold_tokens_s_off: list[float]
     # After a whole-server restart, page cache kept then dropped: the TTFT of a prompt computed
