@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 
 import structlog
 
-from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, Unreadable, decode_file, encode_file
+from actors.snapshot.session_store import RestorePage, Unreadable, decode_session, encode_file, expired
 from kernel.bus_kv import KeyValueBucket, KeyValueError
 from schemas.snapshot import SessionRecord
 
@@ -68,8 +68,7 @@ class KeyValueSessionStore:
         """The saved sessions with ids after `after`, in id order, as many as fit `limit_bytes`
         encoded, and whether none is left after them. Expired sessions and unreadable values are
         deleted on the way, so neither is returned."""
-        page: list[SessionRecord] = []
-        used = 0
+        page = RestorePage(limit_bytes)
         if not after:  # a restore begins: the keys are listed once for all its pages
             self._listing = sorted(await self.bucket.keys())
         ids = [i for i in self._listing if i > after]
@@ -78,17 +77,9 @@ class KeyValueSessionStore:
             values = await asyncio.gather(*(self.bucket.get(session_id) for session_id in chunk))
             for session_id, data in zip(chunk, values):
                 record = await self._readable(session_id, data)
-                if record is None:
-                    continue
-                size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
-                if size > limit_bytes:
-                    log.warning("session_too_large_to_restore", session_id=session_id, bytes=size, limit=limit_bytes)
-                    continue
-                if used + size > limit_bytes:
-                    return page, False
-                page.append(record)
-                used += size
-        return page, True
+                if record is not None and not page.add(record, data):
+                    return page.records, False
+        return page.records, True
 
     async def _readable(self, session_id: str, data: bytes | None) -> SessionRecord | None:
         """The record in `data`, or None where there is none to restore: deleted since the listing
@@ -97,15 +88,12 @@ class KeyValueSessionStore:
         if data is None:
             return None
         try:
-            record = decode_file(data)
-            if record.session_id != session_id:
-                raise Unreadable(f"it holds session {record.session_id!r}")
+            record = decode_session(session_id, data)
         except Unreadable as exc:
             await self.bucket.delete(session_id)
             log.error("session_value_unreadable", bucket=self.bucket.name, session_id=session_id, reason=str(exc))
             return None
-        if self.clock() - record.last_used > record.idle_timeout_s:
-            log.info("session_expired_while_down", session_id=session_id)
+        if expired(record, self.clock()):
             await self.bucket.delete(session_id)
             return None
         return record

@@ -51,6 +51,46 @@ def decode_file(data: bytes) -> SessionRecord:
         raise Unreadable(f"its record does not decode: {exc}") from None
 
 
+def decode_session(session_id: str, data: bytes) -> SessionRecord:
+    """The record of `session_id` saved as `data`; Unreadable if it is none, or another's."""
+    record = decode_file(data)
+    if record.session_id != session_id:
+        raise Unreadable(f"it holds session {record.session_id!r}")
+    return record
+
+
+def expired(record: SessionRecord, now: float) -> bool:
+    """Whether `record` was idle past its timeout at `now` (wall-clock, as its `last_used`)."""
+    if now - record.last_used > record.idle_timeout_s:
+        log.info("session_expired_while_down", session_id=record.session_id)
+        return True
+    return False
+
+
+class RestorePage:
+    """One page of a restore: the records in id order, as many as fit `limit_bytes` encoded. A
+    record larger than a whole page is left out, with a warning."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.records: list[SessionRecord] = []
+        self._used = 0
+
+    def add(self, record: SessionRecord, data: bytes) -> bool:
+        """Takes `record` (saved as `data`); False when the page is full without it."""
+        size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
+        if size > self.limit_bytes:
+            log.warning(
+                "session_too_large_to_restore", session_id=record.session_id, bytes=size, limit=self.limit_bytes
+            )
+            return True
+        if self._used + size > self.limit_bytes:
+            return False
+        self.records.append(record)
+        self._used += size
+        return True
+
+
 class SessionStore:
     """The saved sessions in `root`, one file each, named `<session_id>.session`."""
 
@@ -105,33 +145,23 @@ class SessionStore:
         """The saved sessions with ids after `after`, in id order, as many as fit `limit_bytes`
         encoded, and whether none is left after them. Expired sessions are deleted and unreadable
         files set aside on the way, so neither is returned."""
-        page: list[SessionRecord] = []
-        used = 0
+        page = RestorePage(limit_bytes)
         for session_id in (i for i in self._ids() if i > after):
             path = self._path(session_id)
             try:
                 data = path.read_bytes()
-                record = decode_file(data)
-                if record.session_id != session_id:
-                    raise Unreadable(f"it holds session {record.session_id!r}")
+                record = decode_session(session_id, data)
             except FileNotFoundError:
                 continue
             except Unreadable as exc:
                 self._set_aside(path, str(exc))
                 continue
-            if self.clock() - record.last_used > record.idle_timeout_s:
-                log.info("session_expired_while_down", session_id=session_id)
+            if expired(record, self.clock()):
                 self.drop(session_id)
                 continue
-            size = len(data) - len(MAGIC) - DIGEST_BYTES  # the record, as it travels in the reply
-            if size > limit_bytes:
-                log.warning("session_too_large_to_restore", session_id=session_id, bytes=size, limit=limit_bytes)
-                continue
-            if used + size > limit_bytes:
-                return page, False
-            page.append(record)
-            used += size
-        return page, True
+            if not page.add(record, data):
+                return page.records, False
+        return page.records, True
 
     def _ids(self) -> list[str]:
         return sorted(path.name.removesuffix(SUFFIX) for path in self.root.glob(f"*{SUFFIX}"))
