@@ -14,6 +14,7 @@ from aiohttp import web
 
 from actors.frontdoor.http_errors import error_response
 from actors.frontdoor.request_fields import invalid
+from actors.lib.origin.held_requests import describe
 from actors.lib.origin.pipeline import PIPELINE_ACTORS, RequestPipeline
 from kernel.bus import Bus
 from kernel.subjects import Subjects
@@ -52,8 +53,9 @@ class SGLangInfo:
         """200 once one token went through the tokenizer, scheduler and executor; else 503."""
         # A probe answers now: it is not held, as requests are, until the actors are ready.
         if reasons := self.pipeline.not_ready(PIPELINE_ACTORS):
-            named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
-            return error_response(Error("unavailable", f"health check failed: not ready ({named})", retriable=True))
+            return error_response(
+                Error("unavailable", f"health check failed: not ready ({describe(reasons)})", retriable=True)
+            )
         probe = GenerateRequest(input_ids=[0], params=SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
         group = await self.pipeline.submit(probe)
         if isinstance(group, Error):

@@ -15,6 +15,11 @@ from schemas.requests import Tenant
 POLL_S = 0.05  # how often a held request looks at the actors' readiness
 
 
+def describe(not_ready: dict[str, str]) -> str:
+    """The actors not ready, each with why, as one line."""
+    return "; ".join(f"{actor}: {reason}" for actor, reason in not_ready.items())
+
+
 class HeldRequests:
     def __init__(self) -> None:
         self._tenants: dict[str, Tenant] = {}  # the client's request id -> its tenant
@@ -33,8 +38,7 @@ class HeldRequests:
         try:
             while reasons := not_ready():
                 if time.monotonic() >= deadline:
-                    named = "; ".join(f"{actor}: {reason}" for actor, reason in reasons.items())
-                    return Error("unavailable", f"the server is not ready ({named}); retry", retriable=True)
+                    return Error("unavailable", f"the server is not ready ({describe(reasons)}); retry", retriable=True)
                 await asyncio.sleep(POLL_S)
         finally:
             del self._tenants[request_id]
