@@ -11,6 +11,8 @@ reallocated empty (gpu/memory_occupation.py).
 
 import torch
 
+from gpu.layer_arrivals import LayerArrivals
+
 CPU_KV_CACHE_BYTES = 256 << 20
 CUDA_KV_CACHE_FRACTION = 0.85  # of the memory free once the weights are in; the rest is for activations
 
@@ -34,6 +36,7 @@ class KVCache:
             num_layers, num_blocks + 1, 2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device
         )
         self.layers = list(self._pool.unbind(0))  # each [num_blocks + 1, 2, block_size, kv_heads, head_dim]
+        self.arrivals = LayerArrivals()  # loads from the host tier still landing, layer by layer
 
     @property
     def released(self) -> bool:
@@ -85,6 +88,7 @@ class KVCache:
 
     def copy_blocks(self, sources: list[int], targets: list[int]) -> None:
         """Block `targets[i]` becomes a copy of block `sources[i]`, in every layer."""
+        self.arrivals.settle()  # a source may be a block still landing
         device = self._pool.device
         source = torch.tensor(self.row_ids(sources), dtype=torch.long, device=device)
         target = torch.tensor(self.row_ids(targets), dtype=torch.long, device=device)

@@ -3,14 +3,17 @@
 back from the host or disk tiers.
 
 A slot holds one block of every layer, contiguous ([num_layers, 2, block_size, kv_heads, head_dim]
-in the pool's dtype), so a block crosses PCIe in one large copy: 2 MiB copies run at the link's
-rate where the 64 KiB of one layer's block crawl. On CUDA a block set is gathered from the layers
-(in one operation: they are views of one allocation, gpu/kv_cache.py) into a staging buffer on the
-device, then copied per slot; the gathers run on one stream and the copies on another, through two
-staging halves, so the copy engine moves one chunk while the next is gathered, and neither waits on
-the step's work more than ordering requires. Saves and loads each have their own streams and
-staging (a `_Lane`): a load, which a prefill waits for, never queues behind the write-through of
-the blocks the last prompt computed, and the two directions cross PCIe at once.
+in the pool's dtype), so a saved block crosses PCIe in one large copy: 2 MiB copies run at the
+link's rate where the 64 KiB of one layer's block crawl. On CUDA a block set to save is gathered
+from the layers (in one operation: they are views of one allocation, gpu/kv_cache.py) into a
+staging buffer on the device, then copied per slot; the gathers run on one stream and the copies on
+another, through two staging halves, so the copy engine moves one chunk while the next is gathered.
+
+A load, which a prompt's first token waits for, lands layer by layer instead: the GPU's threads
+read each layer of the slots straight from the page-locked memory (gpu/kv_load_kernel.py) on a
+stream of its own, and the step's forward pass attends over layer i once layer i has landed
+(gpu/layer_arrivals.py), so the prompt computes while the later layers still cross. Loads and
+saves order nothing between them, and cross PCIe in both directions at once.
 """
 
 import math
@@ -19,11 +22,14 @@ from contextlib import nullcontext
 import torch
 
 from gpu.kv_cache import KVCache
+from gpu.kv_load_kernel import load_layer, load_layer_torch, mapped_on_device
 
-# One direction's two staging halves together: chunks of blocks (32 of llama-3.1-8b a half), never
-# one large allocation. A chunk costs one gather (or scatter) of every layer's rows and a copy per
-# run of slots, launched from the executor's step loop, so larger chunks launch less per block.
-STAGING_BYTES = 128 << 20
+# The saves' two staging halves together: chunks of blocks (64 of llama-3.1-8b a half), never one
+# large allocation. A chunk costs one gather of every layer's rows and a copy per run of slots,
+# launched from the executor's step loop, so larger chunks launch less per block (32 a half moved
+# 45.4 GB/s, 64 a half 49.5).
+STAGING_BYTES = 256 << 20
+CUDA_HOST_REGISTER_MAPPED = 2  # cudaHostRegisterMapped
 
 
 class Transfer:
@@ -43,13 +49,15 @@ class Transfer:
 
 class KVTransfer:
     """Copies between `kv`'s blocks and the rows of `host_slots` (uint8 [num_slots, slot_bytes],
-    slot_bytes = KVCache.bytes_per_block of the pool's geometry; its rows may be further apart).
+    slot_bytes = KVCache.bytes_per_block of the pool's geometry; its rows may be further apart, by
+    a multiple of 8 bytes).
 
     The caller keeps a block and a slot out of other use until a copy between them is done: a saved
-    block, and a slot being loaded, until its `Transfer.done()`. Saves and loads run on lanes of
-    their own, which order nothing between them: a slot being saved is not loaded from, nor a block
-    being saved loaded into, until the save is done (the scheduler indexes a slot only once saved). A device synchronize (the pool's
-    release for sleep does one) waits for this object's streams too."""
+    block, and a slot being loaded, until its `Transfer.done()`. Saves and loads run on streams of
+    their own, and a slot being saved is not loaded from, nor a block being saved loaded into, until
+    the save is done (the scheduler indexes a slot only once saved); a save waits for the loads
+    still landing. A device synchronize (the pool's release for sleep does one) waits for this
+    object's streams too."""
 
     def __init__(self, kv: KVCache, host_slots: torch.Tensor) -> None:
         layer = kv.layers[0]
@@ -59,8 +67,11 @@ class KVTransfer:
         if host_slots.dtype != torch.uint8 or host_slots.dim() != 2 or host_slots.device.type != "cpu":
             found = f"{host_slots.dtype} {tuple(host_slots.shape)} on {host_slots.device}"
             raise ValueError(f"host_slots must be a CPU uint8 [num_slots, slot_bytes] tensor, got {found}")
-        if host_slots.shape[1] != block_bytes or host_slots.stride(1) != 1 or host_slots.stride(0) % layer.itemsize:
-            raise ValueError(f"host_slots rows must be {block_bytes} contiguous bytes (one block of every layer)")
+        if host_slots.shape[1] != block_bytes or host_slots.stride(1) != 1 or host_slots.stride(0) % 8:
+            raise ValueError(
+                f"host_slots rows must be {block_bytes} contiguous bytes (one block of every layer), "
+                "a multiple of 8 bytes apart"
+            )
         self.num_slots = host_slots.shape[0]
         # [num_slots, num_layers, 2, block_size, kv_heads, head_dim], over the same memory
         self._host = host_slots.view(layer.dtype).view(self.num_slots, *self._block_shape)
@@ -68,21 +79,28 @@ class KVTransfer:
         self._coalesce = host_slots.stride(0) == block_bytes
         self._device = layer.device
         self._registered: int | None = None  # the host address this object pinned, to unpin on close
-        if self._device.type == "cuda":
+        on_cuda = self._device.type == "cuda"
+        if on_cuda:
             self._pin(host_slots, block_bytes)
-        # The CPU takes the same path, without streams, so its tests cover the chunks and runs.
+        # The slots as 8-byte words, where the loads read them: the device's threads, on CUDA.
+        self._host_words = mapped_on_device(host_slots, self._device) if on_cuda else host_slots.view(torch.int64)
+        # The CPU takes the same paths, without streams, so its tests cover the chunks and runs.
         per_half = max(1, STAGING_BYTES // 2 // block_bytes)
-        self._saves: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype, priority=0)
-        # A load stands between a prompt and its first token: its streams go first.
-        self._loads: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype, priority=-1)
+        self._saves: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype)
+        # A load stands between a prompt and its first token: its stream goes first.
+        self._loads = torch.cuda.Stream(self._device, priority=-1) if on_cuda else None
+        self._load_layer = load_layer if on_cuda else load_layer_torch
+        self._closed = False
 
     def _pin(self, host_slots: torch.Tensor, block_bytes: int) -> None:
-        """Page-locks the host slots for DMA, unless they are already (torch's pinned tensors)."""
+        """Page-locks the host slots for DMA and maps them for kernels, unless they are already
+        (torch's pinned tensors, which unified addressing maps)."""
         if host_slots.is_pinned():
             return
         span = (self.num_slots - 1) * host_slots.stride(0) + block_bytes
         with torch.cuda.device(self._device):
-            error = int(torch.cuda.cudart().cudaHostRegister(host_slots.data_ptr(), span, 0))
+            # Mapped: the loads' kernels read the slots at their host address (unified addressing).
+            error = int(torch.cuda.cudart().cudaHostRegister(host_slots.data_ptr(), span, CUDA_HOST_REGISTER_MAPPED))
         if error != 0:
             raise RuntimeError(f"cudaHostRegister of the {span} bytes of host_slots failed: cudaError {error}")
         self._registered = host_slots.data_ptr()
@@ -93,6 +111,8 @@ class KVTransfer:
         self._check(blocks, slots)
         lane = self._saves
         _wait(lane.kernels, _record(self._current()))
+        if lane.kernels is not None:
+            self._kv.arrivals.wait_whole(lane.kernels)  # a block of a load still landing is read whole
         rows, layers = self._rows(blocks, lane), len(self._kv.layers)
         for half, start, stop in lane.chunks(len(blocks)):
             staging = lane.staging[half][: stop - start]
@@ -108,37 +128,40 @@ class KVTransfer:
         return Transfer(_record(lane.copies))
 
     def load(self, slots: list[int], blocks: list[int]) -> Transfer:
-        """Pool block `blocks[i]` <- host slot `slots[i]`, every layer; work queued afterwards on the
-        current stream (the next step) sees the loaded blocks. The Transfer is done once the slots
-        are read (another process may write them then)."""
+        """Pool block `blocks[i]` <- host slot `slots[i]`, every layer, layer by layer: the forward
+        pass queued next on the current stream attends over each layer once it has landed, and
+        everything queued there after that pass sees the whole load (the pool's `arrivals`). The
+        Transfer is done once the slots are read (another process may write them then)."""
         self._check(blocks, slots)
-        lane = self._loads
+        stream = self._loads
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
-        # waits for it; the copies from the host need not.
-        _wait(lane.kernels, _record(self._current()))
-        rows, layers = self._rows(blocks, lane), len(self._kv.layers)
-        for half, start, stop in lane.chunks(len(blocks)):
-            staging = lane.staging[half][: stop - start]
-            with _on(lane.copies):
-                _wait(lane.copies, lane.free[half])
-                for row, slot, count in self._runs(slots[start:stop]):
-                    staging[row : row + count].copy_(self._host[slot : slot + count], non_blocking=True)
-                arrived = _record(lane.copies)
-            with _on(lane.kernels):
-                _wait(lane.kernels, arrived)
-                self._kv.rows.index_copy_(0, rows[start * layers : stop * layers], self._as_rows(staging))
-                lane.free[half] = _record(lane.kernels)
-        _wait(self._current(), _record(lane.kernels))
-        return Transfer(_record(lane.copies))  # after the last copy out of the slots
+        # waits for it; reading the slots need not, but a layer is one kernel that does both.
+        _wait(stream, _record(self._current()))
+        indices = torch.tensor([slots, blocks], dtype=torch.int32)
+        if stream is not None:
+            # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
+            # the stream reaches it, and that stream has just been told to wait for the step.
+            with torch.cuda.stream(stream):
+                indices = indices.pin_memory().to(self._device, non_blocking=True)
+        pool_words = self._kv.rows.view(torch.int64)
+        landed = []
+        with _on(stream):
+            for layer in range(len(self._kv.layers)):
+                self._load_layer(self._host_words, pool_words, indices[0], indices[1], layer)
+                landed.append(_record(stream))
+        if stream is not None:
+            self._kv.arrivals.add(landed)
+        return Transfer(landed[-1])
 
     def close(self) -> None:
         """Waits for the copies under way and unpins what this object pinned; the pool and the host
         memory stay their owners'."""
-        if self._saves is None:
+        if self._closed:
             return
-        for lane in (self._saves, self._loads):
-            lane.synchronize()
-        self._saves = self._loads = None
+        self._saves.synchronize()
+        if self._loads is not None:
+            self._loads.synchronize()
+        self._closed = True
         if self._registered is not None:
             with torch.cuda.device(self._device):
                 error = int(torch.cuda.cudart().cudaHostUnregister(self._registered))
@@ -155,7 +178,7 @@ class KVTransfer:
             if wrong or len(set(ids)) != len(ids):
                 found = f"{wrong[:8]} out of range" if wrong else "repeats"
                 raise ValueError(f"{field} must be distinct ids in [0, {count}), got {found}")
-        if self._saves is None:
+        if self._closed:
             raise ValueError("this KVTransfer is closed")
 
     def _runs(self, slots: list[int]) -> list[tuple[int, int, int]]:
@@ -188,16 +211,14 @@ class KVTransfer:
 
 
 class _Lane:
-    """One direction's copies: a stream for the copy engine (host <-> staging), one for the gathers
-    or scatters (pool <-> staging), and two staging halves, each [per_half, *block_shape], used in
-    turn with the event after which nothing uses each. On the CPU: no streams, the same chunks."""
+    """The saves' copies: a stream for the copy engine (staging -> host), one for the gathers (pool
+    -> staging), and two staging halves, each [per_half, *block_shape], used in turn with the event
+    after which nothing uses each. On the CPU: no streams, the same chunks."""
 
-    def __init__(
-        self, device: torch.device, per_half: int, block_shape: tuple, dtype: torch.dtype, priority: int
-    ) -> None:
+    def __init__(self, device: torch.device, per_half: int, block_shape: tuple, dtype: torch.dtype) -> None:
         on_cuda = device.type == "cuda"
-        self.copies = torch.cuda.Stream(device, priority=priority) if on_cuda else None
-        self.kernels = torch.cuda.Stream(device, priority=priority) if on_cuda else None
+        self.copies = torch.cuda.Stream(device) if on_cuda else None
+        self.kernels = torch.cuda.Stream(device) if on_cuda else None
         self.staging = [torch.empty(per_half, *block_shape, dtype=dtype, device=device) for _ in range(2)]
         self.free: list[torch.cuda.Event | None] = [None, None]
 

@@ -273,6 +273,7 @@ class CausalLM(nn.Module):
         residual = None
         for i, layer in enumerate(self.model.layers):
             q, residual = layer.query(x, residual, rope, kv)
+            kv.arrivals.wait_for(i)  # layer i of the blocks loaded from the host tier has landed
             x, residual = layer.finish(self.attention_backend.attend(i, q, kv), residual)
         return LastLayer(output=x, residual=residual)
 

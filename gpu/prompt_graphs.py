@@ -85,6 +85,7 @@ class LayerPieces:
         attend = self.model.attention_backend.attend
         for layer in range(self.num_pieces - 1):
             run_piece(layer, num_tokens)
+            self.kv.arrivals.wait_for(layer)  # layer i of the blocks loaded from the host tier has landed
             attend(layer, buffers.queries, self.kv, out=buffers.attended)
         run_piece(self.num_pieces - 1, num_tokens)
         return LastLayer(output=buffers.hidden, residual=buffers.residual)

@@ -285,13 +285,16 @@ class ModelRunner:
         )
 
     def _forward(self, step: _Step) -> _Forwarded:
-        """The logits of the rows that draw, and every token's last layer (but after a decode graph)."""
+        """The logits of the rows that draw, and every token's last layer (but after a decode graph).
+        Blocks loaded from the host tier land during the pass, layer by layer, and whole after it."""
         if step.shape.decode_graph is not None:
+            self.kv.arrivals.settle()  # a graph cannot wait between its layers
             logits = self.graphs.replay(step.shape.decode_graph, step.graph_kind)  # [decode_graph, vocab]
             rows = logits[: len(step.rows)] if len(step.rows) == step.num_seqs else logits[step.batch.logits_index]
             return _Forwarded(logits=rows, last=None)
         prompt_graph = step.shape.prompt_tokens is not None
         last = self.prompt_graphs.run(step.batch) if prompt_graph else self.model.run_layers(step.batch, self.kv)
+        self.kv.arrivals.settle()
         return _Forwarded(logits=self.model.logits(last, step.batch.logits_index), last=last)
 
     def _draw(self, step: _Step, forwarded: _Forwarded) -> PendingStep:

@@ -6,7 +6,8 @@ the data dir and the KV geometry, so a restarted executor maps the same one (v1:
 forgets what it holds all the same). Saves and loads run on the transfer's own streams and are
 reported once done with their slots (`take_done`): a save's block, and a load's slots, stay out of
 other use in the scheduler's books until then, since the cache_tier process writes slots it is
-given from outside this process's streams. A load is ordered before the next step, which reads it.
+given from outside this process's streams. A load lands layer by layer under the next step, which
+attends over each layer once it has landed (gpu/layer_arrivals.py).
 """
 
 import asyncio

@@ -68,7 +68,7 @@ def rounds(kv: KVCache, transfer: KVTransfer, args, rng: np.random.Generator) ->
         sources, targets = chosen[: args.blocks], chosen[args.blocks :]
         slots = rng.choice(transfer.num_slots, args.blocks, replace=False).tolist()
         save_s = seconds(lambda: transfer.save(sources, slots).wait(), device)
-        load_s = seconds(lambda: transfer.load(slots, targets), device)
+        load_s = seconds(lambda: (transfer.load(slots, targets), kv.arrivals.settle()), device)
         same = same and all(torch.equal(layer[sources], layer[targets]) for layer in kv.layers)
         if round_ > 0:  # the first warms up: the staging buffers' first touch, the pinned index memory
             saves.append(transfer_bytes / save_s / GB)

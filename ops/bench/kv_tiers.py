@@ -119,9 +119,19 @@ async def host_hits(client: Client, args, vocab: int) -> tuple[list[float], list
         prefix = tokens(rng, args.hit_tokens, vocab)
         await client.generate(prefix, 1)
         on_gpu.append((await client.generate(prefix + tokens(rng, 16, vocab), 1))[0])
+        # Each hit as often as the prefix: the pool keeps the prefixes hit most, and evicts the
+        # least recently used of those hit as often.
         for _ in range(evict_count):
-            await client.generate(tokens(rng, args.hit_tokens, vocab), 1)
+            other = tokens(rng, args.hit_tokens, vocab)
+            await client.generate(other, 1)
+            await client.generate(other + tokens(rng, 16, vocab), 1)
+        host_hits_before = (await client.cache())["tiers"]["host"]["hits"]
         hits.append((await client.generate(prefix + tokens(rng, 16, vocab), 1))[0])
+        loaded = (await client.cache())["tiers"]["host"]["hits"] - host_hits_before
+        if loaded < args.hit_tokens // 16:
+            raise RuntimeError(
+                f"the host served {loaded} of the prefix's {args.hit_tokens // 16} blocks: not a host hit"
+            )
         fresh.append((await client.generate(tokens(rng, args.hit_tokens + 16, vocab), 1))[0])
     return hits, fresh, on_gpu
 

@@ -182,8 +182,10 @@ def test_on_cuda_a_save_sees_the_work_queued_before_it_and_the_next_step_sees_a_
     blocks, targets = list(range(0, 256, 2)), list(range(1, 256, 2))
     # Indices on the device beforehand: a list index would copy from pageable memory, and wait.
     block_index, target_index = torch.tensor(blocks, device="cuda"), torch.tensor(targets, device="cuda")
-    # The step's work, still running when the save is queued: long enough (about half a second)
-    # that the save's first use of pinned memory on a fresh process cannot outlast it.
+    # A first save of as many blocks: the pinned memory of its indices is allocated now, which may
+    # wait for the device (cudaHostAlloc), and is reused by the save timed next.
+    transfer.save(blocks, list(range(128))).wait()
+    # The step's work, still running when the save is queued.
     torch.cuda._sleep(1_000_000_000)
     for layer in kv.layers:
         layer.index_fill_(0, block_index, 7.0)
@@ -194,7 +196,47 @@ def test_on_cuda_a_save_sees_the_work_queued_before_it_and_the_next_step_sees_a_
     host.slots()[128:].view(torch.bfloat16).fill_(3.0)
     torch.cuda._sleep(50_000_000)  # the step before: the load's writes wait for it, then the next step for them
     transfer.load(list(range(128, 256)), targets)
-    seen = [layer.index_select(0, target_index).sum(dtype=torch.float32) for layer in kv.layers]  # no sync
+    seen = []
+    for i, layer in enumerate(kv.layers):  # as a forward pass reads them, layer by layer (no sync)
+        kv.arrivals.wait_for(i)
+        seen.append(layer.index_select(0, target_index).sum(dtype=torch.float32))
+    kv.arrivals.settle()
+    assert not kv.arrivals.pending
     per_layer = 128 * 2 * BLOCK_SIZE * HEADS * HEAD_DIM * 3.0
     assert [s.item() for s in seen] == [per_layer] * LAYERS
+    transfer.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_on_cuda_a_prompt_over_loaded_blocks_attends_over_each_layer_once_landed(
+    build_tiny_model, segment, cuda_graphs
+):
+    """The prompt's forward pass (eager, or in pieces of CUDA graphs) runs while the load still
+    lands: the same logits as over the blocks the prefix was computed in."""
+    from gpu.runner import ModelRunner
+    from gpu.step_io import SequenceInput
+
+    runner = ModelRunner(
+        build_tiny_model("llama"), device="cuda", num_kv_blocks=64, block_size=16, cuda_graphs=cuda_graphs
+    )
+    kv = runner.kv
+    transfer = KVTransfer(kv, segment(8, kv.block_bytes).slots())
+    prefix = [(7 * i) % 200 + 3 for i in range(64)]  # four blocks
+    tails = [[11, 12, 13], [14], [15, 16], [17, 18, 19, 20]]
+    runner.step([SequenceInput(prefix, 0, [0, 1, 2, 3], sample=True)])
+
+    def next_tokens(prefix_blocks: list[int]) -> list[int]:
+        own = [[20 + k] for k in range(len(tails))]  # each tail's block after the prefix
+        return runner.step([SequenceInput(t, 64, prefix_blocks + b, sample=True) for t, b in zip(tails, own)])
+
+    expected = next_tokens([0, 1, 2, 3])
+    transfer.save([0, 1, 2, 3], [4, 5, 6, 7]).wait()
+    for layer in kv.layers:
+        layer[[40, 41, 42, 43]] = 0.0
+    with torch.cuda.stream(transfer._loads):  # a slow link: the step is launched long before the load lands
+        torch.cuda._sleep(200_000_000)
+    transfer.load([4, 5, 6, 7], [40, 41, 42, 43])
+    assert next_tokens([40, 41, 42, 43]) == expected
     transfer.close()

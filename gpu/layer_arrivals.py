@@ -1,0 +1,43 @@
+"""Loads into the KV pool that land layer by layer (gpu/kv_transfer.py), and the waits that order
+them with the step's work: a step attends over layer i once every load's layer i has landed, not
+once the whole load has, so a prompt whose prefix comes back from the host computes while the
+later layers still cross PCIe.
+
+Whatever reads the pool outside a forward pass (a decode graph, which cannot wait inside itself; a
+copy of blocks; a save) waits for the whole of every load first, and so does the
+current stream after each forward pass (`settle`): work queued later sees every loaded block whole.
+"""
+
+import torch
+
+
+class LayerArrivals:
+    """The per-layer events of the loads not yet waited for, oldest first. On the CPU, where a load
+    is done when it returns, there are none."""
+
+    def __init__(self) -> None:
+        self._pending: list[list[torch.cuda.Event]] = []  # each load's events, one per layer
+
+    def add(self, layer_events: list[torch.cuda.Event]) -> None:
+        self._pending.append(layer_events)
+
+    def wait_for(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Makes `stream` (the current one by default) wait until layer `layer` of every pending load
+        has landed."""
+        if self._pending:
+            stream = stream or torch.cuda.current_stream()
+            for events in self._pending:
+                stream.wait_event(events[layer])
+
+    def wait_whole(self, stream: torch.cuda.Stream) -> None:
+        """Makes `stream` (another than the step's: a save's) wait until every pending load has
+        landed whole; they stay pending for the step's stream."""
+        for events in self._pending:
+            stream.wait_event(events[-1])
+
+    def settle(self) -> None:
+        """Makes the current stream wait until every pending load has landed whole: none is pending
+        after."""
+        if self._pending:
+            self.wait_whole(torch.cuda.current_stream())
+            self._pending.clear()
