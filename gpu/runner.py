@@ -178,6 +178,7 @@ class ModelRunner:
         """Captures the CUDA graphs asked at start (none if none were) over the weights and KV pool
         where they are now: at start, and on waking (no `warm_up`: it ran at start) if they moved."""
         if self.graph_sizes is not None:
+            self.kv.arrivals.settle()  # a capture cannot wait for an event recorded outside it
             self.graphs, self.prompt_graphs = capture_graphs(
                 self.model, self.kv, self.staging, self._capture_stream, *self.graph_sizes, warm_up
             )
