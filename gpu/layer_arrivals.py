@@ -1,7 +1,8 @@
 """Loads into the KV pool that land layer by layer (gpu/kv_transfer.py), and the waits that order
-them with the step's work: a step attends over layer i once every load's layer i has landed, not
-once the whole load has, so a prompt whose prefix comes back from the host computes while the
-later layers still cross PCIe.
+them with the step's work: a step writes and reads layer i once every load's layer i has landed,
+not once the whole load has, so a prompt whose prefix comes back from the host computes while the
+later layers still cross PCIe. Writes wait too: a block that the scheduler evicted while its load
+was still landing may already be another sequence's, whose new KV must land after the load's.
 
 Whatever reads the pool outside a forward pass (a decode graph, which cannot wait inside itself; a
 copy of blocks; a save) waits for the whole of every load first, and so does the

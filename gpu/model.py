@@ -272,8 +272,8 @@ class CausalLM(nn.Module):
         rope = self.rope_inputs(batch.positions, batch.slot_mapping, x)
         residual = None
         for i, layer in enumerate(self.model.layers):
-            q, residual = layer.query(x, residual, rope, kv)
-            kv.arrivals.wait_for(i)  # layer i of the blocks loaded from the host tier has landed
+            kv.arrivals.wait_for(i)  # layer i of the loads from the host tier has landed: read, or written over
+            q, residual = layer.query(x, residual, rope, kv)  # writes the new tokens' KV of layer i
             x, residual = layer.finish(self.attention_backend.attend(i, q, kv), residual)
         return LastLayer(output=x, residual=residual)
 

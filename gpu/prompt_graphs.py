@@ -84,8 +84,10 @@ class LayerPieces:
         buffers.inputs.copy_(batch.token_data)
         attend = self.model.attention_backend.attend
         for layer in range(self.num_pieces - 1):
+            # Layer i of the loads from the host tier has landed before the piece writes the new
+            # tokens' KV of layer i (into a block a load may have been writing) and attention reads it.
+            self.kv.arrivals.wait_for(layer)
             run_piece(layer, num_tokens)
-            self.kv.arrivals.wait_for(layer)  # layer i of the blocks loaded from the host tier has landed
             attend(layer, buffers.queries, self.kv, out=buffers.attended)
         run_piece(self.num_pieces - 1, num_tokens)
         return LastLayer(output=buffers.hidden, residual=buffers.residual)

@@ -34,9 +34,11 @@ class DiskLink:
         """Sends the requests the disk tier's books have made since the last call."""
         if (disk := self.disk()) is None:
             return
+        waiting = set()
         for request_id, request in disk.take_requests():
             self.spawn(self._ask(request_id, request), "disk_tier_request")
-            if request_id is not None:
+            if request_id is not None and request_id not in waiting:  # one deadline for a fetch's pieces
+                waiting.add(request_id)
                 self.spawn(self._deadline(request_id), "disk_tier_deadline")
 
     async def flush(self) -> int | Error:

@@ -10,9 +10,12 @@ to `replied`.
   flow of fetches must not keep the host's blocks off the disk for ever), and a spill is small
   enough to be written and synced in tens of milliseconds.
 - Fetches: a waiting request whose prefix continues past what the GPU and the host hold asks the
-  disk tier for the rest, once, before its admission: its blocks are read into reserved host slots,
-  and the admission then loads them as any host hit. The request waits for the answer, not longer
-  than FETCH_DEADLINE_S (then it goes on with the shorter hit); others are admitted meanwhile.
+  disk tier for the rest, once, before its admission, in pieces of FETCH_PIECE_BLOCKS read one
+  after the other into reserved host slots. Each piece that lands is loaded into the GPU's tree
+  while the next is read (KVManager's prefetch), and the admission loads the last as any host hit:
+  only the last piece's copy to the GPU stands between the disk and the first token. The request
+  waits for every piece, not longer than FETCH_DEADLINE_S (then it goes on with the shorter hit),
+  and no longer once a piece comes back short; others are admitted meanwhile.
 - What the disk holds: listed once per namespace (ListBlocks), then followed by what each spill
   stored, so a prompt the disk cannot continue (a new one) is admitted at once, not after a fetch
   that waits behind the disk tier's writes. Until a namespace is listed every prompt asks; a block
@@ -45,7 +48,11 @@ from schemas.errors import Error
 
 SPILL_BATCH = 16  # blocks per spill request (of an 8B model's blocks: 32 MiB)
 SPILL_HOLD_S = 0.5  # the longest spills wait for fetches
-MAX_FETCH = 1024  # blocks per fetch request
+MAX_FETCH = 1024  # blocks a request fetches
+# Blocks per fetch piece: small enough that the copies of the pieces before the last overlap the
+# reading of the later ones, large enough that each keeps the disk tier's reader threads busy (an
+# 8B model's 256 blocks are 512 MiB, 32 tasks of READ_PIECE_BLOCKS).
+FETCH_PIECE_BLOCKS = 256
 FETCH_DEADLINE_S = 2.0  # a request waits no longer for its fetch
 ANSWER_TIMEOUT_S = 60.0  # the disk tier's answer to any request
 LIST_RETRY_S = 1.0  # a listing that failed (the disk tier not up yet) is asked again after this
@@ -54,7 +61,7 @@ LIST_RETRY_S = 1.0  # a listing that failed (the disk tier not up yet) is asked 
 @dataclass
 class PendingFetch:
     seq: Sequence
-    request: FetchBlocks
+    pieces: int  # pieces not answered yet
 
 
 class DiskTier:
@@ -88,10 +95,13 @@ class DiskTier:
         slots = self.host.reserve(len(rest)) if rest else []
         if not slots:
             return False
-        request = FetchBlocks(self.segment, self.host.key, slots, rest[: len(slots)])
-        self._fetches[seq.request_id] = PendingFetch(seq, request)
-        self._requests.append((seq.request_id, request))
+        starts = range(0, len(slots), FETCH_PIECE_BLOCKS)
+        for start in starts:
+            piece = slice(start, start + FETCH_PIECE_BLOCKS)
+            self._requests.append((seq.request_id, FetchBlocks(self.segment, self.host.key, slots[piece], rest[piece])))
+        self._fetches[seq.request_id] = PendingFetch(seq, len(starts))
         seq.fetching = True
+        seq.gpu_blocks_at_fetch = on_gpu
         return True
 
     def take_requests(self) -> list[tuple[str | None, CacheTierRequest]]:
@@ -145,9 +155,12 @@ class DiskTier:
                     count = reply.count if ours else 0
                     indexed = self.host.fetched(slots, hashes, count, key)
                     if (pending := self._fetches.get(request_id or "")) is not None:
-                        pending.seq.disk_blocks = indexed  # the disk's hits, once its start loads them
+                        pending.seq.disk_blocks += indexed  # the disk's hits, once loaded
+                        pending.pieces -= 1
                     if ours and count < len(hashes):  # gone from the disk, or failed its check
                         self._on_disk.get(key, set()).discard(hashes[count])
+                    if pending is not None and pending.pieces and count == len(hashes):
+                        return  # whole: the request waits for its next piece
                 self.deadline_passed(request_id)
             case ListBlocks(namespace=key):
                 if isinstance(reply, BlocksListed):

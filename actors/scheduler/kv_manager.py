@@ -95,8 +95,24 @@ class KVManager:
         return True
 
     def waits_for_disk(self, seq: Sequence) -> bool:
-        """Whether `seq` waits for its prefix to come from the disk tier before its start."""
-        return self.disk is not None and self.disk.waits(seq, self.lookup_tokens(seq))
+        """Whether `seq` waits for its prefix to come from the disk tier before its start; while it
+        does, the pieces already read load into the GPU's tree."""
+        if self.disk is None or not self.disk.waits(seq, self.lookup_tokens(seq)):
+            return False
+        self._prefetch(seq)
+        return True
+
+    def _prefetch(self, seq: Sequence) -> None:
+        """Loads into the GPU's tree, ahead of `seq`'s start, the blocks of its prefix that the host
+        holds past the GPU's: a fetch's pieces cross to the GPU while the disk reads the next ones.
+        The tree holds them unlocked, as any cached prefix; the executor writes no block reused
+        after an eviction before the load into it has landed (gpu/layer_arrivals.py)."""
+        lookup = self.lookup_tokens(seq)
+        cached = self.cache.match(lookup, seq.tenant)
+        self.cache.lock(cached.node)
+        longer = self._load_from_host(seq, lookup, cached)
+        seq.prefetched += len(longer.blocks) - len(cached.blocks)
+        self.cache.unlock(longer.node)
 
     @staticmethod
     def lookup_tokens(seq: Sequence) -> list[int]:
@@ -275,7 +291,10 @@ class KVManager:
 
     def _count_lookup(self, seq: Sequence, lookup: list[int], on_gpu: int, loaded: int) -> None:
         """A first lookup: the GPU had `on_gpu` blocks, and `loaded` more came through host slots,
-        the last `seq.disk_blocks` of them from disk."""
+        the last `seq.disk_blocks` of them from disk. Of the GPU's, those its fetch's pieces brought
+        there (past what the GPU had when the fetch was asked) came through host slots too."""
+        prefetched = min(seq.prefetched, max(on_gpu - seq.gpu_blocks_at_fetch, 0))
+        on_gpu, loaded = on_gpu - prefetched, loaded + prefetched
         from_disk = min(loaded, seq.disk_blocks)
         served: list[tuple[TierName, int]] = [("gpu", on_gpu)]
         if self.host is not None:

@@ -41,6 +41,8 @@ class Sequence:
     disk_looked_up: bool = False  # the disk tier was asked for its prefix once (disk_tier.py)
     fetching: bool = False  # it waits for that answer
     disk_blocks: int = 0  # the blocks that answer brought into the host tier for it
+    gpu_blocks_at_fetch: int = 0  # the GPU's match when the fetch was asked
+    prefetched: int = 0  # the blocks its fetch's pieces loaded into the GPU's tree before its start
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.

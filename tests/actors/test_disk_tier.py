@@ -84,6 +84,47 @@ def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():
     assert kv.host.stats()[1:] == (2, 0)  # indexed, pending: the slot of the block that did not come is free again
 
 
+def test_a_fetch_comes_in_pieces_each_loaded_to_the_gpu_while_the_next_is_read(monkeypatch):
+    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
+    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(21)))  # five whole blocks matchable
+    assert kv.waits_for_disk(seq)
+    pieces = moves(kv)
+    assert [rid for rid, _ in pieces] == ["s"] * 3 and [len(f.hashes) for _, f in pieces] == [2, 2, 1]
+    assert [h for _, f in pieces for h in f.hashes] == kv.host.hashes(seq, seq.prompt_ids, 5)
+    loads = []
+    for rid, piece in pieces[:2]:
+        kv.disk.replied(rid, piece, BlocksFetched(len(piece.hashes)))
+        assert kv.waits_for_disk(seq)  # the next piece is still to come, and this one goes to the GPU
+        (load,) = kv.take_commands()
+        assert isinstance(load, LoadBlocks) and load.slots == piece.slots
+        loads.append(load)
+    assert kv.cache.match(seq.prompt_ids, seq.tenant).num_tokens == 4 * BS  # in the tree, ahead of the start
+    rid, last = pieces[2]
+    kv.disk.replied(rid, last, BlocksFetched(1))
+    assert not kv.waits_for_disk(seq)
+    assert kv.start(seq)
+    (load,) = [c for c in kv.take_commands() if isinstance(c, LoadBlocks)]
+    assert load.slots == last.slots  # the last piece alone loads with the start
+    assert seq.blocks[:5] == loads[0].blocks + loads[1].blocks + load.blocks
+    tiers = kv.report([seq]).tiers
+    assert {name: t.hits for name, t in tiers.items()} == {"gpu": 0, "host": 0, "disk": 5}
+
+
+def test_a_short_piece_ends_the_wait_with_the_blocks_before_it(monkeypatch):
+    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
+    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(21)))
+    assert kv.waits_for_disk(seq)
+    (first, second, third) = moves(kv)
+    kv.disk.replied(*first, BlocksFetched(1))  # the second block failed its check
+    assert not kv.waits_for_disk(seq)
+    assert kv.start(seq) and seq.cached.num_tokens == BS
+    kv.disk.replied(*second, BlocksFetched(2))  # read all the same: indexed for later, nobody waits
+    kv.disk.replied(*third, BlocksFetched(1))
+    assert kv.host.stats()[1:] == (4, 0)
+
+
 def test_blocks_fetched_for_a_request_are_the_disks_hits_and_its_figures_the_last_it_gave():
     kv = KVManager(8, BS, True, TenancyPolicy(), 4, "m", "kvhost-x", block_bytes=100)
     seq = sequence("s", list(range(13)))  # three whole blocks matchable
