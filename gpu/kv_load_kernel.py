@@ -22,7 +22,7 @@ BLOCK_WORDS = 8192
 SM_SHARE = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["count", "layer"])  # one compiled kernel for every load
 def _load_layer_kernel(
     host_ptr,  # int64 words of the slots, mapped into the device's address space
     pool_ptr,  # int64 words of the pool's rows (gpu/kv_cache.py: KVCache.rows)
@@ -47,15 +47,20 @@ def _load_layer_kernel(
 
 
 def load_layer(
-    host_words: torch.Tensor, pool_words: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, layer: int
+    host_words: torch.Tensor,
+    pool_words: torch.Tensor,
+    slots: torch.Tensor,
+    blocks: torch.Tensor,
+    layer: int,
+    count: int,
 ):
-    """Layer `layer` of pool block blocks[i] <- that layer of host slot slots[i], on the current stream.
+    """Layer `layer` of pool block blocks[i] <- that layer of host slot slots[i], for i < `count`, on
+    the current stream.
 
     host_words: int64 [num_slots, slot_words] the device can read (`mapped_on_device`), its rows
     contiguous; pool_words: the pool's rows as int64 [num_layers * layer_rows, row_words]
     (KVCache.rows), contiguous; slots, blocks: integers on the device."""
     row_words = pool_words.shape[1]
-    count = len(slots)
     if count == 0:
         return
     parts = triton.cdiv(row_words, BLOCK_WORDS)
@@ -76,13 +81,18 @@ def load_layer(
 
 
 def load_layer_torch(
-    host_words: torch.Tensor, pool_words: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, layer: int
+    host_words: torch.Tensor,
+    pool_words: torch.Tensor,
+    slots: torch.Tensor,
+    blocks: torch.Tensor,
+    layer: int,
+    count: int,
 ):
     """What `load_layer` does, with torch's index ops: the CPU's path, and the kernel's reference."""
     row_words = pool_words.shape[1]
-    rows = blocks.long() + layer * _layer_rows(host_words, pool_words)
+    rows = blocks[:count].long() + layer * _layer_rows(host_words, pool_words)
     layer_words = host_words[:, layer * row_words : (layer + 1) * row_words]
-    pool_words.index_copy_(0, rows, layer_words.index_select(0, slots.long()))
+    pool_words.index_copy_(0, rows, layer_words.index_select(0, slots[:count].long()))
 
 
 def _layer_rows(host_words: torch.Tensor, pool_words: torch.Tensor) -> int:
@@ -94,8 +104,10 @@ def _layer_rows(host_words: torch.Tensor, pool_words: torch.Tensor) -> int:
 def mapped_on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`host` (a CPU uint8 [num_slots, slot_bytes] tensor over page-locked memory, its rows
     contiguous and 8-byte multiples apart) as int64 words a kernel on `device` reads, over the same
-    memory: with unified addressing, registered host memory has the same address on the device.
-    The caller keeps `host`'s memory alive and registered while the view is used."""
+    memory. It takes page-locked memory to have the same address on the device as on the host, as
+    on x86-64 Linux's unified addressing (cudaDevAttrCanUseHostPointerForRegisteredMem); the
+    tests/gpu/test_kv_transfer.py round trips check it. The caller keeps `host`'s memory alive and
+    registered while the view is used."""
     rows, row_bytes = host.shape
     interface = {
         "shape": (rows, row_bytes // 8),

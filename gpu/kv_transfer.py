@@ -12,8 +12,9 @@ another, through two staging halves, so the copy engine moves one chunk while th
 A load, which a prompt's first token waits for, lands layer by layer instead: the GPU's threads
 read each layer of the slots straight from the page-locked memory (gpu/kv_load_kernel.py) on a
 stream of its own, and the step's forward pass attends over layer i once layer i has landed
-(gpu/layer_arrivals.py), so the prompt computes while the later layers still cross. Loads and
-saves order nothing between them, and cross PCIe in both directions at once.
+(gpu/layer_arrivals.py), so the prompt computes while the later layers still cross. A save waits
+for the loads still landing; a load waits for no save, and the two cross PCIe in both directions at
+once.
 """
 
 import math
@@ -91,6 +92,10 @@ class KVTransfer:
         self._loads = torch.cuda.Stream(self._device, priority=-1) if on_cuda else None
         self._load_layer = load_layer if on_cuda else load_layer_torch
         self._closed = False
+        if on_cuda:  # the kernel compiles now, not inside the first step that loads
+            scratch = torch.tensor([[0], [kv.scratch_block]], dtype=torch.int32, device=self._device)
+            load_layer(self._host_words, kv.rows.view(torch.int64), scratch[0], scratch[1], 0)
+            torch.cuda.synchronize(self._device)
 
     def _pin(self, host_slots: torch.Tensor, block_bytes: int) -> None:
         """Page-locks the host slots for DMA and maps them for kernels, unless they are already
@@ -137,7 +142,9 @@ class KVTransfer:
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
         # waits for it; reading the slots need not, but a layer is one kernel that does both.
         _wait(stream, _record(self._current()))
-        indices = torch.tensor([slots, blocks], dtype=torch.int32)
+        # One [2, n] copy, each row 16-byte aligned (padded to 4 ids) as the kernel was compiled for.
+        padding = [0] * (-len(slots) % 4)
+        indices = torch.tensor([slots + padding, blocks + padding], dtype=torch.int32)
         if stream is not None:
             # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
             # the stream reaches it, and that stream has just been told to wait for the step.
@@ -147,10 +154,10 @@ class KVTransfer:
         landed = []
         with _on(stream):
             for layer in range(len(self._kv.layers)):
-                self._load_layer(self._host_words, pool_words, indices[0], indices[1], layer)
+                self._load_layer(self._host_words, pool_words, indices[0], indices[1], layer, len(slots))
                 landed.append(_record(stream))
         if stream is not None:
-            self._kv.arrivals.add(landed)
+            self._kv.arrivals.add(landed, self._current())
         return Transfer(landed[-1])
 
     def close(self) -> None:

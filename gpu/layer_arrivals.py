@@ -13,22 +13,23 @@ import torch
 
 
 class LayerArrivals:
-    """The per-layer events of the loads not yet waited for, oldest first. On the CPU, where a load
-    is done when it returns, there are none."""
+    """The per-layer events of the loads not yet waited for, oldest first, and the stream that waits
+    for them: the one current when they were issued, the step's. On the CPU, where a load is done
+    when it returns, there are none."""
 
     def __init__(self) -> None:
         self._pending: list[list[torch.cuda.Event]] = []  # each load's events, one per layer
+        self._stream: torch.cuda.Stream | None = None
 
-    def add(self, layer_events: list[torch.cuda.Event]) -> None:
+    def add(self, layer_events: list[torch.cuda.Event], stream: torch.cuda.Stream) -> None:
+        """A load's events, which `stream` (the step's) is to wait for."""
         self._pending.append(layer_events)
+        self._stream = stream
 
-    def wait_for(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
-        """Makes `stream` (the current one by default) wait until layer `layer` of every pending load
-        has landed."""
-        if self._pending:
-            stream = stream or torch.cuda.current_stream()
-            for events in self._pending:
-                stream.wait_event(events[layer])
+    def wait_for(self, layer: int) -> None:
+        """Makes the step's stream wait until layer `layer` of every pending load has landed."""
+        for events in self._pending:
+            self._stream.wait_event(events[layer])
 
     def wait_whole(self, stream: torch.cuda.Stream) -> None:
         """Makes `stream` (another than the step's: a save's) wait until every pending load has
@@ -37,8 +38,12 @@ class LayerArrivals:
             stream.wait_event(events[-1])
 
     def settle(self) -> None:
-        """Makes the current stream wait until every pending load has landed whole: none is pending
+        """Makes the step's stream wait until every pending load has landed whole: none is pending
         after."""
         if self._pending:
-            self.wait_whole(torch.cuda.current_stream())
+            self.wait_whole(self._stream)
             self._pending.clear()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)

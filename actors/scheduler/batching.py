@@ -228,6 +228,9 @@ class ContinuousBatcher:
             seq = waiting[skipped]
             if self.prefill.awaits_shared_prefill(seq, self.requests.running, self.kv) or self.kv.waits_for_disk(seq):
                 skipped += 1
+                # The loads of the pieces it prefetched go now, before anything later in the round
+                # (a fork's copy) writes a block the pool may have evicted for them.
+                self._commands += self.kv.take_commands()
             elif (started := admit(seq, self.requests, self.kv)) is not None:
                 self._commands += started
                 budget -= self._send_chunk(seq, budget)

@@ -11,9 +11,10 @@ to `replied`.
   enough to be written and synced in tens of milliseconds.
 - Fetches: a waiting request whose prefix continues past what the GPU and the host hold asks the
   disk tier for the rest, once, before its admission, in pieces of FETCH_PIECE_BLOCKS read one
-  after the other into reserved host slots. Each piece that lands is loaded into the GPU's tree
-  while the next is read (KVManager's prefetch), and the admission loads the last as any host hit:
-  only the last piece's copy to the GPU stands between the disk and the first token. The request
+  after the other into reserved host slots. Each piece that lands is loaded into the GPU's tree at
+  the next scheduling round that reaches the request (KVManager's prefetch), while the next piece
+  is read, and the admission loads the last as any host hit: only the last piece's copy to the GPU
+  stands between the disk and the first token. The request
   waits for every piece, not longer than FETCH_DEADLINE_S (then it goes on with the shorter hit),
   and no longer once a piece comes back short; others are admitted meanwhile.
 - What the disk holds: listed once per namespace (ListBlocks), then followed by what each spill
@@ -95,6 +96,7 @@ class DiskTier:
         slots = self.host.reserve(len(rest)) if rest else []
         if not slots:
             return False
+        rest = rest[: len(slots)]
         starts = range(0, len(slots), FETCH_PIECE_BLOCKS)
         for start in starts:
             piece = slice(start, start + FETCH_PIECE_BLOCKS)
@@ -156,6 +158,7 @@ class DiskTier:
                     indexed = self.host.fetched(slots, hashes, count, key)
                     if (pending := self._fetches.get(request_id or "")) is not None:
                         pending.seq.disk_blocks += indexed  # the disk's hits, once loaded
+                        pending.seq.piece_landed = indexed > 0  # to the GPU at its next round (KVManager)
                         pending.pieces -= 1
                     if ours and count < len(hashes):  # gone from the disk, or failed its check
                         self._on_disk.get(key, set()).discard(hashes[count])
@@ -191,6 +194,8 @@ class DiskTier:
         stay out of use until the disk tier answers, and the requests waiting for them wait on."""
         self.host.adopt_in_flight(old.host)
         self._fetches, self._spilling = old._fetches, old._spilling
+        for pending in self._fetches.values():  # what they prefetched went with the old pool
+            pending.seq.prefetched = pending.seq.gpu_blocks_at_fetch = 0
         self._on_disk, self._list_after, self._figures = old._on_disk, old._list_after, old._figures
 
     def restarted(self) -> None:

@@ -99,14 +99,18 @@ class KVManager:
         does, the pieces already read load into the GPU's tree."""
         if self.disk is None or not self.disk.waits(seq, self.lookup_tokens(seq)):
             return False
-        self._prefetch(seq)
+        if seq.piece_landed:
+            seq.piece_landed = False
+            self._prefetch(seq)
         return True
 
     def _prefetch(self, seq: Sequence) -> None:
         """Loads into the GPU's tree, ahead of `seq`'s start, the blocks of its prefix that the host
         holds past the GPU's: a fetch's pieces cross to the GPU while the disk reads the next ones.
-        The tree holds them unlocked, as any cached prefix; the executor writes no block reused
-        after an eviction before the load into it has landed (gpu/layer_arrivals.py)."""
+        The tree holds them unlocked, as any cached prefix. A block evicted while its load still
+        lands may be reused at once: the caller sends the load before any later command of the
+        round (a fork's copy), and a step writes layer i of a block only once the loads' layer i
+        has landed (gpu/layer_arrivals.py)."""
         lookup = self.lookup_tokens(seq)
         cached = self.cache.match(lookup, seq.tenant)
         self.cache.lock(cached.node)

@@ -43,6 +43,7 @@ class Sequence:
     disk_blocks: int = 0  # the blocks that answer brought into the host tier for it
     gpu_blocks_at_fetch: int = 0  # the GPU's match when the fetch was asked
     prefetched: int = 0  # the blocks its fetch's pieces loaded into the GPU's tree before its start
+    piece_landed: bool = False  # a piece of its fetch came since its last prefetch
     state: State = State.WAITING
     # Of the tokens being prefilled (prompt, plus earlier outputs after a preemption): how many
     # were sent to the executor, and how many it reported computed.

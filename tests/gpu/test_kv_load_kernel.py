@@ -24,10 +24,10 @@ def test_one_layer_of_scattered_slots_lands_in_its_blocks(layer):
     pool = torch.randint(-(2**62), 2**62, (LAYERS * (BLOCKS + 1), ROW_WORDS), generator=generator)
     slots, blocks = torch.tensor([5, 0, 3, 6], dtype=torch.int32), torch.tensor([9, 2, 10, 4], dtype=torch.int32)
     expected = pool.clone()
-    load_layer_torch(host, expected, slots, blocks, layer)
+    load_layer_torch(host, expected, slots, blocks, layer, 4)
     assert not torch.equal(expected, pool)
     on = torch.device(DEVICE)
     # On a GPU the kernel reads device memory here; the host-mapped case is tests/gpu/test_kv_transfer.py's.
     out = pool.to(on)
-    load_layer(host.to(on), out, slots.to(on), blocks.to(on), layer)
+    load_layer(host.to(on), out, slots.to(on), blocks.to(on), layer, 4)
     assert torch.equal(out.cpu(), expected)

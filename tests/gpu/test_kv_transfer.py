@@ -53,6 +53,7 @@ def round_trip(kv: KVCache, transfer: KVTransfer, sources: list[int], slots: lis
     saved.wait()
     assert saved.done()
     transfer.load(slots, targets)
+    kv.arrivals.settle()  # as a step's stream does after its forward pass
     for layer, (before, after) in enumerate(zip(blocks_of(kv, sources), blocks_of(kv, targets))):
         assert torch.equal(before[:, 0], after[:, 0]), f"layer {layer}: K"
         assert torch.equal(before[:, 1], after[:, 1]), f"layer {layer}: V"
@@ -152,8 +153,8 @@ def test_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled():
 @needs_cuda
 def test_on_cuda_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled(segment, monkeypatch):
     kv = filled_pool("cuda", torch.bfloat16)
-    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # 4 blocks a half: chunks in turn
-    # The step before the load: its writes wait for it, its reads from the slots need not.
+    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # the save: 4 blocks a half, in turn
+    # The step before the load, which the load waits for.
     refill_after_the_load(kv, segment(16, block_bytes(kv)).slots(), step=lambda: torch.cuda._sleep(50_000_000))
 
 
