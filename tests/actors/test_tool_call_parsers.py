@@ -4,7 +4,7 @@ text, streamed, gives the same content and calls, with no marker leaked into the
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from actors.lib.tool_calls import hermes, llama3_json, mistral
@@ -160,6 +160,12 @@ def test_hermes_calls_survive_any_cut(before, calls, cuts):
     ),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12),
     forced=st.booleans(),
+)
+@example(  # text after a section's calls is skipped up to its closer, though a cut falls inside it
+    fmt=FORMATS["hermes"],
+    text='a<tool_call>{"name": "_0", "arguments": {}}aaa {"name": "_", "arguments": {}}',
+    cuts=[47],
+    forced=False,
 )
 def test_any_text_gives_the_same_split_whole_and_streamed(fmt, text, cuts, forced):
     cuts = [c for c in cuts if c <= len(text)]

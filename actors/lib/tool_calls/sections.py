@@ -70,6 +70,7 @@ class _Section:
     replay: str  # the text before it that is content if the section turns out to hold no call
     raw: list[str] = field(default_factory=list)  # its text so far, while nothing of it went out
     committed: bool = False  # a call of it went out
+    dropping: bool = False  # what broke off it after a call went out is skipped, up to its closer
     scanner: CallScanner | None = None  # the value being read; None between values
     call: _Call | None = None
 
@@ -154,6 +155,8 @@ class ToolCallParser:
         section = self._section
         if section.scanner is not None:
             return self._read_value(section, out, final)
+        if section.dropping:
+            return self._drop_to_closer(section, out, final)
         text = self._text
         rest = text.lstrip(_WHITESPACE + self._syntax.separators)
         self._keep(section, text[: len(text) - len(rest)])
@@ -174,15 +177,23 @@ class ToolCallParser:
             section.scanner = CallScanner()
             return True
         if section.committed and closer:  # what breaks off a section that went out is dropped
-            at = rest.find(closer)
-            if at < 0:
-                self._text = "" if final else rest[len(rest) - partial_suffix(rest, closer) :]
-                if final:
-                    self._end(out)
-                return final
-            self._text = rest[at:]
+            section.dropping = True
             return True
         self._end(out)
+        return True
+
+    def _drop_to_closer(self, section: _Section, out: ParsedDelta, final: bool) -> bool:
+        """Skips text up to the section's closer, across pushes: a brace in the skipped text starts no
+        call, however the reply was cut into pieces."""
+        text, closer = self._text, self._syntax.closer
+        at = text.find(closer)
+        if at < 0:
+            self._text = "" if final else text[len(text) - partial_suffix(text, closer) :]
+            if final:
+                self._end(out)
+            return final
+        section.dropping = False
+        self._text = text[at:]
         return True
 
     def _read_value(self, section: _Section, out: ParsedDelta, final: bool) -> bool:
