@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from actors.cache_tier.actor import DEFAULT_DIR
+from actors.scheduler.disk_tier import FETCH_PIECE_BLOCKS
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
 from schemas.admin_weights import UpdateFromDisk, WeightsUpdated
@@ -70,6 +71,30 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
         assert damaged["choices"][0]["text"] == first[2]["choices"][0]["text"]
     finally:
         server.stop()
+
+
+def test_a_prefix_read_back_in_several_pieces_draws_the_tokens_it_drew_when_computed(tmp_path):
+    """Blocks of one token, so that a prompt's prefix is several of the disk tier's fetch pieces:
+    after a restart each piece goes to the pool while the next is read, and the prompt computes
+    nothing the disk held."""
+    flags = ("--block-size", "1", "--num-kv-blocks", "1500", "--host-kv-blocks", "1500", "--disk-kv-gb", "1")
+    text = prompt(TOPICS[3]) * 3
+    server = start_server(tmp_path / "data", *flags)
+    try:
+        first = complete(server, text)
+        assert first["usage"]["prompt_tokens"] > 2 * FETCH_PIECE_BLOCKS
+        settle(server)
+    finally:
+        server.stop()
+    server = start_server(tmp_path / "data", *flags)
+    try:
+        again = complete(server, text)
+        assert cached_tokens(again) == again["usage"]["prompt_tokens"] - 1  # all but the last token, from disk
+        assert cache_report(server)["tiers"]["disk"]["hits"] == cached_tokens(again)
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    finally:
+        server.stop()
+        remove_segments(tmp_path / "data")
 
 
 def test_a_killed_cache_tier_loses_no_request_and_its_successor_spills_on(tmp_path):
