@@ -4,9 +4,8 @@ this way, so a step attends over layer i while later layers still cross).
 
 A slot keeps a block's layers together ([num_layers, 2, block_size, kv_heads, head_dim]), so one
 layer of a block is a short span of it (64 KiB of llama-3.1-8b's 2 MiB). A copy engine moves such
-spans one copy at a time and crawls; the SMs read them at the link's rate, as fast as the copy
-engine moves whole 2 MiB slots (50.9 against 51.2 GB/s on an H200, 512 scattered blocks of
-llama-3.1-8b's shape: docs/journal/2026-11-26-layered-loads.md).
+spans one copy at a time and crawls; the SMs read them at the link's rate, about as fast as the
+copy engine moves whole 2 MiB slots (measured: docs/journal/2026-11-26-layered-loads.md).
 """
 
 import torch
