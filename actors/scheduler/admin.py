@@ -12,6 +12,7 @@ from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.pause import GenerationPause
 from actors.scheduler.sequence import Sequence
 from actors.scheduler.sessions import SessionTable
+from actors.scheduler.tier_figures import cache_report, tier_figures
 from kernel.subjects import Subjects
 from schemas.admin import (
     AdminReply,
@@ -49,7 +50,7 @@ def admin_subjects(subjects: Subjects) -> list[tuple[str, type[AdminRequest]]]:
 def scheduler_stats(batcher: ContinuousBatcher) -> SchedulerStats:
     """The batcher's figures, as GET /admin/stats shows them before the pause adds its own."""
     kv = batcher.kv
-    cache, tiers = kv.cache.stats(), kv.tiers()
+    cache, tiers = kv.cache.stats(), tier_figures(kv)
     return SchedulerStats(
         len(batcher.requests.waiting),
         len(batcher.requests.running),
@@ -98,7 +99,7 @@ class SchedulerAdmin:
             case GetStats():
                 return self.pause.stats(scheduler_stats(batcher))
             case GetCache():
-                return batcher.kv.report(batcher.requests.running)
+                return cache_report(batcher.kv, batcher.requests.running)
             case FlushCache():
                 raise ValueError("a flush is answered by SchedulerAdmin.flush")
             case PublishPrefix(input_ids):

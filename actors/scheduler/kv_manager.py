@@ -14,8 +14,7 @@ from actors.scheduler.radix_cache import RadixCache
 from actors.scheduler.radix_node import MatchResult, Node
 from actors.scheduler.sequence import Sequence
 from actors.scheduler.tier_figures import TierCounts
-from schemas.admin import CacheReport, PrefixPublished, TierFigures, TierName
-from schemas.cache import DiskFigures
+from schemas.admin import PrefixPublished, TierName
 from schemas.step import Command, CopyBlock, LoadBlocks, SaveBlocks
 
 # The match of a sequence that took nothing from the cache (a forked choice): nothing to unlock.
@@ -190,43 +189,6 @@ class KVManager:
     def forget(seq: Sequence) -> None:
         """A sequence whose KV went with another pool (an executor that is gone) holds nothing here."""
         seq.blocks, seq.cached = [], None
-
-    # -- admin -----------------------------------------------------------------------------
-
-    def report(self, running: list[Sequence]) -> CacheReport:
-        """GET /admin/cache: a walk of the tree, for people, not for the hot loop."""
-        usage = self.cache.usage()
-        in_use = len({b for seq in running for b in seq.blocks})
-        hit_rate = usage.hit_tokens / usage.queried_tokens if usage.queried_tokens else 0.0
-        return CacheReport(
-            self.pool.num_blocks,
-            usage.free_blocks,
-            usage.cached_blocks,
-            usage.evictable_blocks,
-            in_use,
-            usage.public_blocks,
-            usage.private_blocks,
-            usage.hit_tokens,
-            usage.queried_tokens,
-            hit_rate,
-            self.tiers(),
-        )
-
-    def tiers(self) -> dict[TierName, TierFigures]:
-        """What each tier this server has holds now and has served; no walk of the tree. The disk
-        tier's blocks and bytes are as it last said (disk_tier.py)."""
-        counts, bb = self.counts, self.block_bytes
-        cached, total = self.cache.stats().cached_blocks, self.pool.num_blocks
-        tiers = {"gpu": counts.figures("gpu", (cached, cached * bb), (total, total * bb), 0)}
-        if self.host is not None:
-            host = self.host.stats()
-            held, room = (host.blocks, host.blocks * bb), (host.slots, host.slots * bb)
-            tiers["host"] = counts.figures("host", held, room, host.pending)
-        if self.disk is not None:
-            disk = self.disk.figures() or DiskFigures(0, 0, 0)
-            room = (disk.capacity_bytes // bb if bb else 0, disk.capacity_bytes)
-            tiers["disk"] = counts.figures("disk", (disk.blocks, disk.bytes), room, self.host.unspilled)
-        return tiers
 
     def publish(self, tokens: list[int]) -> PrefixPublished:
         opened = self.cache.publish(tokens)

@@ -11,6 +11,7 @@ from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
+from actors.scheduler.tier_figures import cache_report
 from schemas.cache import (
     BlocksFetched,
     BlocksListed,
@@ -107,7 +108,7 @@ def test_a_fetch_comes_in_pieces_each_loaded_to_the_gpu_while_the_next_is_read(m
     (load,) = [c for c in kv.take_commands() if isinstance(c, LoadBlocks)]
     assert load.slots == last.slots  # the last piece alone loads with the start
     assert seq.blocks[:5] == loads[0].blocks + loads[1].blocks + load.blocks
-    tiers = kv.report([seq]).tiers
+    tiers = cache_report(kv, [seq]).tiers
     assert {name: t.hits for name, t in tiers.items()} == {"gpu": 0, "host": 0, "disk": 5}
 
 
@@ -132,7 +133,7 @@ def test_blocks_fetched_for_a_request_are_the_disks_hits_and_its_figures_the_las
     ((request_id, fetch),) = moves(kv)
     kv.disk.replied(request_id, fetch, BlocksFetched(2, DiskFigures(5, 600, 1000)))
     assert kv.start(seq)
-    tiers = kv.report([seq]).tiers
+    tiers = cache_report(kv, [seq]).tiers
     assert {name: (t.hits, t.lookups) for name, t in tiers.items()} == {"gpu": (0, 3), "host": (0, 3), "disk": (2, 3)}
     assert (tiers["host"].blocks, tiers["host"].bytes, tiers["host"].capacity_bytes) == (2, 200, 400)
     disk = tiers["disk"]

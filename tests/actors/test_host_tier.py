@@ -5,6 +5,7 @@ from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.host_tier import HostTier
 from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
+from actors.scheduler.tier_figures import cache_report
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
 from schemas.step import LoadBlocks, SaveBlocks
@@ -98,7 +99,7 @@ def test_an_evicted_prefix_comes_back_from_the_host_before_its_start():
     (load,) = kv.take_commands()
     assert load == LoadBlocks([0, 1, 2], again.blocks[:3])
     assert again.cached.num_tokens == 12 and again.cached.blocks == again.blocks[:3]
-    host = kv.report([again]).tiers["host"]
+    host = cache_report(kv, [again]).tiers["host"]
     # Each first lookup asked the host for what the GPU lacked: 3 blocks of first's, 5 of other's, 3 of again's.
     assert (host.hits, host.lookups, host.blocks, host.capacity_blocks) == (3, 3 + 5 + 3, 3, 8)
 
@@ -121,7 +122,7 @@ def test_without_a_host_tier_nothing_is_hashed_or_sent():
     assert kv.start(seq)
     finish(kv, seq)
     assert kv.take_commands() == [] and seq.block_hashes == []
-    assert list(kv.report([]).tiers) == ["gpu"]
+    assert list(cache_report(kv, []).tiers) == ["gpu"]
 
 
 def test_after_new_weights_the_old_host_blocks_are_never_loaded():
@@ -133,4 +134,4 @@ def test_after_new_weights_the_old_host_blocks_are_never_loaded():
     kv.new_generation()  # frees the GPU's cached blocks too
     assert kv.start(again := sequence("again", list(range(13)) + [7]))
     assert kv.take_commands() == [] and again.cached.num_tokens == 0
-    assert kv.report([again]).tiers["host"].blocks == 0
+    assert cache_report(kv, [again]).tiers["host"].blocks == 0

@@ -4,6 +4,7 @@ when it starts, forks or grows, what it leaves to the cache, and what it costs t
 from actors.scheduler.cache_tenancy import TenancyPolicy
 from actors.scheduler.kv_manager import KVManager
 from actors.scheduler.sequence import Sequence
+from actors.scheduler.tier_figures import cache_report
 from schemas.admin import PrefixPublished
 from schemas.generate import SamplingParams
 from schemas.requests import Tenant
@@ -129,11 +130,11 @@ def test_reports_and_publication():
     assert kv.start(seq)
     run_to_the_end_of_the_prompt(kv, seq)
     kv.cache_prefill(seq)
-    report = kv.report([seq])
+    report = cache_report(kv, [seq])
     assert (report.total_blocks, report.cached_blocks, report.in_use_blocks) == (16, 2, 3)
     assert report.private_blocks == {"a": 2}
     assert kv.publish(PROMPT) == PrefixPublished(8, 2)  # whole blocks of the text; both cached ones opened
-    assert kv.report([seq]).public_blocks == 2
+    assert cache_report(kv, [seq]).public_blocks == 2
     kv.release(seq)
     assert kv.flush() == 2 and kv.pool.num_free == 16
 
