@@ -91,9 +91,9 @@ class KVTransfer:
         self._loads = torch.cuda.Stream(self._device, priority=-1) if on_cuda else None
         self._load_layer = load_layer if on_cuda else load_layer_torch
         self._closed = False
-        if on_cuda:  # the kernel compiles now, not inside the first step that loads
-            scratch = torch.tensor([[0], [kv.scratch_block]], dtype=torch.int32, device=self._device)
-            load_layer(self._host_words, kv.rows.view(torch.int64), scratch[0], scratch[1], 0)
+        if on_cuda:  # the kernel compiles now, not inside the first step that loads (slot 0 to scratch)
+            slots, blocks = self._indices([0], [kv.scratch_block], torch.cuda.current_stream(self._device))
+            load_layer(self._host_words, kv.rows.view(torch.int64), slots, blocks, 0, 1)
             torch.cuda.synchronize(self._device)
 
     def _pin(self, host_slots: torch.Tensor, block_bytes: int) -> None:
@@ -141,19 +141,12 @@ class KVTransfer:
         # The blocks may have been freed by work still queued (overlap scheduling): writing them
         # waits for it; reading the slots need not, but a layer is one kernel that does both.
         _wait(stream, _record(self._current()))
-        # One [2, n] copy, each row 16-byte aligned (padded to 4 ids) as the kernel was compiled for.
-        padding = [0] * (-len(slots) % 4)
-        indices = torch.tensor([slots + padding, blocks + padding], dtype=torch.int32)
-        if stream is not None:
-            # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
-            # the stream reaches it, and that stream has just been told to wait for the step.
-            with torch.cuda.stream(stream):
-                indices = indices.pin_memory().to(self._device, non_blocking=True)
+        slot_ids, block_ids = self._indices(slots, blocks, stream)
         pool_words = self._kv.rows.view(torch.int64)
         landed = []
         with _on(stream):
             for layer in range(len(self._kv.layers)):
-                self._load_layer(self._host_words, pool_words, indices[0], indices[1], layer, len(slots))
+                self._load_layer(self._host_words, pool_words, slot_ids, block_ids, layer, len(slots))
                 landed.append(_record(stream))
         if stream is not None:
             self._kv.arrivals.add(landed, self._current())
@@ -186,6 +179,21 @@ class KVTransfer:
                 raise ValueError(f"{field} must be distinct ids in [0, {count}), got {found}")
         if self._closed:
             raise ValueError("this KVTransfer is closed")
+
+    def _indices(
+        self, slots: list[int], blocks: list[int], stream: torch.cuda.Stream | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A load's slot and block ids, int32 on the device (copied on `stream`): one copy of a
+        [2, n] tensor whose rows are padded to 4 ids, so that each starts 16-byte aligned, as every
+        launch of the kernel is compiled for."""
+        padding = [0] * (-len(slots) % 4)
+        indices = torch.tensor([slots + padding, blocks + padding], dtype=torch.int32)
+        if stream is not None:
+            # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
+            # the stream reaches it, and that stream may have just been told to wait for the step.
+            with torch.cuda.stream(stream):
+                indices = indices.pin_memory().to(self._device, non_blocking=True)
+        return indices[0], indices[1]
 
     def _runs(self, slots: list[int]) -> list[tuple[int, int, int]]:
         """(staging row, first slot, count) of each copy: runs of consecutive slots where they are adjacent."""
