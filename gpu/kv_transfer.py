@@ -86,7 +86,7 @@ class KVTransfer:
         self._host_words = mapped_on_device(host_slots, self._device) if on_cuda else host_slots.view(torch.int64)
         # The CPU takes the same paths, without streams, so its tests cover the chunks and runs.
         per_half = max(1, STAGING_BYTES // 2 // block_bytes)
-        self._saves: _Lane | None = _Lane(self._device, per_half, self._block_shape, layer.dtype)
+        self._saves = _Lane(self._device, per_half, self._block_shape, layer.dtype)
         # A load stands between a prompt and its first token: its stream goes first.
         self._loads = torch.cuda.Stream(self._device, priority=-1) if on_cuda else None
         self._load_layer = load_layer if on_cuda else load_layer_torch
