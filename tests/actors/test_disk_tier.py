@@ -126,6 +126,47 @@ def test_a_short_piece_ends_the_wait_with_the_blocks_before_it(monkeypatch):
     assert kv.host.stats()[1:] == (4, 0)
 
 
+def test_pieces_that_land_for_a_new_executors_books_load_into_its_pool(monkeypatch):
+    """An executor that restarts while a fetch's pieces are read: the new books take the fetch over,
+    what the old pool held counts for nothing, and the next piece loads into the new pool."""
+    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
+    old = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(21)))
+    assert old.waits_for_disk(seq)
+    first, second, third = moves(old)
+    old.disk.replied(*first, BlocksFetched(2))
+    assert old.waits_for_disk(seq) and seq.prefetched == 2
+    new = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    new.disk.carry_over(old.disk)
+    assert seq.prefetched == 0  # that pool is gone
+    new.disk.replied(*second, BlocksFetched(2))  # lands in slots the new books keep out of use
+    assert new.waits_for_disk(seq)
+    new.disk.replied(*third, BlocksFetched(1))
+    assert not new.waits_for_disk(seq)
+    assert new.start(seq)
+    assert seq.cached.num_tokens == 0  # the new books never indexed the first piece: it went with the old
+    assert new.host.stats().pending == 0
+
+
+def test_a_request_that_goes_while_its_pieces_are_read_leaves_them_to_the_cache(monkeypatch):
+    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
+    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    seq = sequence("s", list(range(21)))
+    assert kv.waits_for_disk(seq)
+    first, second, third = moves(kv)
+    kv.disk.replied(*first, BlocksFetched(2))
+    assert kv.waits_for_disk(seq)
+    kv.take_commands()
+    assert kv.disk.deadline_passed("s")  # an abort, or the deadline: it waits no more
+    kv.disk.replied(*second, BlocksFetched(2))
+    kv.disk.replied(*third, BlocksFetched(1))
+    later = sequence("t", list(range(21)))
+    assert not kv.waits_for_disk(later)  # the host holds what the disk held: nothing to fetch
+    assert kv.start(later)
+    assert later.cached.num_tokens == 5 * BS  # two blocks in the tree already, three loaded from the host
+    assert kv.cache.stats().cached_blocks == 5
+
+
 def test_blocks_fetched_for_a_request_are_the_disks_hits_and_its_figures_the_last_it_gave():
     kv = KVManager(8, BS, True, TenancyPolicy(), 4, "m", "kvhost-x", block_bytes=100)
     seq = sequence("s", list(range(13)))  # three whole blocks matchable
