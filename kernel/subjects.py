@@ -21,7 +21,7 @@ class Subjects:
         return self._("sessions")
 
     # With API keys, the public subjects are per tenant, and only the tenant's NATS user may publish
-    # on its own (kernel/bus_auth.py): the listener reads the tenant from the subject.
+    # on its own (kernel/bus_grants.py): the listener reads the tenant from the subject.
     def tenant_generate(self, tenant: str) -> str:
         return self._("generate", tenant)
 

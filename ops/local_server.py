@@ -47,7 +47,7 @@ class RunningServer:
         return bus_auth.load_credentials(bus_auth.credentials_path(self.data_dir, "client"))
 
     async def connect_nats(self, user: str = "client", **options) -> nats.NATS:
-        """A plain nats-py connection as `user` (`bus_auth.tenant_user(name)` for a tenant), as ops/bus_client.py connects."""
+        """A plain nats-py connection as `user` (`bus_grants.tenant_user(name)` for a tenant), as ops/bus_client.py connects."""
         return await connect(self.nats_url, bus_auth.credentials_path(self.data_dir, user), **options)
 
     @property

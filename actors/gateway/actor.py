@@ -33,7 +33,7 @@ class GatewayActor(Actor):
         self.spawn(self.bus_api.forget_finished(), "forget_finished")
         if cfg.tenancy.api_keys is None:  # the network is trusted, as over HTTP: `user` names the tenant
             await self.bus.subscribe(self.subjects.generate, PublicRequest, self.bus_api.on_request, queue=QUEUE_GROUP)
-        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
+        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_grants.py)
             await self.bus.subscribe_under(
                 self.subjects.generate, PublicRequest, self.bus_api.on_request, queue=QUEUE_GROUP
             )

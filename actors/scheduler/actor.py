@@ -59,7 +59,7 @@ class SchedulerActor(Actor):
         await self.bus.subscribe(self.subjects.scheduler_weights, WeightsCommitted, self._on_weights_committed)
         if self.config.tenancy.api_keys is None:  # the network is trusted: `user` names the tenant
             await self.bus.subscribe(self.subjects.sessions, PublicSessionRequest, self._on_session)
-        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_auth.py)
+        else:  # the tenant is the subject's last token, on which only that tenant may publish (kernel/bus_grants.py)
             await self.bus.subscribe_under(self.subjects.sessions, PublicSessionRequest, self._on_session)
         for subject, kind in admin_subjects(self.subjects):
             await self.bus.subscribe(subject, kind, self._on_admin)

@@ -118,7 +118,7 @@ async def test_namespaces_on_one_server_never_mix_and_one_namespace_shares(bus, 
 
 async def test_the_snapshot_user_of_a_server_with_users_may_use_its_bucket(tmp_path):
     """`--session-store jetstream` under the embedded server, whose users may publish only what
-    kernel/bus_auth.py grants them."""
+    kernel/bus_grants.py grants them."""
     server = EmbeddedNats(tmp_path, config_file=bus_auth.prepare(tmp_path, "llm"))
     await server.start()
     credentials = bus_auth.load_credentials(bus_auth.credentials_path(tmp_path, "snapshot"))

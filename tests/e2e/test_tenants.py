@@ -14,7 +14,7 @@ import nats.errors
 import openai
 import pytest
 
-from kernel import bus_auth
+from kernel import bus_auth, bus_grants
 from ops.bus_client import stream_generate
 from ops.local_server import start_server
 from schemas.admin import GetStats, SchedulerStats
@@ -88,7 +88,7 @@ BUS_PROMPT = "Beta's quarterly figures, which alpha must never learn of, nor the
 
 
 def tenant_credentials(server, tenant: str) -> bus_auth.BusCredentials:
-    return bus_auth.load_credentials(bus_auth.credentials_path(server.data_dir, bus_auth.tenant_user(tenant)))
+    return bus_auth.load_credentials(bus_auth.credentials_path(server.data_dir, bus_grants.tenant_user(tenant)))
 
 
 async def ask(nc, subject: str, message, reply_type, timeout_s: float = 60):
@@ -98,7 +98,7 @@ async def ask(nc, subject: str, message, reply_type, timeout_s: float = 60):
 
 async def bus_cached(server, tenant: str, user: str = "", prompt: str = BUS_PROMPT) -> int:
     """Sends `prompt` as `tenant`, with its own credentials on its own subject, as `user`."""
-    nc = await server.connect_nats(bus_auth.tenant_user(tenant))
+    nc = await server.connect_nats(bus_grants.tenant_user(tenant))
     try:
         request = GenerateRequest(text=prompt, params=SamplingParams(max_tokens=2, temperature=0), user=user)
         result = await ask(nc, f"llm.generate.{tenant}", request, GenerateResult)
@@ -136,7 +136,7 @@ async def test_a_tenant_publishes_only_on_its_own_subjects_and_reads_only_its_ow
     assert 'nats: permissions violation for subscription to "_inbox.>"' in alpha.errors  # nats-py lowercases errors
     for subject in ("llm.generate.beta", "llm.sessions.beta", "llm.generate", "llm.sessions"):
         assert f'nats: permissions violation for publish to "{subject}"' in alpha.errors
-    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    beta = await keyed_server.connect_nats(bus_grants.tenant_user("beta"))
     request = GenerateRequest(text="Hello", params=SamplingParams(max_tokens=4, ignore_eos=True), stream=True)
     replies = [reply async for reply in stream_generate(beta, request, subject="llm.generate.beta")]
     assert isinstance(replies[0], GenerateChunk) and replies[-1].completion_tokens == 4
@@ -147,13 +147,13 @@ async def test_a_tenant_publishes_only_on_its_own_subjects_and_reads_only_its_ow
 
 
 async def test_a_tenant_cannot_resume_another_tenants_stream(keyed_server):
-    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    beta = await keyed_server.connect_nats(bus_grants.tenant_user("beta"))
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     first = GenerateRequest(text="Hello", params=params, request_id="beta-run")
     done = await ask(beta, "llm.generate.beta", first, GenerateResult)
     assert isinstance(done, GenerateResult)
     await beta.drain()
-    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
+    alpha = await keyed_server.connect_nats(bus_grants.tenant_user("alpha"))
     replay = GenerateRequest(text="Hello", request_id="beta-run", resume_from=0)
     refused = await ask(alpha, "llm.generate.alpha", replay, GenerateResult)
     assert isinstance(refused, Error) and refused.param == "request_id"
@@ -162,8 +162,8 @@ async def test_a_tenant_cannot_resume_another_tenants_stream(keyed_server):
 
 async def test_a_tenant_aborts_its_own_requests_alone(keyed_server):
     """By id or all at once, on its own subject: another tenant's request runs on to its end."""
-    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
-    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    alpha = await keyed_server.connect_nats(bus_grants.tenant_user("alpha"))
+    beta = await keyed_server.connect_nats(bus_grants.tenant_user("beta"))
     long = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
     short = msgspec.structs.replace(long, max_tokens=100)
     runs = {
@@ -192,8 +192,8 @@ async def test_a_tenant_aborts_its_own_requests_alone(keyed_server):
 
 
 async def test_a_session_opened_on_the_bus_belongs_to_the_subjects_tenant(keyed_server):
-    alpha = await keyed_server.connect_nats(bus_auth.tenant_user("alpha"))
-    beta = await keyed_server.connect_nats(bus_auth.tenant_user("beta"))
+    alpha = await keyed_server.connect_nats(bus_grants.tenant_user("alpha"))
+    beta = await keyed_server.connect_nats(bus_grants.tenant_user("beta"))
     opened = await ask(alpha, "llm.sessions.alpha", OpenSession(capacity_tokens=256), SessionOpened)
     assert isinstance(opened, SessionOpened), opened
     turn = GenerateRequest(text="Hello", params=SamplingParams(max_tokens=2), session=SessionTurn(opened.session_id))
@@ -223,7 +223,7 @@ async def test_tenants_cannot_call_the_admin_subjects_and_the_admin_credentials_
     await alpha.settle()
     assert 'nats: permissions violation for publish to "llm.admin.stats"' in alpha.errors
     await alpha.close()
-    admin = await keyed_server.connect_nats(bus_auth.ADMIN)
+    admin = await keyed_server.connect_nats(bus_grants.ADMIN)
     stats = await ask(admin, "llm.admin.stats", GetStats(), SchedulerStats, timeout_s=10)
     assert isinstance(stats, SchedulerStats) and stats.total_blocks == 256
     await admin.drain()
