@@ -187,12 +187,7 @@ class KVTransfer:
         [2, n] tensor whose rows are padded to 4 ids, so that each starts 16-byte aligned, as every
         launch of the kernel is compiled for."""
         padding = [0] * (-len(slots) % 4)
-        indices = torch.tensor([slots + padding, blocks + padding], dtype=torch.int32)
-        if stream is not None:
-            # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
-            # the stream reaches it, and that stream may have just been told to wait for the step.
-            with torch.cuda.stream(stream):
-                indices = indices.pin_memory().to(self._device, non_blocking=True)
+        indices = self._upload(torch.tensor([slots + padding, blocks + padding], dtype=torch.int32), stream)
         return indices[0], indices[1]
 
     def _runs(self, slots: list[int]) -> list[tuple[int, int, int]]:
@@ -212,12 +207,15 @@ class KVTransfer:
     def _rows(self, blocks: list[int], lane: "_Lane") -> torch.Tensor:
         """The pool's rows of `blocks` (KVCache.row_ids), on the device: one gather or scatter moves
         a chunk of blocks of every layer."""
-        host = torch.tensor(self._kv.row_ids(blocks), dtype=torch.long)
-        if lane.kernels is None:
+        return self._upload(torch.tensor(self._kv.row_ids(blocks), dtype=torch.long), lane.kernels)
+
+    def _upload(self, host: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        """`host` on the device, copied on `stream` (as it is on the CPU, with none): from pinned
+        memory, asynchronously, since a copy from pageable memory may hold the host until the stream
+        reaches it, and the stream has just been told to wait for the step."""
+        if stream is None:
             return host
-        # From pinned memory, asynchronously: a copy from pageable memory may hold the host until
-        # the kernels' stream reaches it, and that stream has just been told to wait for the step.
-        with torch.cuda.stream(lane.kernels):
+        with torch.cuda.stream(stream):
             return host.pin_memory().to(self._device, non_blocking=True)
 
     def _current(self) -> torch.cuda.Stream | None:

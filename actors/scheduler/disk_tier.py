@@ -14,9 +14,9 @@ to `replied`.
   after the other into reserved host slots. Each piece that lands is loaded into the GPU's tree at
   the next scheduling round that reaches the request (KVManager's prefetch), while the next piece
   is read, and the admission loads the last as any host hit: only the last piece's copy to the GPU
-  stands between the disk and the first token. The request
-  waits for every piece, not longer than FETCH_DEADLINE_S (then it goes on with the shorter hit),
-  and no longer once a piece comes back short; others are admitted meanwhile.
+  stands between the disk and the first token. The request waits for every piece, not longer than
+  FETCH_DEADLINE_S (then it goes on with the shorter hit), and no longer once a piece comes back
+  short; others are admitted meanwhile.
 - What the disk holds: listed once per namespace (ListBlocks), then followed by what each spill
   stored, so a prompt the disk cannot continue (a new one) is admitted at once, not after a fetch
   that waits behind the disk tier's writes. Until a namespace is listed every prompt asks; a block

@@ -96,21 +96,23 @@ class KVManager:
     def waits_for_disk(self, seq: Sequence) -> bool:
         """Whether `seq` waits for its prefix to come from the disk tier before its start; while it
         does, the pieces already read load into the GPU's tree."""
-        if self.disk is None or not self.disk.waits(seq, self.lookup_tokens(seq)):
+        if self.disk is None:
+            return False
+        lookup = self.lookup_tokens(seq)
+        if not self.disk.waits(seq, lookup):
             return False
         if seq.piece_landed:
             seq.piece_landed = False
-            self._prefetch(seq)
+            self._prefetch(seq, lookup)
         return True
 
-    def _prefetch(self, seq: Sequence) -> None:
+    def _prefetch(self, seq: Sequence, lookup: list[int]) -> None:
         """Loads into the GPU's tree, ahead of `seq`'s start, the blocks of its prefix that the host
         holds past the GPU's: a fetch's pieces cross to the GPU while the disk reads the next ones.
         The tree holds them unlocked, as any cached prefix. A block evicted while its load still
         lands may be reused at once: the caller sends the load before any later command of the
         round (a fork's copy), and a step writes layer i of a block only once the loads' layer i
         has landed (gpu/layer_arrivals.py)."""
-        lookup = self.lookup_tokens(seq)
         cached = self.cache.match(lookup, seq.tenant)
         self.cache.lock(cached.node)
         longer = self._load_from_host(seq, lookup, cached)

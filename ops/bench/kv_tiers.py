@@ -128,10 +128,9 @@ async def host_hits(client: Client, args, vocab: int) -> tuple[list[float], list
         host_hits_before = (await client.cache())["tiers"]["host"]["hits"]
         hits.append((await client.generate(prefix + tokens(rng, 16, vocab), 1))[0])
         loaded = (await client.cache())["tiers"]["host"]["hits"] - host_hits_before
-        if loaded < args.hit_tokens // 16:
-            raise RuntimeError(
-                f"the host served {loaded} of the prefix's {args.hit_tokens // 16} blocks: not a host hit"
-            )
+        prefix_blocks = args.hit_tokens // 16
+        if loaded < prefix_blocks:
+            raise RuntimeError(f"the host served {loaded} of the prefix's {prefix_blocks} blocks: not a host hit")
         fresh.append((await client.generate(tokens(rng, args.hit_tokens + 16, vocab), 1))[0])
     return hits, fresh, on_gpu
 

@@ -85,9 +85,14 @@ def test_a_request_waits_for_its_fetch_and_then_loads_from_the_host():
     assert kv.host.stats()[1:] == (2, 0)  # indexed, pending: the slot of the block that did not come is free again
 
 
-def test_a_fetch_comes_in_pieces_each_loaded_to_the_gpu_while_the_next_is_read(monkeypatch):
+def pieced_kv(monkeypatch) -> KVManager:
+    """Books over 16 pool blocks and 8 host slots whose fetches come in pieces of two blocks."""
     monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
-    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    return KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+
+
+def test_a_fetch_comes_in_pieces_each_loaded_to_the_gpu_while_the_next_is_read(monkeypatch):
+    kv = pieced_kv(monkeypatch)
     seq = sequence("s", list(range(21)))  # five whole blocks matchable
     assert kv.waits_for_disk(seq)
     pieces = moves(kv)
@@ -113,8 +118,7 @@ def test_a_fetch_comes_in_pieces_each_loaded_to_the_gpu_while_the_next_is_read(m
 
 
 def test_a_short_piece_ends_the_wait_with_the_blocks_before_it(monkeypatch):
-    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
-    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    kv = pieced_kv(monkeypatch)
     seq = sequence("s", list(range(21)))
     assert kv.waits_for_disk(seq)
     (first, second, third) = moves(kv)
@@ -129,14 +133,13 @@ def test_a_short_piece_ends_the_wait_with_the_blocks_before_it(monkeypatch):
 def test_pieces_that_land_for_a_new_executors_books_load_into_its_pool(monkeypatch):
     """An executor that restarts while a fetch's pieces are read: the new books take the fetch over,
     what the old pool held counts for nothing, and the next piece loads into the new pool."""
-    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
-    old = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    old = pieced_kv(monkeypatch)
     seq = sequence("s", list(range(21)))
     assert old.waits_for_disk(seq)
     first, second, third = moves(old)
     old.disk.replied(*first, BlocksFetched(2))
     assert old.waits_for_disk(seq) and seq.prefetched == 2
-    new = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    new = pieced_kv(monkeypatch)
     new.disk.carry_over(old.disk)
     assert seq.prefetched == 0  # that pool is gone
     new.disk.replied(*second, BlocksFetched(2))  # lands in slots the new books keep out of use
@@ -149,8 +152,7 @@ def test_pieces_that_land_for_a_new_executors_books_load_into_its_pool(monkeypat
 
 
 def test_a_request_that_goes_while_its_pieces_are_read_leaves_them_to_the_cache(monkeypatch):
-    monkeypatch.setattr(disk_tier, "FETCH_PIECE_BLOCKS", 2)
-    kv = KVManager(16, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    kv = pieced_kv(monkeypatch)
     seq = sequence("s", list(range(21)))
     assert kv.waits_for_disk(seq)
     first, second, third = moves(kv)
