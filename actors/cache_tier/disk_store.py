@@ -139,7 +139,7 @@ class DiskStore:
 
     def read(self, hashes: list[bytes], out: list[memoryview], pool: Executor | None = None) -> int:
         """Fills out[i] (writable, block_bytes each) with the block hashed hashes[i], for the leading
-        blocks on disk; returns how many. Every block is checked against its crc: the first that
+        blocks on disk; returns how many. Every block is checked against its checksum: the first that
         fails (damaged, truncated, its file gone) ends the read, its file removed. out[i] past the
         count returned may hold anything. With `pool`, pieces of READ_PIECE_BLOCKS blocks are read
         and checked on its threads at once (reads and crcs leave the GIL): a chain of some GB comes
@@ -213,7 +213,7 @@ class DiskStore:
                 if not chain_file.read_block(fd, out[i], offset):
                     raise Malformed(f"truncated in block {index}")
                 if chain_file.checksum(out[i]) != header.checksums[index]:
-                    raise Malformed(f"block {index} fails its crc")
+                    raise Malformed(f"block {index} fails its checksum")
             return len(hashes), None
         except (Malformed, OSError) as error:
             return i, str(error)
