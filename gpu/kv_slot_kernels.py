@@ -18,11 +18,10 @@ import triton.language as tl
 # Words (8 bytes) a program copies at a time: one layer's block of llama-3.1-8b (64 KiB), so that a
 # few programs keep enough reads in flight to fill the link.
 BLOCK_WORDS = 8192
-# The programs a save runs: its programs only write, and the writes are posted, so four fill the
-# link (49.7 GB/s on an H200, 50.3 with sixteen, 35.5 with one). Each holds an SM for the whole
-# save, which the step the save runs beside then lacks: GEMMs beside 4 GiB of saves took 14.5 ms
-# more with four programs, 49.5 with sixteen (docs/journal/2026-11-27-disk-reads.md).
-SAVE_PROGRAMS = 4
+# The share of the SMs a save takes: its programs only write, and the writes are posted, so a few
+# fill the link (52.4 GB/s on an H200 with an eighth of the SMs as with all of them), and the step
+# the save runs beside keeps the rest.
+SAVE_SM_SHARE = 8
 # The share of the SMs a load takes. Its programs stay resident for a whole layer, waiting on
 # PCIe: on every SM they would keep the step's kernels, which the load is meant to run beside, off
 # the GPU (a 16-token step over an 8K prefix ran after the load, not under it, with two per SM).
@@ -124,7 +123,8 @@ def save_blocks(
     stream (a count of 0 launches nothing but compiles the kernel). Tensors as `load_layer`'s."""
     row_words = pool_words.shape[1]
     num_layers = host_words.shape[1] // row_words
-    programs = min(SAVE_PROGRAMS, max(1, count * num_layers * triton.cdiv(row_words, BLOCK_WORDS)))
+    work = max(1, count * num_layers * triton.cdiv(row_words, BLOCK_WORDS))
+    programs = min(work, max(1, _sm_count(pool_words.device) // SAVE_SM_SHARE))
     _save_blocks_kernel[(programs,)](
         pool_words,
         host_words,

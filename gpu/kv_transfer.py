@@ -6,7 +6,7 @@ A slot holds one block of every layer, contiguous ([num_layers, 2, block_size, k
 in the pool's dtype), so a saved block crosses PCIe as one 2 MiB span of host memory where one
 layer's block is 64 KiB. The GPU's threads do the copying, across the link, on streams of their own
 (gpu/kv_slot_kernels.py): a save writes every layer of its blocks into the page-locked slots in one
-kernel, on four SMs, beside the step's work.
+kernel, on an eighth of the SMs, beside the step's work.
 
 A load, which a prompt's first token waits for, lands layer by layer instead: one kernel a layer
 reads the slots on a stream of its own, and the step's forward pass attends over layer i once
