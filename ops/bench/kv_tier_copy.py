@@ -70,7 +70,7 @@ def rounds(kv: KVCache, transfer: KVTransfer, args, rng: np.random.Generator) ->
         save_s = seconds(lambda: transfer.save(sources, slots).wait(), device)
         load_s = seconds(lambda: (transfer.load(slots, targets), kv.arrivals.settle()), device)
         same = same and all(torch.equal(layer[sources], layer[targets]) for layer in kv.layers)
-        if round_ > 0:  # the first warms up: the pinned index memory
+        if round_ > 0:  # the first warms up: the staging buffers' first touch, the pinned index memory
             saves.append(transfer_bytes / save_s / GB)
             loads.append(transfer_bytes / load_s / GB)
     return saves, loads, same
