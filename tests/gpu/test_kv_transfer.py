@@ -88,11 +88,13 @@ def test_blocks_go_through_a_shared_memory_segment_to_another_pool(segment):
 
 
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_transfers_into_slots_adjacent_or_apart_come_back_the_same(contiguous):
+def test_transfers_of_many_staging_chunks_come_back_the_same(monkeypatch, contiguous):
     kv = filled_pool("cpu")
+    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 6 * block_bytes(kv))  # 3 blocks a staging half
     rows = torch.zeros(BLOCKS, 2 * block_bytes(kv), dtype=torch.uint8)
     slots = rows[:, : block_bytes(kv)] if not contiguous else rows.view(-1)[: BLOCKS * block_bytes(kv)].view(BLOCKS, -1)
     transfer = KVTransfer(kv, slots)
+    # Runs of consecutive slots (one copy each where rows are adjacent) across chunk boundaries.
     targets = [30, 31, 17, 18, 39, 38, 20, 21, 22, 23, 24, 25, 26, 27, 28, 19, 35]
     round_trip(kv, transfer, list(range(17)), [*range(2, 7), 30, *range(10, 15), 0, 1, 33, 34, 35, 36], targets)
 
@@ -149,20 +151,22 @@ def test_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_on_cuda_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled(segment):
+def test_on_cuda_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_refilled(segment, monkeypatch):
     kv = filled_pool("cuda", torch.bfloat16)
+    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # the save: 4 blocks a half, in turn
     # The step before the load, which the load waits for.
     refill_after_the_load(kv, segment(16, block_bytes(kv)).slots(), step=lambda: torch.cuda._sleep(50_000_000))
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_on_cuda_scattered_blocks_come_back_the_same_through_a_segment(segment):
+def test_on_cuda_scattered_blocks_come_back_the_same_through_a_segment(segment, monkeypatch):
     kv = filled_pool("cuda", torch.bfloat16)
+    monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # 4 blocks a staging half
     host = segment(BLOCKS, block_bytes(kv))
     transfer = KVTransfer(kv, host.slots())
     sources = torch.randperm(BLOCKS)[:18].tolist()
-    slots = [3, 4, 5, 6, 0, 1, 2, *range(20, 31)]
+    slots = [3, 4, 5, 6, 0, 1, 2, *range(20, 31)]  # runs of consecutive slots and scattered ones
     targets = [b for b in torch.randperm(BLOCKS).tolist() if b not in sources][:18]
     round_trip(kv, transfer, sources, slots, targets)
     held = host.slots()[slots[0]].view(torch.bfloat16).view(LAYERS, 2, BLOCK_SIZE, HEADS, HEAD_DIM)

@@ -1,14 +1,11 @@
-"""KV blocks copied between the pool and the host tier's slots by the GPU's own threads, which read
-and write the page-locked slots across PCIe (gpu/kv_transfer.py): a load, one layer of a block set
-at a time, so a step attends over layer i while later layers still cross; a save, every layer of a
-block set at once.
+"""One layer of KV blocks loaded from the host tier's slots into the pool by the GPU's own threads,
+which read the page-locked slots across PCIe (gpu/kv_transfer.py loads a block set layer by layer
+this way, so a step attends over layer i while later layers still cross).
 
 A slot keeps a block's layers together ([num_layers, 2, block_size, kv_heads, head_dim]), so one
-layer of a block is a short span of it (64 KiB of llama-3.1-8b's 2 MiB), and a block's layers lie
-apart in the pool. A copy engine moves such spans one copy at a time and crawls; the SMs move them
-at the link's rate, about as fast as the copy engine moves whole 2 MiB slots, with no staging copy
-on the device, and leave the copy engines to the step's own copies (measured:
-docs/journal/2026-11-26-layered-loads.md, docs/journal/2026-11-27-disk-reads.md).
+layer of a block is a short span of it (64 KiB of llama-3.1-8b's 2 MiB). A copy engine moves such
+spans one copy at a time and crawls; the SMs read them at the link's rate, about as fast as the
+copy engine moves whole 2 MiB slots (measured: docs/journal/2026-11-26-layered-loads.md).
 """
 
 import torch
@@ -18,10 +15,6 @@ import triton.language as tl
 # Words (8 bytes) a program copies at a time: one layer's block of llama-3.1-8b (64 KiB), so that a
 # few programs keep enough reads in flight to fill the link.
 BLOCK_WORDS = 8192
-# The share of the SMs a save takes: its programs only write, and the writes are posted, so a few
-# fill the link (52.4 GB/s on an H200 with an eighth of the SMs as with all of them), and the step
-# the save runs beside keeps the rest.
-SAVE_SM_SHARE = 8
 # The share of the SMs a load takes. Its programs stay resident for a whole layer, waiting on
 # PCIe: on every SM they would keep the step's kernels, which the load is meant to run beside, off
 # the GPU (a 16-token step over an 8K prefix ran after the load, not under it, with two per SM).
@@ -84,76 +77,6 @@ def load_layer(
         BLOCK=BLOCK_WORDS,
         num_warps=8,
     )
-
-
-@triton.jit(do_not_specialize=["count"])  # one compiled kernel for every save
-def _save_blocks_kernel(
-    pool_ptr,  # int64 words of the pool's rows (gpu/kv_cache.py: KVCache.rows)
-    host_ptr,  # int64 words of the slots, mapped into the device's address space
-    blocks_ptr,
-    slots_ptr,  # the slot each block goes to
-    count,
-    num_layers,
-    slot_words,  # words between one slot and the next
-    row_words,  # one layer's block: words of a pool row
-    layer_rows,  # pool rows a layer has (its blocks and the scratch block)
-    BLOCK: tl.constexpr,
-):
-    parts = tl.cdiv(row_words, BLOCK)
-    per_block = num_layers * parts
-    for work in range(tl.program_id(0), count * per_block, tl.num_programs(0)):
-        i = work // per_block
-        layer = (work % per_block) // parts
-        offs = (work % parts) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < row_words
-        row = layer * layer_rows + tl.load(blocks_ptr + i).to(tl.int64)
-        slot = tl.load(slots_ptr + i).to(tl.int64)
-        words = tl.load(pool_ptr + row * row_words + offs, mask=mask)
-        tl.store(host_ptr + slot * slot_words + layer * row_words + offs, words, mask=mask)
-
-
-def save_blocks(
-    pool_words: torch.Tensor,
-    host_words: torch.Tensor,
-    blocks: torch.Tensor,
-    slots: torch.Tensor,
-    count: int,
-):
-    """Host slot slots[i] <- every layer of pool block blocks[i], for i < `count`, on the current
-    stream (a count of 0 launches nothing but compiles the kernel). Tensors as `load_layer`'s."""
-    row_words = pool_words.shape[1]
-    num_layers = host_words.shape[1] // row_words
-    work = max(1, count * num_layers * triton.cdiv(row_words, BLOCK_WORDS))
-    programs = min(work, max(1, _sm_count(pool_words.device) // SAVE_SM_SHARE))
-    _save_blocks_kernel[(programs,)](
-        pool_words,
-        host_words,
-        blocks,
-        slots,
-        count,
-        num_layers,
-        host_words.stride(0),
-        row_words,
-        _layer_rows(host_words, pool_words),
-        BLOCK=BLOCK_WORDS,
-        num_warps=8,
-    )
-
-
-def save_blocks_torch(
-    pool_words: torch.Tensor,
-    host_words: torch.Tensor,
-    blocks: torch.Tensor,
-    slots: torch.Tensor,
-    count: int,
-):
-    """What `save_blocks` does, with torch's index ops: the CPU's path, and the kernel's reference."""
-    row_words = pool_words.shape[1]
-    layer_rows = _layer_rows(host_words, pool_words)
-    targets = slots[:count].long()
-    for layer in range(host_words.shape[1] // row_words):
-        rows = blocks[:count].long() + layer * layer_rows
-        host_words[:, layer * row_words : (layer + 1) * row_words].index_copy_(0, targets, pool_words[rows])
 
 
 def load_layer_torch(
