@@ -7,12 +7,15 @@ the same bucket sees the same keys, which is how servers on several machines sha
 come from kernel/subjects.py, one bucket per namespace.
 """
 
+import json
+
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 REQUEST_TIMEOUT_S = 5.0  # of one JetStream API call; a healthy server answers in milliseconds
+JS_API = "$JS.API"  # JetStream's API subjects without a domain, as nc.jetstream() uses them
 
 
 class KeyValueError(Exception):
@@ -30,9 +33,10 @@ class NoJetStream(JetStreamUnavailable):
 class KeyValueBucket:
     """One bucket. Keys are JetStream's: letters, digits and `-_=./`."""
 
-    def __init__(self, kv: KeyValue, name: str) -> None:
+    def __init__(self, kv: KeyValue, name: str, nc: Client) -> None:
         self._kv = kv
         self.name = name
+        self._nc = nc
 
     async def put(self, key: str, value: bytes) -> None:
         """Replaces the key's value. Raises `KeyValueError` if the bucket did not take it (a value
@@ -60,13 +64,33 @@ class KeyValueBucket:
             raise _error(f"cannot delete {key!r} from bucket {self.name}", exc) from None
 
     async def keys(self) -> list[str]:
-        """Every key with a value, in no particular order."""
+        """Every key with a value, and the keys deleted since the last `drop_delete_markers` (a
+        deleted key's `get` is None), in no particular order.
+
+        Read from the bucket's stream, which names every subject it holds (STREAM.INFO with a
+        subjects filter, page by page), not from nats-py's `KeyValue.keys()`: that follows a
+        watcher which can end before its replay has, under concurrent writes or with deliveries in
+        flight, and leave out keys that had values all along (nats.py pull request #995)."""
+        prefix, keys = f"$KV.{self.name}.", []
+        while True:
+            request = {"subjects_filter": f"{prefix}>", "offset": len(keys)}
+            info = await self._api(f"STREAM.INFO.KV_{self.name}", request, "list the keys of")
+            subjects = (info.get("state") or {}).get("subjects") or {}
+            keys += [subject[len(prefix) :] for subject in subjects]
+            # A server pages past its limit of subjects a reply (`total` counts them all).
+            if not subjects or len(keys) >= info.get("total", 0):
+                return keys
+
+    async def _api(self, call: str, request: dict, what: str) -> dict:
+        """A JetStream API call's JSON reply; raises `KeyValueError` where it failed."""
         try:
-            return await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise _error(f"cannot list the keys of bucket {self.name}", exc) from None
+            message = await self._nc.request(f"{JS_API}.{call}", json.dumps(request).encode(), REQUEST_TIMEOUT_S)
+            reply = json.loads(message.data)
+        except (nats.errors.Error, TimeoutError, ValueError) as exc:
+            raise _error(f"cannot {what} bucket {self.name}", exc) from None
+        if (error := reply.get("error")) is not None:
+            raise KeyValueError(f"cannot {what} bucket {self.name}: {error.get('description', error)}")
+        return reply
 
     async def drop_delete_markers(self, older_than_s: int = 1800) -> None:
         """Removes what deleted keys leave behind (a marker each, which every listing of the keys
@@ -89,7 +113,7 @@ async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
             kv = await js.create_key_value(bucket=name, history=1)
     except (nats.errors.Error, TimeoutError) as exc:
         raise _error(f"cannot open the key-value bucket {name}", exc) from None
-    return KeyValueBucket(kv, name)
+    return KeyValueBucket(kv, name, nc)
 
 
 def _error(what: str, exc: Exception) -> KeyValueError:

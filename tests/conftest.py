@@ -30,3 +30,14 @@ def build_tiny_model(tmp_path_factory):
         return built[arch]
 
     return build
+
+
+@pytest.fixture
+async def nats_url(tmp_path):
+    """A real nats-server of the test's own, for code that talks over the bus (no fake bus)."""
+    from kernel.nats_server import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "nats")
+    await server.start()
+    yield server.url
+    await server.stop()

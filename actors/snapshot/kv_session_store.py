@@ -59,8 +59,7 @@ class KeyValueSessionStore:
         """Deletes every saved session not in `session_ids`; returns the ids deleted."""
         kept, dropped = set(session_ids), []
         for session_id in sorted(await self.bucket.keys()):
-            if session_id not in kept:
-                await self.bucket.delete(session_id)
+            if session_id not in kept and await self.drop(session_id):  # not deleted already
                 dropped.append(session_id)
         return dropped
 
