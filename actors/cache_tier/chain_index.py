@@ -28,7 +28,7 @@ class ChainIndex:
     in the file; `used_bytes` is the files' sizes, headers included; `corrupt` counts the files
     removed because a check failed (at start or on a read).
 
-    Not thread-safe: its owner (DiskStore) makes one call at a time.
+    Not thread-safe: its owner (DiskStore) holds a lock around each use.
     """
 
     def __init__(self, directory: Path, namespace: str, block_bytes: int, capacity_bytes: int) -> None:

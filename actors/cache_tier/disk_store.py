@@ -9,6 +9,7 @@ files the size cap deletes, actors/cache_tier/chain_index.py's.
 import errno
 import os
 import re
+import threading
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import NamedTuple
@@ -56,11 +57,12 @@ class DiskStore:
     files nearer a prompt's start are refreshed last, so a chain's tail is deleted before its head
     (a tail without its head is never found, the head alone still is).
 
-    Not thread-safe: one call at a time. The actor runs each call in a worker thread
-    (`await asyncio.to_thread(store.read, hashes, out)`) and awaits it before making the next, so
-    its event loop never waits on the disk and the index never has two writers. Several processes
-    may share a directory (writes are atomic renames); each keeps its own index, and a file another
-    one deleted is, to this one, a miss.
+    A read and a put may run at once, on two threads (the actor's lanes): the index is touched
+    under a lock, the files' reads and writes outside it. A file a put evicts while a read has it
+    open is still read whole (its data lives until closed); one it evicts before the read opens it
+    is a miss, as one another process deleted is: several processes may share a directory (writes
+    are atomic renames), each with its own index. One read and one put at a time, at most: the
+    actor makes the next of each kind once the last has returned.
     """
 
     def __init__(self, root: Path, namespace: str, block_bytes: int, capacity_bytes: int) -> None:
@@ -75,6 +77,7 @@ class DiskStore:
         self.block_bytes = block_bytes
         self.capacity_bytes = capacity_bytes
         self._hits = self._misses = 0
+        self._lock = threading.Lock()  # over the index, the figures
         self.directory.mkdir(parents=True, exist_ok=True)
         self._index = ChainIndex(self.directory, namespace, block_bytes, capacity_bytes)
 
@@ -97,9 +100,11 @@ class DiskStore:
         before = parent if parent is not None else root_hash(self.namespace)
         if extend_hashes(before, token_ids, block_size) != list(hashes):
             raise ValueError("hashes do not follow from parent and token_ids")
-        self._index.refresh(hashes)
+        with self._lock:
+            self._index.refresh(hashes)
+            runs = self._index.missing_runs(hashes)
         written = 0
-        for start, stop in self._index.missing_runs(hashes):
+        for start, stop in runs:
             run_parent = parent if start == 0 else hashes[start - 1]
             run_tokens = list(token_ids[start * block_size : stop * block_size])
             try:
@@ -115,26 +120,30 @@ class DiskStore:
                 )
                 break
             written += stop - start
-        self._index.refresh(hashes)
+        with self._lock:
+            self._index.refresh(hashes)
         return written
 
     def holds(self, block_hash: bytes) -> bool:
         """Whether the index has the block (no figure counts this look)."""
-        return block_hash in self._index.blocks
+        with self._lock:
+            return block_hash in self._index.blocks
 
     def hashes(self) -> list[bytes]:
         """Every block the index has."""
-        return list(self._index.blocks)
+        with self._lock:
+            return list(self._index.blocks)
 
     def longest_prefix(self, hashes: list[bytes]) -> int:
         """How many leading blocks of the chain are on disk, from the index alone."""
         found = 0
-        for block_hash in hashes:
-            if block_hash not in self._index.blocks:
-                break
-            found += 1
-        self._hits += found
-        self._misses += len(hashes) - found
+        with self._lock:
+            for block_hash in hashes:
+                if block_hash not in self._index.blocks:
+                    break
+                found += 1
+            self._hits += found
+            self._misses += len(hashes) - found
         return found
 
     def read(self, hashes: list[bytes], out: list[memoryview], pool: Executor | None = None) -> int:
@@ -149,26 +158,32 @@ class DiskStore:
         for i, view in enumerate(out):
             if memoryview(view).nbytes != self.block_bytes:
                 raise ValueError(f"out[{i}] has {memoryview(view).nbytes} bytes, not {self.block_bytes}")
-        pieces = self._pieces(hashes)
+        with self._lock:
+            pieces = self._pieces(hashes)
         read = lambda piece: self._read_piece(piece, hashes[piece.start : piece.stop], out[piece.start : piece.stop])
-        done = 0
-        for piece, (got, problem) in zip(pieces, (pool or _Inline()).map(read, pieces)):
-            if problem is not None:
-                self._index.give_up(piece.name, problem, got)
-            if done == piece.start:
-                done += got
-        self._index.refresh(hashes[:done])
+        done, results = 0, list((pool or _Inline()).map(read, pieces))
+        with self._lock:
+            for piece, (got, problem) in zip(pieces, results):
+                if problem is not None:
+                    self._index.give_up(piece.name, problem, got)
+                if done == piece.start:
+                    done += got
+            self._index.refresh(hashes[:done])
         return done
 
     def stats(self) -> DiskStats:
         index = self._index
-        return DiskStats(len(index.files), len(index.blocks), index.used_bytes, self._hits, self._misses, index.corrupt)
+        with self._lock:
+            return DiskStats(
+                len(index.files), len(index.blocks), index.used_bytes, self._hits, self._misses, index.corrupt
+            )
 
     def clear(self) -> int:
         """Deletes every chain of this namespace (other processes' too); returns the blocks freed."""
-        freed = len(self._index.blocks)
-        for name in list(self._index.files):
-            self._index.remove(name)
+        with self._lock:
+            freed = len(self._index.blocks)
+            for name in list(self._index.files):
+                self._index.remove(name)
         for entry in os.scandir(self.directory):
             if not entry.is_dir(follow_symlinks=False):
                 Path(entry.path).unlink(missing_ok=True)
@@ -228,10 +243,12 @@ class DiskStore:
         if size > self.capacity_bytes:
             log.warning("disk_tier_chain_too_large", bytes=size, capacity_bytes=self.capacity_bytes)
             return False
-        self._index.evict(size)
+        with self._lock:
+            self._index.evict(size)
         name = chain_file.write_chain(self.directory, header, encoded, blocks).name
-        self._index.forget(name)  # a file of that name another process wrote, now replaced
-        self._index.add(name, Chain(hashes, parent, size))
+        with self._lock:
+            self._index.forget(name)  # a file of that name another process (or this one) wrote, now replaced
+            self._index.add(name, Chain(hashes, parent, size))
         return True
 
 

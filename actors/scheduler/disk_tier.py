@@ -5,10 +5,10 @@ to `replied`.
 - Spills: every block the host tier indexes is written to disk too, oldest first, one request at a
   time of up to SPILL_BATCH blocks; the host tier evicts a block only once the disk tier had it.
   So what leaves the host is on disk, and a session's blocks are there when the server restarts.
-  The disk tier serves one request at a time, so a fetch (a prompt waits for it) would queue behind
-  the spill being written: while fetches wait no spill is sent (for at most SPILL_HOLD_S: a steady
-  flow of fetches must not keep the host's blocks off the disk for ever), and a spill is small
-  enough to be written and synced in tens of milliseconds.
+  The disk tier reads beside a spill being written (actors/cache_tier/actor.py's lanes), but the
+  spill's writes, checks and syncs would share the disk and the host's cores with the reads of a
+  fetch, which a prompt waits for: while fetches wait no spill is sent (for at most SPILL_HOLD_S:
+  a steady flow of fetches must not keep the host's blocks off the disk for ever).
 - Fetches: a waiting request whose prefix continues past what the GPU and the host hold asks the
   disk tier for the rest, once, before its admission, in pieces of FETCH_PIECE_BLOCKS read one
   after the other into reserved host slots. Each piece that lands is loaded into the GPU's tree at
