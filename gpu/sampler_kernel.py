@@ -22,8 +22,8 @@ its logits, hashing each token's noise as it goes, and finds the same token with
 - A few rows would leave most of the GPU idle, one program walking each row. A batch of up to
   SPLIT_ROWS rows splits the first pass (and, when it has rows that need them, the next
   SPLIT_ROUNDS rejection passes) over a program per block of the row (32 for a 128K vocabulary);
-  one program per row combines their results, and the one-program loop finishes what rows are
-  still looking after that.
+  one program per row combines their results (gpu/sampler_split.py), and the one-program loop
+  finishes what rows are still looking after that.
   Both ways reduce the same blocks with the same code, then fold the blocks' sums in the same
   order, so a row draws the same token whichever way its batch went, even where top-p's boundary
   falls within rounding.
@@ -35,120 +35,25 @@ import triton.language as tl
 
 from gpu.sampler import SamplingTensors
 from gpu.sampler_heads import heads
+from gpu.sampler_rows import (
+    BLOCK,
+    NUM_WARPS,
+    above_candidate,
+    block_softmax,
+    first_draws,
+    fold_softmax,
+    gumbel,
+    in_head,
+    row_draw,
+    row_filters,
+    scaled,
+    still_looking_after_first,
+)
+from gpu.sampler_split import split_passes
 
-BLOCK = 4096  # tokens a program reads at a time
-NUM_WARPS = 16
-# Batches of at most SPLIT_ROWS rows split each row's first pass, and, when rows of the batch have
-# filters checked in rejection passes, SPLIT_ROUNDS of those, over a program per BLOCK of the row.
+# Batches of at most SPLIT_ROWS rows split each row's first pass (and some rejection passes) over a
+# program per BLOCK of the row (gpu/sampler_split.py).
 SPLIT_ROWS = 16
-SPLIT_ROUNDS = 2
-
-# splitmix64's constants, as gpu/sampler.py's hash uses them.
-_GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
-_MIX_A = tl.constexpr(0xBF58476D1CE4E5B9)
-_MIX_B = tl.constexpr(0x94D049BB133111EB)
-
-
-@triton.jit
-def _mix64(z):
-    # splitmix64's finalizer on uint64, as gpu/sampler.py's _mix64 computes it on int64.
-    z = (z ^ (z >> 30)) * _MIX_A
-    z = (z ^ (z >> 27)) * _MIX_B
-    return z ^ (z >> 31)
-
-
-@triton.jit
-def _gumbel(row_key, offs):
-    """The Gumbel noise of tokens `offs` of the row keyed `row_key`: gpu.sampler's, from the same hash."""
-    bits = _mix64(row_key + (offs + 1).to(tl.uint64) * _GOLDEN)
-    u = ((bits >> 41) * 2 + 1).to(tl.float32) * (1.0 / (1 << 24))  # as gpu.sampler.uniform_noise
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def _scaled(base, offs, mask, temperature):
-    # IEEE division, as torch divides: the kernel's scaled logits are the torch path's.
-    return tl.math.div_rn(tl.load(base + offs, mask=mask, other=float("-inf")), temperature)
-
-
-@triton.jit
-def _row_draw(row, temperature_ptr, seed_ptr, position_ptr):
-    """The row's temperature (1 for a greedy row), whether it is greedy, and its noise's key."""
-    temperature = tl.load(temperature_ptr + row)
-    greedy = temperature <= 0
-    seed = tl.load(seed_ptr + row).to(tl.uint64, bitcast=True)
-    position = tl.load(position_ptr + row).to(tl.uint64, bitcast=True)
-    return tl.where(greedy, 1.0, temperature), greedy, _mix64(_mix64(seed + _GOLDEN) + position * _GOLDEN)
-
-
-@triton.jit
-def _row_filters(row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS: tl.constexpr):
-    """The kept head: its size by rank, the share of the probability mass above its last token
-    (top-p; 1 where the size says it all), the log of min-p, and the scaled logit of the head's
-    last token and the best scaled logit outside the head, where heads() worked the head out (rows
-    with both top-k and top-p, given HAS_HEADS; -inf elsewhere)."""
-    top_k = tl.load(top_k_ptr + row)
-    keep = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
-    top_p = tl.load(top_p_ptr + row)
-    floor = float("-inf")
-    outside = float("-inf")
-    if HAS_HEADS:
-        head = tl.load(head_ptr + row)
-        keep = tl.where(head > 0, head, keep)
-        top_p = tl.where(head > 0, 1.0, top_p)
-        floor = tl.load(bounds_ptr + 2 * row)
-        outside = tl.load(bounds_ptr + 2 * row + 1)
-    return keep, top_p, tl.log(tl.load(min_p_ptr + row)), floor, outside
-
-
-@triton.jit
-def _first_draws(x, mask, greedy, row_key, offs, floor):
-    """A block's draws in the first pass: a greedy row's scaled logits, else with their noise, over
-    the tokens at or above the row's floor (below it, a token is outside the head)."""
-    return tl.where(mask & (x >= floor), tl.where(greedy, x, x + _gumbel(row_key, offs)), float("-inf"))
-
-
-@triton.jit
-def _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x):
-    """Whether the first pass's candidate needs a pass to check it. Not for a greedy row, nor where
-    every filter can be checked from its logit alone: with no top-p left (none, or folded into a
-    worked-out head), no top-k but a worked-out head's, above every token outside the head (so
-    inside it; only a tie across the head's end needs the rank) and at or above min-p's threshold."""
-    unfiltered = (keep >= vocab) & (top_p >= 1.0) & (log_min_p == float("-inf"))
-    kept = (
-        (top_p >= 1.0)
-        & ((keep >= vocab) | (floor > float("-inf")))
-        & (candidate_x > outside)
-        & (candidate_x >= top + log_min_p)
-    )
-    return ~(greedy | unfiltered | kept)
-
-
-@triton.jit
-def _ranks_above(x, offs, mask, candidate_x, candidate):
-    """The tokens ranked above the candidate, in (scaled logit descending, index ascending) order."""
-    return mask & ((x > candidate_x) | ((x == candidate_x) & (offs < candidate)))
-
-
-@triton.jit
-def _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p):
-    """Whether the candidate, with `above` tokens of `mass_above` ranked above it, is in the head."""
-    return (above < keep) & ((top_p >= 1.0) | (mass_above < top_p * denominator)) & (candidate_x >= top + log_min_p)
-
-
-@triton.jit
-def _block_softmax(x):
-    """A block's largest scaled logit, and its softmax sum relative to it."""
-    top = tl.max(x, axis=0)
-    return top, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0)
-
-
-@triton.jit
-def _fold_softmax(top, denominator, block_top, block_sum):
-    """The row's top and softmax denominator so far with one more block's folded in."""
-    new_top = tl.maximum(top, block_top)
-    shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row of -inf so far adds nothing
-    return new_top, denominator * tl.exp(top - shift) + block_sum * tl.exp(block_top - shift)
 
 
 @triton.jit(do_not_specialize=["rows"])  # one compiled kernel for every batch size
@@ -174,8 +79,8 @@ def _sample_kernel(
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride
-    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p, floor, outside = _row_filters(
+    temperature, greedy, row_key = row_draw(row, temperature_ptr, seed_ptr, position_ptr)
+    keep, top_p, log_min_p, floor, outside = row_filters(
         row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS
     )
 
@@ -194,15 +99,15 @@ def _sample_kernel(
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
-            x = _scaled(base, offs, mask, temperature)
-            block_top, block_sum = _block_softmax(x)
-            top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
-            y = _first_draws(x, mask, greedy, row_key, offs, floor)
+            x = scaled(base, offs, mask, temperature)
+            block_top, block_sum = block_softmax(x)
+            top, denominator = fold_softmax(top, denominator, block_top, block_sum)
+            y = first_draws(x, mask, greedy, row_key, offs, floor)
             block_best = tl.max(y, axis=0)
             candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), candidate)
             best = tl.maximum(best, block_best)
         candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
-        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
+        looking = still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
 
     # Then one pass per candidate while it is outside the kept head (the best token always stays).
     while looking:
@@ -214,144 +119,20 @@ def _sample_kernel(
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
-            x = _scaled(base, offs, mask, temperature)
-            ranks_above = _ranks_above(x, offs, mask, candidate_x, candidate)
+            x = scaled(base, offs, mask, temperature)
+            ranks_above = above_candidate(x, offs, mask, candidate_x, candidate)
             block_above = tl.sum(ranks_above.to(tl.int32), axis=0)
             if block_above > 0:  # after a rejection or two most blocks have none: skip their noise
                 above += block_above
                 mass_above += tl.sum(tl.where(ranks_above, tl.exp(x - top), 0.0), axis=0)
-                y = tl.where(ranks_above, x + _gumbel(row_key, offs), float("-inf"))
+                y = tl.where(ranks_above, x + gumbel(row_key, offs), float("-inf"))
                 block_best = tl.max(y, axis=0)
                 next_candidate = tl.where(block_best > best, start + tl.argmax(y, axis=0), next_candidate)
                 best = tl.maximum(best, block_best)
-        kept = _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p)
+        kept = in_head(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p)
         looking = ~(kept | (above == 0))
         candidate = tl.where(looking, next_candidate, candidate)
     tl.store(out_ptr + row, candidate.to(tl.int64))
-
-
-# A few rows leave most of the GPU idle while one program per row walks the vocabulary: there each
-# pass is split over a program per block of the row (_chunk_kernel), whose partial results one
-# program per row combines (_combine_kernel) into the row's state: its top logit, softmax
-# denominator, candidate and whether it is still looking. Part arrays are [field, row, chunk] (a
-# chunk is a block), state arrays [field, row].
-
-
-@triton.jit(do_not_specialize=["rows"])
-def _chunk_kernel(
-    logits_ptr,
-    stride,
-    vocab,
-    temperature_ptr,
-    seed_ptr,
-    position_ptr,
-    bounds_ptr,
-    state_f_ptr,
-    state_i_ptr,
-    part_f_ptr,
-    part_i_ptr,
-    rows,
-    HAS_HEADS: tl.constexpr,
-    FIRST: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CHUNKS: tl.constexpr,
-):
-    """One block of a pass: with FIRST, its top, its softmax sum relative to that top and its best
-    draw; else the tokens in it that rank above the row's candidate, their mass and best draw."""
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    base = logits_ptr + row.to(tl.int64) * stride
-    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < vocab
-    slot = row * CHUNKS + chunk
-    part = rows * CHUNKS  # the distance between two fields of a part array
-    if FIRST:  # (a compile-time branch; the next is taken at run time)
-        x = _scaled(base, offs, mask, temperature)
-        block_top, block_sum = _block_softmax(x)
-        floor = tl.load(bounds_ptr + 2 * row) if HAS_HEADS else float("-inf")
-        y = _first_draws(x, mask, greedy, row_key, offs, floor)
-        tl.store(part_f_ptr + slot, block_top)
-        tl.store(part_f_ptr + part + slot, block_sum)
-        tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
-        tl.store(part_i_ptr + slot, chunk * BLOCK + tl.argmax(y, axis=0))
-    elif tl.load(state_i_ptr + rows + row) != 0:  # the row is still looking
-        candidate = tl.load(state_i_ptr + row).to(tl.int32)
-        candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
-        top = tl.load(state_f_ptr + row)
-        x = _scaled(base, offs, mask, temperature)
-        ranks_above = _ranks_above(x, offs, mask, candidate_x, candidate)
-        y = tl.where(ranks_above, x + _gumbel(row_key, offs), float("-inf"))
-        tl.store(part_f_ptr + part + slot, tl.sum(tl.where(ranks_above, tl.exp(x - top), 0.0), axis=0))
-        tl.store(part_f_ptr + 2 * part + slot, tl.max(y, axis=0))
-        tl.store(part_i_ptr + slot, chunk * BLOCK + tl.argmax(y, axis=0))
-        tl.store(part_i_ptr + part + slot, tl.sum(ranks_above.to(tl.int32), axis=0))
-
-
-@triton.jit(do_not_specialize=["rows", "num_chunks"])
-def _combine_kernel(
-    logits_ptr,
-    stride,
-    vocab,
-    temperature_ptr,
-    top_p_ptr,
-    top_k_ptr,
-    min_p_ptr,
-    seed_ptr,
-    position_ptr,
-    head_ptr,
-    bounds_ptr,
-    state_f_ptr,
-    state_i_ptr,
-    part_f_ptr,
-    part_i_ptr,
-    rows,
-    num_chunks,
-    HAS_HEADS: tl.constexpr,
-    FIRST: tl.constexpr,
-    CHUNKS: tl.constexpr,
-):
-    """A pass's blocks combined into the row's state, as the one-program pass leaves it: sums are
-    folded block by block, in order, as that pass adds them."""
-    row = tl.program_id(0)
-    chunks = tl.arange(0, CHUNKS)
-    valid = chunks < num_chunks
-    first_slot = row * CHUNKS
-    part = rows * CHUNKS
-    temperature, greedy, row_key = _row_draw(row, temperature_ptr, seed_ptr, position_ptr)
-    keep, top_p, log_min_p, floor, outside = _row_filters(
-        row, vocab, top_p_ptr, top_k_ptr, min_p_ptr, head_ptr, bounds_ptr, HAS_HEADS
-    )
-    base = logits_ptr + row.to(tl.int64) * stride
-    # The best draw of the pass; on a tie the first block's, as the one-program pass keeps the first.
-    bests = tl.load(part_f_ptr + 2 * part + first_slot + chunks, mask=valid, other=float("-inf"))
-    next_candidate = tl.load(part_i_ptr + first_slot + tl.argmax(bests, axis=0))
-    if FIRST:
-        top = float("-inf")
-        denominator = 0.0
-        for chunk in range(0, num_chunks):
-            block_top = tl.load(part_f_ptr + first_slot + chunk)
-            block_sum = tl.load(part_f_ptr + part + first_slot + chunk)
-            top, denominator = _fold_softmax(top, denominator, block_top, block_sum)
-        candidate_x = tl.math.div_rn(tl.load(base + next_candidate), temperature)
-        looking = _still_looking_after_first(greedy, vocab, keep, top_p, log_min_p, floor, outside, top, candidate_x)
-        tl.store(state_f_ptr + row, top)
-        tl.store(state_f_ptr + rows + row, denominator)
-        tl.store(state_i_ptr + row, next_candidate.to(tl.int64))
-        tl.store(state_i_ptr + rows + row, looking.to(tl.int64))
-    elif tl.load(state_i_ptr + rows + row) != 0:
-        candidate = tl.load(state_i_ptr + row).to(tl.int32)
-        candidate_x = tl.math.div_rn(tl.load(base + candidate), temperature)
-        top = tl.load(state_f_ptr + row)
-        denominator = tl.load(state_f_ptr + rows + row)
-        above = tl.sum(tl.load(part_i_ptr + part + first_slot + chunks, mask=valid, other=0), axis=0)
-        mass_above = 0.0
-        for chunk in range(0, num_chunks):  # a block with none above adds 0, as the one-program pass skips it
-            mass_above += tl.load(part_f_ptr + part + first_slot + chunk)
-        kept = _kept(above, mass_above, candidate_x, keep, top_p, denominator, top, log_min_p)
-        looking = ~(kept | (above == 0))
-        tl.store(state_i_ptr + row, tl.where(looking, next_candidate, candidate).to(tl.int64))
-        tl.store(state_i_ptr + rows + row, looking.to(tl.int64))
 
 
 def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
@@ -381,7 +162,7 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     state_f = state_i = out  # pointers the kernel reads only after a split (any will do)
     split = rows <= SPLIT_ROWS
     if split:
-        state_f, state_i = _split_passes(row_args, params.any_rejections, has_heads)
+        state_f, state_i = split_passes(row_args, params.any_rejections, has_heads)
     _sample_kernel[(rows,)](
         *row_args,
         state_f,
@@ -394,56 +175,6 @@ def sample_on_gpu(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         num_warps=NUM_WARPS,
     )
     return out
-
-
-def _split_passes(row_args: tuple, rejections: bool, has_heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first pass, then SPLIT_ROUNDS rejection passes if `rejections`, each split over
-    a program per block; returns the rows' state (float32 [2, S]: top, denominator; int64 [2, S]:
-    candidate, looking) for _sample_kernel to finish from (most rows are done by then)."""
-    logits, stride, vocab, temperature, _, _, _, seed, position, _, bounds = row_args
-    rows = logits.shape[0]
-    block = min(BLOCK, triton.next_power_of_2(vocab))
-    num_chunks = triton.cdiv(vocab, block)
-    chunks = triton.next_power_of_2(num_chunks)
-    device = logits.device
-    state_f = torch.empty(2, rows, dtype=torch.float32, device=device)
-    state_i = torch.empty(2, rows, dtype=torch.int64, device=device)
-    part_f = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
-    part_i = torch.empty(2, rows, chunks, dtype=torch.int32, device=device)
-    for first in [True] + [False] * (SPLIT_ROUNDS if rejections else 0):
-        _chunk_kernel[(rows, num_chunks)](
-            logits,
-            stride,
-            vocab,
-            temperature,
-            seed,
-            position,
-            bounds,
-            state_f,
-            state_i,
-            part_f,
-            part_i,
-            rows,
-            HAS_HEADS=has_heads,
-            FIRST=first,
-            BLOCK=block,
-            CHUNKS=chunks,
-            num_warps=NUM_WARPS,  # the one-program pass's blocks and warps
-        )
-        _combine_kernel[(rows,)](
-            *row_args,
-            state_f,
-            state_i,
-            part_f,
-            part_i,
-            rows,
-            num_chunks,
-            HAS_HEADS=has_heads,
-            FIRST=first,
-            CHUNKS=chunks,
-            num_warps=1,
-        )
-    return state_f, state_i
 
 
 def compile_sampler(vocab_size: int, device: torch.device) -> None:

@@ -20,14 +20,8 @@ from gpu.sampler import (
     uniform_noise,
 )
 from gpu.sampler_heads import _head_kernel, heads
-from gpu.sampler_kernel import (
-    _chunk_kernel,
-    _combine_kernel,
-    _sample_kernel,
-    _split_passes,
-    compile_sampler,
-    sample_on_gpu,
-)
+from gpu.sampler_kernel import _sample_kernel, compile_sampler, sample_on_gpu
+from gpu.sampler_split import chunk_kernel, combine_kernel, split_passes
 from gpu.staging import on_cpu
 from gpu.step_io import SequenceInput
 from tests.devices import DEVICE, INTERPRETED, needs_cuda
@@ -305,7 +299,7 @@ def test_a_row_with_both_top_k_and_top_p_needs_no_rejection_pass_unless_its_head
         sizes,
         bounds,
     )
-    _, state_i = _split_passes(row_args, p.any_rejections, True)
+    _, state_i = split_passes(row_args, p.any_rejections, True)
     assert state_i[1].tolist() == [0, 1]  # looking, per row
     assert torch.equal(draw_on_the_kernel(logits, rows), sample(logits, params(rows)))
 
@@ -316,7 +310,7 @@ def test_no_batch_compiles_a_kernel_after_compile_sampler():
     with both top-k and top-p, beside others or not; split or not) then waits for no compile."""
     vocab = 9000
     compile_sampler(vocab, torch.device(DEVICE))
-    kernels = (_sample_kernel, _chunk_kernel, _combine_kernel, _head_kernel)
+    kernels = (_sample_kernel, chunk_kernel, combine_kernel, _head_kernel)
 
     def compiled() -> int:
         return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
