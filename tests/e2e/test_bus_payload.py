@@ -112,5 +112,10 @@ def test_prompt_logprobs_larger_than_a_bus_message_arrive_whole(small_bus_server
     for position in range(1, len(prompt_ids)):
         row = reference[position - 1]
         assert abs(inputs[position][0] - row[prompt_ids[position]].item()) < TOLERANCE, position
-        assert [entry[1] for entry in tops[position]] == row.topk(20).indices.tolist(), position
+        # The reference's top 20, but for the order of logprobs within rounding of each other (the
+        # server's batch computes them in another order than one forward pass: near-ties may swap).
+        values = [entry[0] for entry in tops[position]]
+        assert values == sorted(values, reverse=True), position
+        assert max(abs(a - b) for a, b in zip(values, row.topk(20).values.tolist())) < TOLERANCE, position
+        assert all(abs(row[entry[1]].item() - entry[0]) < TOLERANCE for entry in tops[position]), position
         assert len(asked[position]) == 64
