@@ -70,11 +70,12 @@ class KVCache:
         kv_heads * head_dim], row `layer * (num_blocks + 1) + block` (`row_ids`), a view."""
         return self._pool.view(len(self.layers) * (self.num_blocks + 1), -1)
 
-    def row_ids(self, blocks: list[int]) -> list[int]:
-        """The `rows` of `blocks`, block by block, each block's layers in order: gathered in this order
-        they lie as blocks of every layer, [len(blocks), num_layers, ...]."""
-        stride = self.num_blocks + 1
-        return [layer * stride + block for block in blocks for layer in range(len(self.layers))]
+    def row_ids(self, blocks: torch.Tensor) -> torch.Tensor:
+        """The `rows` of `blocks` (int64 ids, on the device whose work uses the rows: they are made
+        there, from the ids alone), block by block, each block's layers in order: gathered in this
+        order they lie as blocks of every layer, [len(blocks), num_layers, ...]."""
+        layers = torch.arange(len(self.layers), device=blocks.device) * (self.num_blocks + 1)
+        return (blocks[:, None] + layers).view(-1)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -90,8 +91,8 @@ class KVCache:
         """Block `targets[i]` becomes a copy of block `sources[i]`, in every layer."""
         self.arrivals.settle()  # a source may be a block still landing
         device = self._pool.device
-        source = torch.tensor(self.row_ids(sources), dtype=torch.long, device=device)
-        target = torch.tensor(self.row_ids(targets), dtype=torch.long, device=device)
+        source = self.row_ids(torch.tensor(sources, dtype=torch.long, device=device))
+        target = self.row_ids(torch.tensor(targets, dtype=torch.long, device=device))
         self.rows.index_copy_(0, target, self.rows.index_select(0, source))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -78,8 +78,6 @@ class KVTransfer:
         # Consecutive slots are one copy where nothing lies between them.
         self._coalesce = host_slots.stride(0) == block_bytes
         self._device = layer.device
-        # Row `layer * (num_blocks + 1) + block` of the pool's rows is that layer of that block.
-        self._layer_offsets = torch.arange(len(kv.layers), device=self._device) * (kv.num_blocks + 1)
         self._registered: int | None = None  # the host address this object pinned, to unpin on close
         on_cuda = self._device.type == "cuda"
         if on_cuda:
@@ -207,12 +205,12 @@ class KVTransfer:
         return staging.view(-1, self._kv.rows.shape[1])
 
     def _rows(self, blocks: list[int], lane: "_Lane") -> torch.Tensor:
-        """The pool's rows of `blocks` (KVCache.row_ids' order), on the device: one gather moves a
-        chunk of blocks of every layer. The block ids cross, and the rows of every layer are made
-        there: listing them on the host (a block's layers each) took milliseconds, before any copy."""
+        """The pool's rows of `blocks` (KVCache.row_ids), on the device: one gather moves a chunk of
+        blocks of every layer. Only the block ids cross: listing every layer's row on the host took
+        milliseconds, before any copy."""
         ids = self._upload(torch.tensor(blocks, dtype=torch.long), lane.kernels)
         with _on(lane.kernels):
-            return (ids[:, None] + self._layer_offsets).view(-1)
+            return self._kv.row_ids(ids)
 
     def _upload(self, host: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.Tensor:
         """`host` on the device, copied on `stream` (as it is on the CPU, with none): from pinned

@@ -151,7 +151,7 @@ class DiskStore:
         blocks on disk; returns how many. Every block is checked against its checksum: the first that
         fails (damaged, truncated, its file gone) ends the read, its file removed. out[i] past the
         count returned may hold anything. With `pool`, pieces of READ_PIECE_BLOCKS blocks are read
-        and checked on its threads at once (reads and crcs leave the GIL): a chain of some GB comes
+        and checked on its threads at once (reads and checks leave the GIL): a chain of some GB comes
         back at several times one thread's rate; the index is still touched by the caller alone."""
         if len(out) != len(hashes):
             raise ValueError(f"out has {len(out)} views for {len(hashes)} hashes")
