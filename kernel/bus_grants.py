@@ -63,6 +63,18 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
     generate, sessions = (s.tenant_generate("*"), s.tenant_sessions("*")) if keyed else (s.generate, s.sessions)
     public_inboxes = f"{inbox_prefix(s.namespace, TENANT)}.>" if keyed else f"{CLIENT_INBOX}.>"
     admin_subjects = f"{s.namespace}.admin.>"
+    # The admin routes' requests: the frontdoor asks, the scheduler answers (admin_weights, for the
+    # weight routes and the version in the info routes: weight_sync too).
+    admin_requests = [
+        s.admin_stats,
+        s.admin_flush_cache,
+        s.admin_cache,
+        s.admin_publish,
+        s.admin_pause,
+        s.admin_continue,
+        s.admin_pause_state,
+        s.admin_weights,
+    ]
     table = {
         "executor": Grant(
             publish=[s.step_outputs, s.executor_info, s.heartbeat("executor")],
@@ -86,14 +98,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 sessions,
                 s.executor_info,
                 s.step_outputs,
-                s.admin_stats,
-                s.admin_flush_cache,
-                s.admin_cache,
-                s.admin_publish,
-                s.admin_pause,
-                s.admin_continue,
-                s.admin_pause_state,
-                s.admin_weights,
+                *admin_requests,
                 s.heartbeat("frontdoor"),
                 s.heartbeat("gateway"),
                 s.heartbeat("snapshot"),  # a restarted snapshot actor gets every session again
@@ -154,14 +159,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
                 s.tokenizer,
                 s.tokenizer_untrack,
                 s.scheduler,
-                s.admin_stats,
-                s.admin_flush_cache,
-                s.admin_cache,
-                s.admin_publish,
-                s.admin_pause,
-                s.admin_continue,
-                s.admin_pause_state,
-                s.admin_weights,  # the weight routes and the version in the info routes (weight_sync answers)
+                *admin_requests,
                 s.executor_describe,  # /metrics: the executor's steps and weight version
                 s.metrics_origins,  # /metrics: every origin's request figures
                 s.heartbeat("frontdoor"),

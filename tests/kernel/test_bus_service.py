@@ -10,10 +10,8 @@ import time
 
 import msgspec
 import nats
-import pytest
 
 from kernel.bus import Bus
-from kernel.nats_server import EmbeddedNats
 from schemas.errors import Error
 
 
@@ -27,14 +25,6 @@ class Told(msgspec.Struct, frozen=True, tag="told"):
 
 class Note(msgspec.Struct, frozen=True, tag="note"):
     pass
-
-
-@pytest.fixture
-async def nats_url(tmp_path):
-    server = EmbeddedNats(tmp_path / "nats")
-    await server.start()
-    yield server.url
-    await server.stop()
 
 
 async def worker(url: str, name: str, notes: list[str]) -> Bus:
