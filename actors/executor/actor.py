@@ -21,7 +21,7 @@ from actors.executor.step_logprobs import halves_of
 from actors.executor.step_memory import StepMemory
 from actors.executor.step_watchdog import StepWatchdog
 from actors.executor.weight_requests import WeightRequests
-from actors.lib.block_hashes import weights_fingerprint
+from actors.lib.weights_fingerprint import weights_fingerprint
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
 from kernel.actor import Actor
@@ -83,7 +83,7 @@ class ExecutorActor(Actor):
         self.memory = StepMemory(cfg.max_prefill_tokens, self.runner.device)
         self.launcher = StepLauncher(self.runner, self.moves, self.watchdog, self.memory, self.log)
         # A restart loads the model from --model again, whatever updates came since: that version.
-        fingerprint = weights_fingerprint(cfg.model, str(self.runner.dtype))
+        fingerprint = weights_fingerprint(cfg.model, str(self.runner.dtype), self.config.supervision.data_dir)
         self.weights = WeightRequests(
             self.runner, cfg.weight_version, fingerprint, self.work.set, cfg.weight_group_join_timeout_s
         )

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from actors.lib.block_hashes import updated_fingerprint
+from actors.lib.weights_fingerprint import updated_fingerprint
 from gpu.runner import ModelRunner
 from gpu.weight_check import WeightError
 from gpu.weight_receiver import UpdateReport, WeightReceiver

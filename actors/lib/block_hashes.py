@@ -10,7 +10,6 @@ salted per process; token ids as little-endian uint32, whatever the machine's by
 import hashlib
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 import msgspec
 
@@ -62,23 +61,3 @@ def block_hashes(token_ids: Sequence[int], block_size: int, namespace: str) -> l
     """One 16-byte hash per whole block of the prompt `token_ids`, chained:
     h_i = blake2b(h_{i-1} || block i's tokens), h_-1 = blake2b(namespace)."""
     return extend_hashes(root_hash(namespace), token_ids, block_size)
-
-
-def weights_fingerprint(model_path: str, dtype: str) -> str:
-    """The weights an executor loads from `model_path` (a directory or one file) in `dtype`, named
-    by every file's path, size and modification time: the same checkpoint gives the same name after
-    a restart, and a checkpoint rewritten in place another one. Reads no weights."""
-    root = Path(model_path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    described = [[str(p.relative_to(root) if root.is_dir() else p.name), *_size_and_time(p)] for p in files]
-    return hashlib.blake2b(msgspec.msgpack.encode([dtype, described]), digest_size=HASH_BYTES).hexdigest()
-
-
-def updated_fingerprint(fingerprint: str, update_id: str) -> str:
-    """The weights after update `update_id` of those named `fingerprint`: a name no other weights get."""
-    return hashlib.blake2b(f"{fingerprint}+{update_id}".encode(), digest_size=HASH_BYTES).hexdigest()
-
-
-def _size_and_time(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
