@@ -7,8 +7,9 @@ raises `BusUnavailable`.
 
 Its parts: kernel/bus_codec.py (msgpack in and out), kernel/bus_connection.py (the connection and
 its reconnection), kernel/bus_subscriptions.py (decode, call the handler, answer) and
-kernel/bus_service.py (the subscriptions as a NATS micro service), kernel/bus_kv.py (JetStream's
-key-value buckets). Only these modules import nats.
+kernel/bus_service.py (the subscriptions as a NATS micro service), kernel/bus_kv.py and
+kernel/bus_objects.py (JetStream's key-value and object buckets, over kernel/bus_jetstream.py).
+Only these modules import nats.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ from kernel.bus_auth import BusCredentials
 from kernel.bus_codec import PayloadTooLarge, decode, encode, encode_within
 from kernel.bus_connection import close_connection, open_connection
 from kernel.bus_kv import KeyValueBucket, open_bucket
+from kernel.bus_objects import ObjectBucket, open_object_bucket
 from kernel.bus_service import start_service
 from kernel.bus_subscriptions import Handler, Subscription, Subscriptions, TokenHandler
 from kernel.busy_poll import BusyPoll
@@ -226,6 +228,11 @@ class Bus:
         """The server's JetStream key-value bucket `name`, made if new (kernel/bus_kv.py); raises
         `JetStreamUnavailable` where the server has no JetStream."""
         return await open_bucket(self._nc, name)
+
+    async def object_bucket(self, name: str, max_bytes: int) -> ObjectBucket:
+        """The server's JetStream object bucket `name` of at most `max_bytes`, made if new
+        (kernel/bus_objects.py); raises `JetStreamUnavailable` where the server has no JetStream."""
+        return await open_object_bucket(self._nc, name, max_bytes)
 
     async def flush(self, timeout_s: float = 2.0) -> None:
         await self._nc.flush(timeout=timeout_s)

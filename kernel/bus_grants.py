@@ -53,6 +53,26 @@ def key_value_bucket(bucket: str) -> list[str]:
     ]
 
 
+def object_bucket(bucket: str) -> list[str]:
+    """What a user publishes to use one JetStream object bucket, and no other stream: bind or make
+    it, put objects (chunks and meta messages, each acknowledged to the user's inbox), read them
+    (an ordered consumer), list them from the stream's books, delete or purge them."""
+    stream = f"OBJ_{bucket}"
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.STREAM.PURGE.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.FC.{stream}.>",
+        f"$O.{bucket}.>",
+    ]
+
+
 def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = False) -> dict[str, Grant]:
     """What each user may publish and subscribe to: the one table to extend with a new actor.
     Every user may also subscribe to its own inbox (see `inbox_prefix`). `tenants`: the tenants of
@@ -108,7 +128,7 @@ def grants(s: Subjects, tenants: Collection[str] | None = None, admin: bool = Fa
             answers_requests=True,
         ),
         "cache_tier": Grant(
-            publish=[s.heartbeat("cache_tier")],
+            publish=[s.heartbeat("cache_tier"), *object_bucket(s.chains_bucket)],
             subscribe=[s.cache_tier, *discovery("cache_tier")],
             answers_requests=True,
         ),

@@ -1,33 +1,18 @@
 """A JetStream key-value bucket as actors use it: bytes by key, in a bucket that keeps only each
 key's latest value. kernel/bus.py opens one (`Bus.key_value`); what goes wrong on the wire comes
-back as `JetStreamUnavailable` or `KeyValueError`, never as a nats exception.
+back as `JetStreamError` (kernel/bus_jetstream.py), never as a nats exception.
 
 A bucket lives in the NATS server, not in one deployment: every client of that server that names
 the same bucket sees the same keys, which is how servers on several machines share state. Names
 come from kernel/subjects.py, one bucket per namespace.
 """
 
-import json
-
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-REQUEST_TIMEOUT_S = 5.0  # of one JetStream API call; a healthy server answers in milliseconds
-JS_API = "$JS.API"  # JetStream's API subjects without a domain, as nc.jetstream() uses them
-
-
-class KeyValueError(Exception):
-    """A bucket operation that failed: the server refused it, or did not answer in time."""
-
-
-class JetStreamUnavailable(KeyValueError):
-    """JetStream cannot be reached now: the server has none, or the connection is closed."""
-
-
-class NoJetStream(JetStreamUnavailable):
-    """The NATS server has no JetStream at all (started without `-js`)."""
+from kernel.bus_jetstream import REQUEST_TIMEOUT_S, jetstream_error, stream_subjects
 
 
 class KeyValueBucket:
@@ -39,12 +24,12 @@ class KeyValueBucket:
         self._nc = nc
 
     async def put(self, key: str, value: bytes) -> None:
-        """Replaces the key's value. Raises `KeyValueError` if the bucket did not take it (a value
+        """Replaces the key's value. Raises `JetStreamError` if the bucket did not take it (a value
         over the server's max_payload, say)."""
         try:
             await self._kv.put(key, value)
         except (nats.errors.Error, TimeoutError) as exc:
-            raise _error(f"cannot put {key!r} into bucket {self.name}", exc) from None
+            raise jetstream_error(f"cannot put {key!r} into bucket {self.name}", exc) from None
 
     async def get(self, key: str) -> bytes | None:
         """The key's value, or None if it has none (never put, or deleted)."""
@@ -53,7 +38,7 @@ class KeyValueBucket:
         except nats.js.errors.KeyNotFoundError:  # a deleted key raises it too
             return None
         except (nats.errors.Error, TimeoutError) as exc:
-            raise _error(f"cannot get {key!r} from bucket {self.name}", exc) from None
+            raise jetstream_error(f"cannot get {key!r} from bucket {self.name}", exc) from None
         return entry.value or b""
 
     async def delete(self, key: str) -> None:
@@ -61,7 +46,7 @@ class KeyValueBucket:
         try:
             await self._kv.purge(key)  # a purge drops the old value's bytes too, not only hides them
         except (nats.errors.Error, TimeoutError) as exc:
-            raise _error(f"cannot delete {key!r} from bucket {self.name}", exc) from None
+            raise jetstream_error(f"cannot delete {key!r} from bucket {self.name}", exc) from None
 
     async def keys(self) -> list[str]:
         """Every key with a value, and the keys deleted since the last `drop_delete_markers` (a
@@ -71,26 +56,9 @@ class KeyValueBucket:
         subjects filter, page by page), not from nats-py's `KeyValue.keys()`: that follows a
         watcher which can end before its replay has, under concurrent writes or with deliveries in
         flight, and leave out keys that had values all along (nats.py pull request #995)."""
-        prefix, keys = f"$KV.{self.name}.", []
-        while True:
-            request = {"subjects_filter": f"{prefix}>", "offset": len(keys)}
-            info = await self._api(f"STREAM.INFO.KV_{self.name}", request, "list the keys of")
-            subjects = (info.get("state") or {}).get("subjects") or {}
-            keys += [subject[len(prefix) :] for subject in subjects]
-            # A server pages past its limit of subjects a reply (`total` counts them all).
-            if not subjects or len(keys) >= info.get("total", 0):
-                return keys
-
-    async def _api(self, call: str, request: dict, what: str) -> dict:
-        """A JetStream API call's JSON reply; raises `KeyValueError` where it failed."""
-        try:
-            message = await self._nc.request(f"{JS_API}.{call}", json.dumps(request).encode(), REQUEST_TIMEOUT_S)
-            reply = json.loads(message.data)
-        except (nats.errors.Error, TimeoutError, ValueError) as exc:
-            raise _error(f"cannot {what} bucket {self.name}", exc) from None
-        if (error := reply.get("error")) is not None:
-            raise KeyValueError(f"cannot {what} bucket {self.name}: {error.get('description', error)}")
-        return reply
+        prefix = f"$KV.{self.name}."
+        subjects = await stream_subjects(self._nc, f"KV_{self.name}", prefix, f"list the keys of bucket {self.name}")
+        return [subject[len(prefix) :] for subject in subjects]
 
     async def drop_delete_markers(self, older_than_s: int = 1800) -> None:
         """Removes what deleted keys leave behind (a marker each, which every listing of the keys
@@ -98,7 +66,7 @@ class KeyValueBucket:
         try:
             await self._kv.purge_deletes(olderthan=older_than_s)
         except (nats.errors.Error, TimeoutError) as exc:
-            raise _error(f"cannot drop the delete markers of bucket {self.name}", exc) from None
+            raise jetstream_error(f"cannot drop the delete markers of bucket {self.name}", exc) from None
 
 
 async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
@@ -112,13 +80,5 @@ async def open_bucket(nc: Client, name: str) -> KeyValueBucket:
             # Two servers may make it at once: the second's identical request succeeds as well.
             kv = await js.create_key_value(bucket=name, history=1)
     except (nats.errors.Error, TimeoutError) as exc:
-        raise _error(f"cannot open the key-value bucket {name}", exc) from None
+        raise jetstream_error(f"cannot open the key-value bucket {name}", exc) from None
     return KeyValueBucket(kv, name, nc)
-
-
-def _error(what: str, exc: Exception) -> KeyValueError:
-    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
-        return NoJetStream(f"{what}: the NATS server has no JetStream (start it with -js)")
-    if isinstance(exc, nats.errors.ConnectionClosedError):
-        return JetStreamUnavailable(f"{what}: the bus connection is closed")
-    return KeyValueError(f"{what}: {exc!r}")

@@ -104,6 +104,10 @@ class Subjects:
     def sessions_bucket(self) -> str:  # the snapshot actor's JetStream key-value bucket (kernel/bus_kv.py)
         return self._bucket("sessions")
 
+    @property
+    def chains_bucket(self) -> str:  # the cache_tier's JetStream object bucket of KV chains (kernel/bus_objects.py)
+        return self._bucket("kv-chains")
+
     def _bucket(self, purpose: str) -> str:
         """Bucket names allow no dots, which namespaces have: the dots become underscores, and a
         digest of the namespace itself tells `a.b` from `a_b`, so namespaces never share a bucket."""

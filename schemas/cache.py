@@ -43,6 +43,9 @@ class SpillBlocks(msgspec.Struct, frozen=True, tag="spill_blocks"):
     hashes: list[bytes]
     parents: list[bytes | None]
     token_ids: list[int]
+    # The namespace of the checkpoint's own weights, which later servers match: shared with other
+    # machines where the disk tier shares its chains (actors/cache_tier/shared_chains.py).
+    lasting: bool = False
 
 
 class BlocksSpilled(msgspec.Struct, frozen=True, tag="blocks_spilled"):

@@ -17,17 +17,26 @@ makes a namespace per update: only the served weights' and the previous ones' bl
 keeping). Every answer says what the disk holds in the namespace asked about (`DiskFigures`); an
 admin's flush (`FlushDisk`) deletes the block files of every namespace, after the requests before
 it and before those after it. With `--disk-kv-gb 0` every request is answered with an Error.
+
+With the sessions in an external NATS's JetStream, the chains are shared with servers on other
+machines through an object bucket (shared_chains.py): each chain file a spill of the checkpoint's
+own namespace wrote is put there too, in a third lane of its own, after the spill's answer, so no
+spill waits for the bucket; a listing names the bucket's blocks as well as the disk's; a fetch
+first brings into the disk the chain files it lacks that the bucket holds. A stop puts what is
+still queued for at most UPLOAD_DRAIN_S.
 """
 
 import asyncio
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from actors.cache_tier.disk_store import DiskStore, remove_chains
 from actors.cache_tier.host_segment import HostSegment
+from actors.cache_tier.shared_chains import SharedChains, open_shared_chains
 from kernel.actor import Actor
+from kernel.bus_jetstream import JetStreamError
 from schemas.cache import (
     BlocksFetched,
     BlocksListed,
@@ -50,6 +59,10 @@ READ_THREADS = 16
 DEFAULT_DIR = "kv-blocks"
 # The lanes a request runs in, each in arrival order (see above).
 LANES = {FetchBlocks: ("reads",), ListBlocks: ("reads",), SpillBlocks: ("writes",), FlushDisk: ("reads", "writes")}
+# A stop waits this long for the chains still queued for the shared bucket: within the supervisor's
+# STOP_TIMEOUT_S; what is left is on the local disk, and out of the bucket.
+UPLOAD_DRAIN_S = 8.0
+MAX_QUEUED_UPLOADS = 1024  # chain files; past it a spill's files stay local only
 
 
 class CacheTierActor(Actor):
@@ -67,8 +80,22 @@ class CacheTierActor(Actor):
         # Each lane's last request: the next in the lane starts once it is done.
         self._lane_ends: dict[str, asyncio.Future] = {}
         self._opening = threading.Lock()  # the two lanes' threads share the segment and the stores
+        self.shared: SharedChains | None = await open_shared_chains(
+            self.config, self.bus, self.subjects.chains_bucket, self.capacity_bytes
+        )
+        self._uploads: deque[tuple[str, Path, list[bytes]]] = deque()  # (namespace, chain file, its hashes)
+        self._uploader: asyncio.Task | None = None
         await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
         self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
+
+    async def stop(self) -> None:
+        if self._uploader is None or self._uploader.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._uploader), UPLOAD_DRAIN_S)
+        except TimeoutError:
+            self.log.warning("kv_chains_not_all_shared", left=len(self._uploads))
+            self._uploader.cancel()
 
     async def _on_request(self, message: CacheTierRequest, reply_to: str | None) -> Error | None:
         """Queues the request in its lanes, in the order requests come; its answer goes to
@@ -94,10 +121,18 @@ class CacheTierActor(Actor):
             done.set_result(None)
         if reply_to:
             await self.bus.reply(reply_to, reply)
+        if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
+            self._share(message.namespace, reply.stored)
 
     async def _answer(self, message: CacheTierRequest) -> CacheTierReply:
         try:
-            return await asyncio.to_thread(self._handle, message)
+            if self.shared is not None:
+                await self._before_shared(message)
+            reply = await asyncio.to_thread(self._handle, message)
+            if self.shared is not None and isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+                both = dict.fromkeys(reply.hashes + self.shared.hashes(message.namespace))
+                reply = BlocksListed(list(both), reply.figures)
+            return reply
         except (OSError, ValueError) as exc:  # a segment that is gone or not one: the request fails, the tier serves on
             self.log.warning("disk_tier_request_failed", request=type(message).__name__, error=str(exc))
             return Error("unavailable", f"the disk tier cannot serve this request: {exc}", retriable=True)
@@ -105,12 +140,71 @@ class CacheTierActor(Actor):
             self.log.exception("disk_tier_request_raised", request=type(message).__name__)
             return Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)
 
+    async def _before_shared(self, message: CacheTierRequest) -> None:
+        """What the shared bucket adds to a request: a listing lists the bucket again, a fetch
+        brings in the chain files it needs, a flush empties the bucket. A bucket that fails leaves
+        the request to the local disk."""
+        try:
+            match message:
+                case ListBlocks():
+                    await self.shared.refresh()
+                case FetchBlocks():
+                    await self._bring_shared(message)
+                case FlushDisk():
+                    await self.shared.clear()
+        except JetStreamError as exc:
+            self.log.warning("kv_chains_bucket_failed", request=type(message).__name__, error=str(exc))
+
+    async def _bring_shared(self, message: FetchBlocks) -> None:
+        """The chain files that continue the fetched chain past what the disk holds, from the
+        shared bucket into the disk, one after the other, for the fetch to read as its own."""
+        _, store = await asyncio.to_thread(self._open, message)
+        tried: set[str] = set()
+        while (held := store.held_prefix(message.hashes)) < len(message.hashes):
+            name = self.shared.object_holding(message.namespace, message.hashes[held])
+            if name is None or name in tried:
+                return
+            tried.add(name)
+            temp = await self.shared.get(message.namespace, name, store.directory)
+            if not await asyncio.to_thread(store.adopt, temp):
+                return
+            self.log.info("kv_chain_brought", object=name)
+
+    def _share(self, namespace: str, stored: list[bytes]) -> None:
+        """Queues the chain files holding the blocks a spill stored for the shared bucket."""
+        store = self.stores.get(namespace)
+        if self.shared is None or store is None or not stored:
+            return
+        for name, hashes in store.files_of(stored).items():
+            if self.shared.holds_file(namespace, name):
+                continue
+            if len(self._uploads) >= MAX_QUEUED_UPLOADS:
+                self.log.warning("kv_chains_upload_queue_full", queued=len(self._uploads))
+                return
+            self._uploads.append((namespace, store.directory / name, hashes))
+        if self._uploads and (self._uploader is None or self._uploader.done()):
+            # Not `spawn`: a stop cancels spawned tasks first, and this one it lets finish (stop()).
+            self._uploader = asyncio.create_task(self._upload_queued(), name="kv_chains_upload")
+
+    async def _upload_queued(self) -> None:
+        while self._uploads:
+            namespace, path, hashes = self._uploads[0]
+            try:
+                await self.shared.put(namespace, path, hashes)
+            except (JetStreamError, OSError) as exc:  # JetStream away or full, the file unreadable: it stays local
+                self.log.warning("kv_chain_not_shared", file=path.name, error=str(exc))
+            self._uploads.popleft()
+
+    def _open(self, message: SpillBlocks | FetchBlocks | ListBlocks):
+        """The host segment's slots and the namespace's store, for a request."""
+        with self._opening:
+            slots = self._slots(message.segment)
+            return slots, self._store(message.namespace, slots.shape[1])
+
     def _handle(self, message: CacheTierRequest) -> CacheTierReply:
         if isinstance(message, FlushDisk):  # every namespace's: no segment, no one store
             return self._flush()
-        with self._opening:
-            slots = self._slots(message.segment)
-            store = self._store(message.namespace, slots.shape[1])
+        slots, store = self._open(message)
         match message:
             case SpillBlocks(slots=taken, hashes=hashes, parents=parents, token_ids=tokens):
                 block_size = len(tokens) // len(hashes) if hashes else 0

@@ -73,14 +73,20 @@ class ChainIndex:
     def _check_file(self, entry: os.DirEntry) -> tuple[int, Chain]:
         if entry.name.startswith(".") or not entry.name.endswith(chain_file.SUFFIX):
             raise Malformed("not a chain file's name")
-        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        mtime_ns, chain = self.check(entry.path)
+        if entry.name != chain_file.file_name(chain.hashes):
+            raise Malformed("named after another block")
+        return mtime_ns, chain
+
+    def check(self, path: str | Path) -> tuple[int, Chain]:
+        """The chain in the file at `path` and the file's modification time, from its header (no
+        block is read); raises `Malformed` if it is not a whole chain of this namespace."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             header, data_offset = chain_file.read_header(fd, self.namespace, self.block_bytes)
             status = os.fstat(fd)
         finally:
             os.close(fd)
-        if entry.name != chain_file.file_name(header.hashes):
-            raise Malformed("named after another block")
         if status.st_size != data_offset + len(header.hashes) * self.block_bytes:
             raise Malformed(f"{status.st_size} bytes, not the header's")
         return status.st_mtime_ns, Chain(header.hashes, header.parent, status.st_size)

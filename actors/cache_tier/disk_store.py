@@ -124,6 +124,44 @@ class DiskStore:
             self._index.refresh(hashes)
         return written
 
+    def adopt(self, temp: Path) -> bool:
+        """Takes in a chain file brought from elsewhere (JetStream's shared chains), written to
+        `temp` in this namespace's directory: checked as a file found at start is (its header and
+        size; its blocks are checked when read), renamed to its chain's name and indexed, making
+        room as a put does. A file that is not a whole chain of this namespace, or larger than the
+        tier, is removed; returns whether it was taken."""
+        try:
+            _, chain = self._index.check(temp)
+        except (Malformed, OSError) as error:
+            log.warning("disk_tier_file_removed", file=str(temp), reason=str(error))
+            temp.unlink(missing_ok=True)
+            return False
+        if chain.size_bytes > self.capacity_bytes:
+            temp.unlink(missing_ok=True)
+            return False
+        name = chain_file.file_name(chain.hashes)
+        with self._lock:
+            self._index.evict(chain.size_bytes)
+        os.replace(temp, self.directory / name)
+        with self._lock:
+            self._index.forget(name)
+            self._index.add(name, chain)
+        return True
+
+    def files_of(self, hashes: list[bytes]) -> dict[str, list[bytes]]:
+        """The files that hold any of `hashes`, each with every block hash it holds."""
+        with self._lock:
+            names = dict.fromkeys(where[0] for h in hashes if (where := self._index.blocks.get(h)) is not None)
+            return {name: list(self._index.files[name].hashes) for name in names}
+
+    def held_prefix(self, hashes: list[bytes]) -> int:
+        """How many leading blocks of the chain the index has (no figure counts this look)."""
+        with self._lock:
+            found = 0
+            while found < len(hashes) and hashes[found] in self._index.blocks:
+                found += 1
+            return found
+
     def holds(self, block_hash: bytes) -> bool:
         """Whether the index has the block (no figure counts this look)."""
         with self._lock:

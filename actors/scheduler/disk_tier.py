@@ -122,6 +122,7 @@ class DiskTier:
                 [s.block_hash for s in spills],
                 [s.parent for s in spills],
                 tokens,
+                lasting=self.host.lasting,
             )
             self._requests.append((None, request))
         requests, self._requests = self._requests, []

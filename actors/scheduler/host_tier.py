@@ -71,12 +71,14 @@ class HostTier:
         self._loading: Counter[int] = Counter()  # slot -> loads sent that the executor has not reported made
         self._dropped: set[int] = set()  # out of the index while read: free once no reader is left
         self.key = ""
+        self.lasting = True  # the namespace is the checkpoint's own (generation 0)
         self.new_generation(0)
 
     def new_generation(self, generation: int) -> None:
         """New weights: nothing held so far is matched again; saves under way are freed when done,
         and the disk tier's moves when it is done with them. Generation 0 is the checkpoint's own
         weights, whose blocks the disk tier keeps across restarts."""
+        self.lasting = generation == 0
         weights = self.fingerprint if generation == 0 else f"{self.fingerprint}@{generation}/{self.nonce}"
         self.key = namespace_key(weights, self.fingerprint, "-", self.block_size, LAYOUT)
         self.flush()

@@ -10,7 +10,7 @@ the writes sent before it.
 
 from actors.snapshot.stores import open_storage
 from kernel.actor import Actor
-from kernel.bus_kv import KeyValueError
+from kernel.bus_jetstream import JetStreamError
 from schemas.errors import Error
 from schemas.snapshot import (
     DropSession,
@@ -47,7 +47,7 @@ class SnapshotActor(Actor):
                 limit = self.bus.max_payload_bytes - PAGE_HEADROOM_BYTES
                 try:
                     records, complete = await self.store.restore(after, limit)
-                except (OSError, KeyValueError) as exc:
+                except (OSError, JetStreamError) as exc:
                     return Error("unavailable", f"cannot read the saved sessions: {exc}", retriable=True)
                 self.log.info("sessions_read", after=after, sessions=len(records), complete=complete)
                 return SessionsRestored(records, complete, self.instance_id)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Collection
 import structlog
 
 from actors.snapshot.session_store import RestorePage, Unreadable, decode_session, encode_file, expired
-from kernel.bus_kv import KeyValueBucket, KeyValueError
+from kernel.bus_jetstream import JetStreamError
+from kernel.bus_kv import KeyValueBucket
 from schemas.snapshot import SessionRecord
 
 log = structlog.get_logger()
@@ -25,7 +26,7 @@ GETS_AT_ONCE = 64
 
 
 class KeyValueSessionStore:
-    """The saved sessions in `bucket`, one key each. Operations raise `KeyValueError` where the
+    """The saved sessions in `bucket`, one key each. Operations raise `JetStreamError` where the
     bucket does not answer, as the files' raise OSError, except `save`, which reports it."""
 
     def __init__(self, bucket: KeyValueBucket, clock: Callable[[], float] = time.time) -> None:
@@ -39,11 +40,11 @@ class KeyValueSessionStore:
         False."""
         try:
             await self.bucket.put(record.session_id, encode_file(record))
-        except KeyValueError as exc:  # too large for the server, or JetStream is down
+        except JetStreamError as exc:  # too large for the server, or JetStream is down
             log.warning("session_not_saved", session_id=record.session_id, error=str(exc))
             try:
                 await self.bucket.delete(record.session_id)
-            except KeyValueError:
+            except JetStreamError:
                 pass  # unreachable now: the scheduler sends every session again when the bus is back
             return False
         return True

@@ -13,7 +13,7 @@ import structlog
 from actors.snapshot.kv_session_store import KeyValueSessionStore
 from actors.snapshot.session_store import SUFFIX, SessionStore
 from kernel.bus import Bus
-from kernel.bus_kv import NoJetStream
+from kernel.bus_jetstream import NoJetStream
 from kernel.config import KernelConfig
 from kernel.subjects import Subjects
 from schemas.snapshot import SessionRecord
@@ -25,7 +25,7 @@ log = structlog.get_logger()
 
 
 class SessionStorage(Protocol):
-    """The saved sessions. `restore` raises OSError or `KeyValueError` where the storage cannot be
+    """The saved sessions. `restore` raises OSError or `JetStreamError` where the storage cannot be
     read; the scheduler asks again."""
 
     async def save(self, record: SessionRecord) -> bool: ...

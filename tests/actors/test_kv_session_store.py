@@ -13,7 +13,7 @@ from actors.snapshot.session_store import DIGEST_BYTES, MAGIC, SessionStore, enc
 from actors.snapshot.stores import FileSessionStorage, open_storage
 from kernel import bus_auth
 from kernel.bus import Bus
-from kernel.bus_kv import JetStreamUnavailable
+from kernel.bus_jetstream import JetStreamUnavailable
 from kernel.config import BusConfig, KernelConfig, SupervisionConfig
 from kernel.nats_server import EmbeddedNats, find_binary, free_port
 from kernel.subjects import Subjects

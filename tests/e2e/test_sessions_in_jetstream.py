@@ -1,14 +1,17 @@
-"""On an external NATS the saved sessions live in its JetStream, not in a server's data dir: a
-session continues on a new server with an empty data dir (another machine, as far as it can
-tell), with the output of a run that never restarted."""
+"""On an external NATS the saved sessions live in its JetStream, not in a server's data dir, and so
+do the KV chains the disk tier wrote (an object bucket): a session continues on a new server with
+an empty data dir (another machine, as far as it can tell), with the output of a run that never
+restarted, and its earlier turns come from the first server's chains instead of being recomputed."""
 
 import asyncio
 
+from actors.cache_tier.actor import DEFAULT_DIR
 from kernel.nats_server import EmbeddedNats
 from ops.local_server import start_server
-from tests.e2e.test_durable_sessions import TURNS, open_session, turn_output
+from tests.e2e.test_durable_sessions import TURNS, open_session, turn_output, turn_reply
+from tests.e2e.tier_requests import cache_report, remove_segments, settle
 
-FLAGS = ("--num-kv-blocks", "128")
+FLAGS = ("--num-kv-blocks", "128", "--host-kv-blocks", "64", "--disk-kv-gb", "1")
 
 
 async def test_a_session_continues_on_a_new_server_with_an_empty_data_dir(tmp_path):
@@ -19,17 +22,29 @@ async def test_a_session_continues_on_a_new_server_with_an_empty_data_dir(tmp_pa
         try:
             reference, session = open_session(first), open_session(first)
             never_restarted = [turn_output(first, reference, ids) for ids in TURNS]
-            assert [turn_output(first, session, ids) for ids in TURNS[:2]] == never_restarted[:2]
+            first_two = [turn_output(first, session, ids) for ids in TURNS[:2]]
+            assert first_two == never_restarted[:2]
+            await asyncio.to_thread(settle, first)  # every block on the first machine's disk
         finally:
             assert await asyncio.to_thread(first.stop) == 0
         assert not (tmp_path / "first" / "sessions").exists()  # nothing in the first machine's files
+        assert first.find("kv_chains_shared")
 
         second = await asyncio.to_thread(start_server, tmp_path / "second", "--nats-url", nats_server.url, *FLAGS)
         try:
             assert [e["bucket"] for e in second.find("session_store_opened") if "bucket" in e]
-            assert turn_output(second, session, TURNS[2]) == never_restarted[2]
+            assert not list((tmp_path / "second" / DEFAULT_DIR).rglob("*.kv"))  # its own disk holds no chain
+            meta, output = turn_reply(second, session, TURNS[2])
+            assert (meta["prompt_tokens"], output) == never_restarted[2]
             assert second.find("sessions_restored")[-1]["sessions"] >= 2
+            # The first two turns came from the first server's chains, through the bucket and this disk.
+            second_turn_blocks = (first_two[1][0] + len(first_two[1][1])) // 16 * 16
+            assert meta["cached_tokens"] >= second_turn_blocks
+            assert second.find("kv_chain_brought")
+            assert cache_report(second)["tiers"]["disk"]["hits"] > 0
         finally:
             await asyncio.to_thread(second.stop)
     finally:
         await nats_server.stop()
+        remove_segments(tmp_path / "first")
+        remove_segments(tmp_path / "second")

@@ -1,0 +1,133 @@
+"""The disk tier's chain files shared through JetStream's object store, for servers on several
+machines: with an external NATS whose JetStream keeps the sessions (`--session-store`), what one
+server's disk tier wrote under the checkpoint's own weights is put in the namespace's object bucket
+as well, and a server on another machine whose disk lacks a chain fetches it from there. A
+session restored on that machine then recomputes nothing its last server's disk held.
+
+An object is a chain file, byte for byte, named `<KV namespace>/<file name>`; its description
+lists the hashes of its blocks (hex, by spaces), so a listing of the bucket says which blocks it
+holds without reading any. The file brought back goes into the local disk tier
+(`DiskStore.adopt`) and is read from there: its blocks are checked as any local file's are. The
+bucket holds at most the disk tier's size (`--disk-kv-gb`); a put that would pass it first deletes
+the objects put longest ago.
+"""
+
+import os
+import secrets
+from collections import OrderedDict
+from pathlib import Path
+
+import structlog
+
+from actors.cache_tier.chain_file import TEMP_SUFFIX
+from kernel.bus import Bus
+from kernel.bus_jetstream import JetStreamError
+from kernel.bus_objects import ObjectBucket, StoredObject
+from kernel.config import KernelConfig
+
+log = structlog.get_logger()
+GET_TIMEOUT_S = 30.0  # for one chain (an 8B model's 256 blocks are 512 MiB)
+
+
+class SharedChains:
+    """The namespace's object bucket of chain files, and what this process knows it holds."""
+
+    def __init__(self, bucket: ObjectBucket, capacity_bytes: int) -> None:
+        self.bucket = bucket
+        self.capacity_bytes = capacity_bytes
+        self._objects: OrderedDict[str, StoredObject] = OrderedDict()  # put longest ago first
+        self._blocks: dict[str, dict[bytes, str]] = {}  # KV namespace -> block hash -> object name
+
+    async def refresh(self) -> None:
+        """Lists the bucket again: what other servers put since counts from now on."""
+        objects = await self.bucket.objects()
+        self._objects = OrderedDict((stored.name, stored) for stored in objects)
+        self._blocks = {}
+        for stored in objects:
+            namespace, _, _ = stored.name.partition("/")
+            blocks = self._blocks.setdefault(namespace, {})
+            for block_hash in stored.description.split():
+                blocks[bytes.fromhex(block_hash)] = stored.name
+
+    @property
+    def objects_held(self) -> int:
+        return len(self._objects)
+
+    def hashes(self, namespace: str) -> list[bytes]:
+        return list(self._blocks.get(namespace, {}))
+
+    def object_holding(self, namespace: str, block_hash: bytes) -> str | None:
+        return self._blocks.get(namespace, {}).get(block_hash)
+
+    def holds_file(self, namespace: str, file_name: str) -> bool:
+        return f"{namespace}/{file_name}" in self._objects
+
+    async def put(self, namespace: str, path: Path, hashes: list[bytes]) -> None:
+        """Puts the chain file at `path`, which holds `hashes`, making room first. Raises
+        `JetStreamError` where the bucket did not take it; a file gone meanwhile (evicted from the
+        disk) is skipped."""
+        name, size = f"{namespace}/{path.name}", path.stat().st_size
+        if name in self._objects or size > self.capacity_bytes:
+            return
+        while self._objects and self._bytes() + size > self.capacity_bytes:
+            oldest = next(iter(self._objects))
+            await self.bucket.delete(oldest)
+            self._forget(oldest)
+        try:
+            await self.bucket.put_file(name, path, " ".join(h.hex() for h in hashes))
+        except FileNotFoundError:
+            return
+        self._objects[name] = StoredObject(name, size, "", 0)  # its description is `hashes`, below
+        blocks = self._blocks.setdefault(namespace, {})
+        for block_hash in hashes:
+            blocks[block_hash] = name
+
+    async def get(self, namespace: str, name: str, directory: Path) -> Path:
+        """Writes object `name` to a temporary file in `directory` and returns its path; raises
+        `JetStreamError` where it did not come back whole (a missing object is forgotten)."""
+        temp = directory / f".shared.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            await self.bucket.get_file(name, temp, GET_TIMEOUT_S)
+        except JetStreamError:
+            temp.unlink(missing_ok=True)
+            self._forget(name)
+            raise
+        return temp
+
+    async def clear(self) -> None:
+        """Deletes every object (an admin's flush of the disk tier)."""
+        await self.bucket.purge()
+        self._objects.clear()
+        self._blocks.clear()
+
+    def _bytes(self) -> int:
+        return sum(stored.size for stored in self._objects.values())
+
+    def _forget(self, name: str) -> None:
+        self._objects.pop(name, None)
+        namespace, _, _ = name.partition("/")
+        blocks = self._blocks.get(namespace, {})
+        for block_hash in [h for h, held_by in blocks.items() if held_by == name]:
+            del blocks[block_hash]
+
+
+async def open_shared_chains(config: KernelConfig, bus: Bus, name: str, capacity_bytes: int) -> SharedChains | None:
+    """The bus namespace's object bucket where the sessions are in JetStream (`--session-store`
+    `jetstream`, or `auto` on an external NATS that has JetStream); None where they are in files.
+    A bucket that cannot be opened (no JetStream, or too little room for `capacity_bytes`) leaves
+    the chains local, with a warning: they are a cache, the sessions' records are not."""
+    store = config.supervision.session_store
+    if store == "files" or capacity_bytes <= 0:
+        return None
+    try:
+        bucket = await bus.object_bucket(name, capacity_bytes)
+    except JetStreamError as exc:
+        log.warning("kv_chains_not_shared", bucket=name, reason=str(exc))
+        return None
+    shared = SharedChains(bucket, capacity_bytes)
+    try:
+        await shared.refresh()
+    except JetStreamError as exc:
+        log.warning("kv_chains_not_listed", bucket=name, reason=str(exc))
+    log.info("kv_chains_shared", bucket=name, objects=shared.objects_held)
+    return shared
