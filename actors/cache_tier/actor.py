@@ -19,15 +19,16 @@ admin's flush (`FlushDisk`) deletes the block files of every namespace, after th
 it and before those after it. With `--disk-kv-gb 0` every request is answered with an Error.
 
 With the sessions in an external NATS's JetStream, the chains are shared with servers on other
-machines through an object bucket (shared_chains.py): each chain file a spill of the checkpoint's
-own namespace wrote is put there too, in a third lane of its own, after the spill's answer, so no
-spill waits for the bucket; a listing names the bucket's blocks as well as the disk's; a fetch
-first brings into the disk the chain files it lacks that the bucket holds. A stop puts what is
-still queued for at most UPLOAD_DRAIN_S.
+machines through an object bucket (shared_chains.py), in a third lane that no request waits for:
+each chain file a spill of the checkpoint's own namespace wrote is put there after the spill's
+answer; a listing lists the bucket again, names its blocks beside the disk's, and queues the pull
+of the chains the disk lacks (after any puts queued). A fetch reads the disk alone. A stop drops
+the pulls and makes the puts still queued for at most PUT_DRAIN_S.
 """
 
 import asyncio
 import threading
+import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,8 +62,8 @@ DEFAULT_DIR = "kv-blocks"
 LANES = {FetchBlocks: ("reads",), ListBlocks: ("reads",), SpillBlocks: ("writes",), FlushDisk: ("reads", "writes")}
 # A stop waits this long for the chains still queued for the shared bucket: within the supervisor's
 # STOP_TIMEOUT_S; what is left is on the local disk, and out of the bucket.
-UPLOAD_DRAIN_S = 8.0
-MAX_QUEUED_UPLOADS = 1024  # chain files; past it a spill's files stay local only
+PUT_DRAIN_S = 8.0
+MAX_QUEUED_PUTS = 1024  # chain files; past it a spill's files stay local only
 
 
 class CacheTierActor(Actor):
@@ -83,19 +84,24 @@ class CacheTierActor(Actor):
         self.shared: SharedChains | None = await open_shared_chains(
             self.config, self.bus, self.subjects.chains_bucket, self.capacity_bytes
         )
-        self._uploads: deque[tuple[str, Path, list[bytes]]] = deque()  # (namespace, chain file, its hashes)
-        self._uploader: asyncio.Task | None = None
+        # The bucket lane's work, puts first: (KV namespace, chain file, its hashes) and
+        # (KV namespace, object name, its bytes, its hashes); the names of the objects queued for a pull.
+        self._puts: deque[tuple[str, Path, list[bytes]]] = deque()
+        self._pulls: deque[tuple[str, str, int, list[bytes]]] = deque()
+        self._pulling: set[str] = set()
+        self._bucket_lane: asyncio.Task | None = None
         await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
         self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
 
     async def stop(self) -> None:
-        if self._uploader is None or self._uploader.done():
+        self._pulls.clear()
+        if self._bucket_lane is None or self._bucket_lane.done():
             return
         try:
-            await asyncio.wait_for(asyncio.shield(self._uploader), UPLOAD_DRAIN_S)
+            await asyncio.wait_for(asyncio.shield(self._bucket_lane), PUT_DRAIN_S)
         except TimeoutError:
-            self.log.warning("kv_chains_not_all_shared", left=len(self._uploads))
-            self._uploader.cancel()
+            self.log.warning("kv_chains_not_all_shared", left=len(self._puts))
+            self._bucket_lane.cancel()
 
     async def _on_request(self, message: CacheTierRequest, reply_to: str | None) -> Error | None:
         """Queues the request in its lanes, in the order requests come; its answer goes to
@@ -122,7 +128,9 @@ class CacheTierActor(Actor):
         if reply_to:
             await self.bus.reply(reply_to, reply)
         if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
-            self._share(message.namespace, reply.stored)
+            self._queue_puts(message.namespace, reply.stored)
+        elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+            self._queue_pulls(message.namespace)
 
     async def _answer(self, message: CacheTierRequest) -> CacheTierReply:
         try:
@@ -141,59 +149,85 @@ class CacheTierActor(Actor):
             return Error("internal", f"{type(exc).__name__}: {exc}", retriable=True)
 
     async def _before_shared(self, message: CacheTierRequest) -> None:
-        """What the shared bucket adds to a request: a listing lists the bucket again, a fetch
-        brings in the chain files it needs, a flush empties the bucket. A bucket that fails leaves
-        the request to the local disk."""
+        """What the shared bucket adds to a request: a listing lists the bucket again, a flush
+        empties it. A bucket that fails leaves the request to the local disk."""
         try:
             match message:
                 case ListBlocks():
                     await self.shared.refresh()
-                case FetchBlocks():
-                    await self._bring_shared(message)
                 case FlushDisk():
+                    self._pulls.clear()
                     await self.shared.clear()
         except JetStreamError as exc:
             self.log.warning("kv_chains_bucket_failed", request=type(message).__name__, error=str(exc))
 
-    async def _bring_shared(self, message: FetchBlocks) -> None:
-        """The chain files that continue the fetched chain past what the disk holds, from the
-        shared bucket into the disk, one after the other, for the fetch to read as its own."""
-        _, store = await asyncio.to_thread(self._open, message)
-        tried: set[str] = set()
-        while (held := store.held_prefix(message.hashes)) < len(message.hashes):
-            name = self.shared.object_holding(message.namespace, message.hashes[held])
-            if name is None or name in tried:
-                return
-            tried.add(name)
-            temp = await self.shared.get(message.namespace, name, store.directory)
-            if not await asyncio.to_thread(store.adopt, temp):
-                return
-            self.log.info("kv_chain_brought", object=name)
-
-    def _share(self, namespace: str, stored: list[bytes]) -> None:
-        """Queues the chain files holding the blocks a spill stored for the shared bucket."""
+    def _queue_puts(self, namespace: str, stored: list[bytes]) -> None:
+        """Queues the chain files holding the blocks a spill stored, for the bucket."""
         store = self.stores.get(namespace)
         if self.shared is None or store is None or not stored:
             return
         for name, hashes in store.files_of(stored).items():
             if self.shared.holds_file(namespace, name):
                 continue
-            if len(self._uploads) >= MAX_QUEUED_UPLOADS:
-                self.log.warning("kv_chains_upload_queue_full", queued=len(self._uploads))
-                return
-            self._uploads.append((namespace, store.directory / name, hashes))
-        if self._uploads and (self._uploader is None or self._uploader.done()):
-            # Not `spawn`: a stop cancels spawned tasks first, and this one it lets finish (stop()).
-            self._uploader = asyncio.create_task(self._upload_queued(), name="kv_chains_upload")
+            if len(self._puts) >= MAX_QUEUED_PUTS:
+                self.log.warning("kv_chains_put_queue_full", queued=len(self._puts))
+                break
+            self._puts.append((namespace, store.directory / name, hashes))
+        self._run_bucket_lane()
 
-    async def _upload_queued(self) -> None:
-        while self._uploads:
-            namespace, path, hashes = self._uploads[0]
-            try:
-                await self.shared.put(namespace, path, hashes)
-            except (JetStreamError, OSError) as exc:  # JetStream away or full, the file unreadable: it stays local
-                self.log.warning("kv_chain_not_shared", file=path.name, error=str(exc))
-            self._uploads.popleft()
+    def _queue_pulls(self, namespace: str) -> None:
+        """Queues the bucket's chains of the namespace that the disk lacks, latest put first, as
+        many as the disk has room for."""
+        store = self.stores.get(namespace)
+        if self.shared is None or store is None:
+            return
+        room = self.capacity_bytes - store.stats().bytes
+        for name, size, hashes in self.shared.newest_first(namespace):
+            if name in self._pulling or store.held_prefix(hashes) == len(hashes):
+                continue
+            if size > room:
+                break
+            room -= size
+            self._pulls.append((namespace, name, size, hashes))
+            self._pulling.add(name)
+        self._run_bucket_lane()
+
+    def _run_bucket_lane(self) -> None:
+        if (self._puts or self._pulls) and (self._bucket_lane is None or self._bucket_lane.done()):
+            # Not `spawn`: a stop cancels spawned tasks first, and lets this one finish its puts.
+            self._bucket_lane = asyncio.create_task(self._bucket_work(), name="kv_chains_bucket")
+
+    async def _bucket_work(self) -> None:
+        pulled, pulled_bytes, started = 0, 0, time.monotonic()
+        while self._puts or self._pulls:
+            if self._puts:
+                await self._put(*self._puts.popleft())
+                continue
+            namespace, name, size, hashes = self._pulls.popleft()
+            self._pulling.discard(name)
+            if await self._pull(namespace, name, hashes):
+                pulled, pulled_bytes = pulled + 1, pulled_bytes + size
+        if pulled:
+            seconds = time.monotonic() - started
+            self.log.info("kv_chains_pulled", chains=pulled, bytes=pulled_bytes, seconds=round(seconds, 3))
+
+    async def _put(self, namespace: str, path: Path, hashes: list[bytes]) -> None:
+        try:
+            await self.shared.put(namespace, path, hashes)
+        except (JetStreamError, OSError) as exc:  # JetStream away or full, the file unreadable: it stays local
+            self.log.warning("kv_chain_not_shared", file=path.name, error=str(exc))
+
+    async def _pull(self, namespace: str, name: str, hashes: list[bytes]) -> bool:
+        """Brings one chain from the bucket into the disk, unless the disk has it by now."""
+        store = self.stores.get(namespace)
+        if store is None or store.held_prefix(hashes) == len(hashes):
+            return False
+        try:
+            temp = await self.shared.get(name, store.directory)
+            return await asyncio.to_thread(store.adopt, temp)
+        except (JetStreamError, OSError) as exc:  # the object gone or damaged, JetStream away: recomputed
+            self.log.warning("kv_chain_not_pulled", object=name, error=str(exc))
+            return False
 
     def _open(self, message: SpillBlocks | FetchBlocks | ListBlocks):
         """The host segment's slots and the namespace's store, for a request."""

@@ -57,8 +57,8 @@ class DiskStore:
     files nearer a prompt's start are refreshed last, so a chain's tail is deleted before its head
     (a tail without its head is never found, the head alone still is).
 
-    A read and a put may run at once, on two threads (the actor's lanes): the index is touched
-    under a lock, the files' reads and writes outside it. A file a put evicts while a read has it
+    A read, a put and an adopt may run at once, on three threads (the actor's lanes): the index is
+    touched under a lock, the files' reads and writes outside it. A file a put evicts while a read has it
     open is still read whole (its data lives until closed); one it evicts before the read opens it
     is a miss, as one another process deleted is: several processes may share a directory (writes
     are atomic renames), each with its own index. One read and one put at a time, at most: the

@@ -1,8 +1,11 @@
 """The disk tier's chain files shared through JetStream's object store, for servers on several
 machines: with an external NATS whose JetStream keeps the sessions (`--session-store`), what one
 server's disk tier wrote under the checkpoint's own weights is put in the namespace's object bucket
-as well, and a server on another machine whose disk lacks a chain fetches it from there. A
-session restored on that machine then recomputes nothing its last server's disk held.
+as well, and a server on another machine, when its scheduler first lists what the disk holds,
+pulls the chains its disk lacks from there, in the background, newest first. A session restored
+on that machine then recomputes nothing its last server's disk held, once the pull has brought it.
+No prompt waits for the bucket: a fetch reads the local disk only, so a chain not pulled yet is
+recomputed, as it would be without the bucket.
 
 An object is a chain file, byte for byte, named `<KV namespace>/<file name>`; its description
 lists the hashes of its blocks (hex, by spaces), so a listing of the bucket says which blocks it
@@ -36,28 +39,26 @@ class SharedChains:
         self.bucket = bucket
         self.capacity_bytes = capacity_bytes
         self._objects: OrderedDict[str, StoredObject] = OrderedDict()  # put longest ago first
-        self._blocks: dict[str, dict[bytes, str]] = {}  # KV namespace -> block hash -> object name
+        self._hashes: dict[str, list[bytes]] = {}  # object name -> its blocks' hashes
 
     async def refresh(self) -> None:
         """Lists the bucket again: what other servers put since counts from now on."""
         objects = await self.bucket.objects()
         self._objects = OrderedDict((stored.name, stored) for stored in objects)
-        self._blocks = {}
-        for stored in objects:
-            namespace, _, _ = stored.name.partition("/")
-            blocks = self._blocks.setdefault(namespace, {})
-            for block_hash in stored.description.split():
-                blocks[bytes.fromhex(block_hash)] = stored.name
+        self._hashes = {stored.name: [bytes.fromhex(h) for h in stored.description.split()] for stored in objects}
 
     @property
     def objects_held(self) -> int:
         return len(self._objects)
 
     def hashes(self, namespace: str) -> list[bytes]:
-        return list(self._blocks.get(namespace, {}))
+        """Every block the bucket holds in the KV namespace."""
+        return [h for name in self._objects if _namespace(name) == namespace for h in self._hashes[name]]
 
-    def object_holding(self, namespace: str, block_hash: bytes) -> str | None:
-        return self._blocks.get(namespace, {}).get(block_hash)
+    def newest_first(self, namespace: str) -> list[tuple[str, int, list[bytes]]]:
+        """(name, size, its blocks' hashes) of each object of the KV namespace, put latest first."""
+        names = [name for name in reversed(self._objects) if _namespace(name) == namespace]
+        return [(name, self._objects[name].size, self._hashes[name]) for name in names]
 
     def holds_file(self, namespace: str, file_name: str) -> bool:
         return f"{namespace}/{file_name}" in self._objects
@@ -66,10 +67,14 @@ class SharedChains:
         """Puts the chain file at `path`, which holds `hashes`, making room first. Raises
         `JetStreamError` where the bucket did not take it; a file gone meanwhile (evicted from the
         disk) is skipped."""
-        name, size = f"{namespace}/{path.name}", path.stat().st_size
+        name = f"{namespace}/{path.name}"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return
         if name in self._objects or size > self.capacity_bytes:
             return
-        while self._objects and self._bytes() + size > self.capacity_bytes:
+        while self._objects and sum(o.size for o in self._objects.values()) + size > self.capacity_bytes:
             oldest = next(iter(self._objects))
             await self.bucket.delete(oldest)
             self._forget(oldest)
@@ -77,14 +82,12 @@ class SharedChains:
             await self.bucket.put_file(name, path, " ".join(h.hex() for h in hashes))
         except FileNotFoundError:
             return
-        self._objects[name] = StoredObject(name, size, "", 0)  # its description is `hashes`, below
-        blocks = self._blocks.setdefault(namespace, {})
-        for block_hash in hashes:
-            blocks[block_hash] = name
+        self._objects[name] = StoredObject(name, size, "", 0)  # its description is `hashes`
+        self._hashes[name] = list(hashes)
 
-    async def get(self, namespace: str, name: str, directory: Path) -> Path:
+    async def get(self, name: str, directory: Path) -> Path:
         """Writes object `name` to a temporary file in `directory` and returns its path; raises
-        `JetStreamError` where it did not come back whole (a missing object is forgotten)."""
+        `JetStreamError` where it did not come back whole (and forgets the object)."""
         temp = directory / f".shared.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
         try:
             await self.bucket.get_file(name, temp, GET_TIMEOUT_S)
@@ -98,17 +101,15 @@ class SharedChains:
         """Deletes every object (an admin's flush of the disk tier)."""
         await self.bucket.purge()
         self._objects.clear()
-        self._blocks.clear()
-
-    def _bytes(self) -> int:
-        return sum(stored.size for stored in self._objects.values())
+        self._hashes.clear()
 
     def _forget(self, name: str) -> None:
         self._objects.pop(name, None)
-        namespace, _, _ = name.partition("/")
-        blocks = self._blocks.get(namespace, {})
-        for block_hash in [h for h, held_by in blocks.items() if held_by == name]:
-            del blocks[block_hash]
+        self._hashes.pop(name, None)
+
+
+def _namespace(name: str) -> str:
+    return name.partition("/")[0]
 
 
 async def open_shared_chains(config: KernelConfig, bus: Bus, name: str, capacity_bytes: int) -> SharedChains | None:

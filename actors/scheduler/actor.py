@@ -121,6 +121,9 @@ class SchedulerActor(Actor):
         )
         # Announce ourselves even with nothing to run: the executor drops what an earlier scheduler started.
         await self._send(self.batcher.schedule())
+        # The disk tier lists what it holds now, not at the first request: a listing has the cache_tier
+        # pull the chains a server on another machine left in the shared bucket (cache_tier/actor.py).
+        self.disk_link.send()
 
     async def _on_request(
         self, message: SchedulerRequest | SessionRequest, reply_to: str | None

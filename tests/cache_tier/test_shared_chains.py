@@ -30,13 +30,10 @@ async def put_all(chains: SharedChains, store: DiskStore, hashes: list[bytes]) -
         await chains.put(NS, store.directory / name, held)
 
 
-async def bring(chains: SharedChains, store: DiskStore, hashes: list[bytes]) -> None:
-    """What the cache_tier does before a fetch: the objects that continue the chain, into the disk."""
-    while (held := store.held_prefix(hashes)) < len(hashes):
-        name = chains.object_holding(NS, hashes[held])
-        if name is None:
-            return
-        assert store.adopt(await chains.get(NS, name, store.directory))
+async def bring(chains: SharedChains, store: DiskStore) -> None:
+    """What the cache_tier's pull does: every object of the namespace, latest first, into the disk."""
+    for name, _, _ in chains.newest_first(NS):
+        assert store.adopt(await chains.get(name, store.directory))
 
 
 async def test_a_chain_written_on_one_machine_reads_back_on_another(buses, tmp_path):
@@ -49,7 +46,7 @@ async def test_a_chain_written_on_one_machine_reads_back_on_another(buses, tmp_p
     there = DiskStore(tmp_path / "there", NS, BLOCK_BYTES, GIB)
     elsewhere = await shared(buses[1])  # another server, listing the bucket at its start
     assert sorted(elsewhere.hashes(NS)) == sorted(chain.hashes)
-    await bring(elsewhere, there, chain.hashes)
+    await bring(elsewhere, there)
     assert chain.read(there) == 12
     assert DiskStore(tmp_path / "there", NS, BLOCK_BYTES, GIB).held_prefix(chain.hashes) == 12  # files, kept
 
@@ -66,7 +63,7 @@ async def test_a_damaged_copy_is_a_shorter_hit_never_wrong_bytes(buses, tmp_path
     await chains.put(NS, tmp_path / name, chain.hashes)  # damaged before it went in
 
     there = DiskStore(tmp_path / "there", NS, BLOCK_BYTES, GIB)
-    await bring(await shared(buses[1]), there, chain.hashes)
+    await bring(await shared(buses[1]), there)
     assert chain.read(there) == 4
     assert there.stats().corrupt == 1
 

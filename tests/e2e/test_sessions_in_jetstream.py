@@ -29,18 +29,20 @@ async def test_a_session_continues_on_a_new_server_with_an_empty_data_dir(tmp_pa
             assert await asyncio.to_thread(first.stop) == 0
         assert not (tmp_path / "first" / "sessions").exists()  # nothing in the first machine's files
         assert first.find("kv_chains_shared")
+        assert not (tmp_path / "second").exists()  # another machine's empty data dir
 
         second = await asyncio.to_thread(start_server, tmp_path / "second", "--nats-url", nats_server.url, *FLAGS)
         try:
             assert [e["bucket"] for e in second.find("session_store_opened") if "bucket" in e]
-            assert not list((tmp_path / "second" / DEFAULT_DIR).rglob("*.kv"))  # its own disk holds no chain
+            # Pulled in the background once the scheduler listed the disk, at its start.
+            await asyncio.to_thread(second.wait_for, "kv_chains_pulled", 60)
+            assert list((tmp_path / "second" / DEFAULT_DIR).rglob("*.kv"))
             meta, output = turn_reply(second, session, TURNS[2])
             assert (meta["prompt_tokens"], output) == never_restarted[2]
             assert second.find("sessions_restored")[-1]["sessions"] >= 2
-            # The first two turns came from the first server's chains, through the bucket and this disk.
+            # The first two turns came from the first server's chains, pulled into this disk.
             second_turn_blocks = (first_two[1][0] + len(first_two[1][1])) // 16 * 16
             assert meta["cached_tokens"] >= second_turn_blocks
-            assert second.find("kv_chain_brought")
             assert cache_report(second)["tiers"]["disk"]["hits"] > 0
         finally:
             await asyncio.to_thread(second.stop)
