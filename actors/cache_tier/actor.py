@@ -198,24 +198,32 @@ class CacheTierActor(Actor):
             self._bucket_lane = asyncio.create_task(self._bucket_work(), name="kv_chains_bucket")
 
     async def _bucket_work(self) -> None:
-        pulled, pulled_bytes, started = 0, 0, time.monotonic()
+        """Puts, then pulls, until both queues are empty; logs what moved (`kv_chains_put`,
+        `kv_chains_pulled`: chains, bytes and the seconds the lane took)."""
+        moved = {"put": [0, 0], "pulled": [0, 0]}  # chains, bytes
+        started = time.monotonic()
         while self._puts or self._pulls:
             if self._puts:
-                await self._put(*self._puts.popleft())
+                namespace, path, hashes = self._puts.popleft()
+                if (size := await self._put(namespace, path, hashes)) is not None:
+                    moved["put"] = [moved["put"][0] + 1, moved["put"][1] + size]
                 continue
             namespace, name, size, hashes = self._pulls.popleft()
             self._pulling.discard(name)
             if await self._pull(namespace, name, hashes):
-                pulled, pulled_bytes = pulled + 1, pulled_bytes + size
-        if pulled:
-            seconds = time.monotonic() - started
-            self.log.info("kv_chains_pulled", chains=pulled, bytes=pulled_bytes, seconds=round(seconds, 3))
+                moved["pulled"] = [moved["pulled"][0] + 1, moved["pulled"][1] + size]
+        seconds = round(time.monotonic() - started, 3)
+        for what, (chains, size) in moved.items():
+            if chains:
+                self.log.info(f"kv_chains_{what}", chains=chains, bytes=size, seconds=seconds)
 
-    async def _put(self, namespace: str, path: Path, hashes: list[bytes]) -> None:
+    async def _put(self, namespace: str, path: Path, hashes: list[bytes]) -> int | None:
+        """Puts one chain file in the bucket; its size, or None if it was not put now."""
         try:
-            await self.shared.put(namespace, path, hashes)
+            return await self.shared.put(namespace, path, hashes)
         except (JetStreamError, OSError) as exc:  # JetStream away or full, the file unreadable: it stays local
             self.log.warning("kv_chain_not_shared", file=path.name, error=str(exc))
+            return None
 
     async def _pull(self, namespace: str, name: str, hashes: list[bytes]) -> bool:
         """Brings one chain from the bucket into the disk, unless the disk has it by now."""

@@ -63,17 +63,17 @@ class SharedChains:
     def holds_file(self, namespace: str, file_name: str) -> bool:
         return f"{namespace}/{file_name}" in self._objects
 
-    async def put(self, namespace: str, path: Path, hashes: list[bytes]) -> None:
-        """Puts the chain file at `path`, which holds `hashes`, making room first. Raises
-        `JetStreamError` where the bucket did not take it; a file gone meanwhile (evicted from the
-        disk) is skipped."""
+    async def put(self, namespace: str, path: Path, hashes: list[bytes]) -> int | None:
+        """Puts the chain file at `path`, which holds `hashes`, making room first; returns its
+        size, or None where it was not put: in the bucket already, larger than it, or gone from the
+        disk meanwhile (evicted). Raises `JetStreamError` where the bucket did not take it."""
         name = f"{namespace}/{path.name}"
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            return
+            return None
         if name in self._objects or size > self.capacity_bytes:
-            return
+            return None
         while self._objects and sum(o.size for o in self._objects.values()) + size > self.capacity_bytes:
             oldest = next(iter(self._objects))
             await self.bucket.delete(oldest)
@@ -81,9 +81,10 @@ class SharedChains:
         try:
             await self.bucket.put_file(name, path, " ".join(h.hex() for h in hashes))
         except FileNotFoundError:
-            return
+            return None
         self._objects[name] = StoredObject(name, size, "", 0)  # its description is `hashes`
         self._hashes[name] = list(hashes)
+        return size
 
     async def get(self, name: str, directory: Path) -> Path:
         """Writes object `name` to a temporary file in `directory` and returns its path; raises

@@ -18,10 +18,27 @@ from gpu.config import ModelConfig
 from gpu.model import CausalLM
 from gpu.model_builder import save_tokenizer
 from gpu.tokenizer_builder import train_tokenizer
+from gpu.weights import random_model
+from ops.bench.shapes import SHAPES
 
 SHARD_BYTES = 4 << 30
 TRAINED_VOCAB = 1024  # what the tokenizer corpus yields comfortably; the rest of the ids are filler
 MARKER = ".bench-checkpoint.json"
+
+
+def random_checkpoint(out: Path, model: str, device: torch.device, dtype: torch.dtype) -> Path:
+    """A checkpoint of `model`'s shape (ops/bench/shapes.py) with random weights (seed 0) in `out`,
+    written unless it is there already."""
+    identity = {"model": model, "seed": 0, "dtype": str(dtype).removeprefix("torch.")}
+    marker = out / MARKER
+    if not (marker.is_file() and json.loads(marker.read_text()) == identity):
+        raw = SHAPES[model]
+        weights = random_model(ModelConfig.from_dict(raw), device, dtype, seed=0)
+        write_checkpoint(weights, raw, out, identity)
+        del weights
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
 
 
 def write_checkpoint(model: CausalLM, raw_config: dict, out: Path, identity: dict) -> float:

@@ -37,9 +37,7 @@ import aiohttp
 import numpy as np
 import torch
 
-from gpu.config import ModelConfig
-from gpu.weights import random_model
-from ops.bench.checkpoint import write_checkpoint
+from ops.bench.checkpoint import random_checkpoint
 from ops.bench.load import drop_from_page_cache
 from ops.bench.records import KvTierFigures, Row
 from ops.bench.report import Report, run_identity
@@ -181,13 +179,7 @@ def run(args) -> Report:
     vocab = raw["vocab_size"]
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="kv-tiers-"))
-    checkpoint = work / f"model-{args.model}"
-    if not (checkpoint / "config.json").exists():
-        model = random_model(ModelConfig.from_dict(raw), device, getattr(torch, dtype), seed=0)
-        write_checkpoint(model, raw, checkpoint, {"model": args.model, "seed": 0, "dtype": dtype})
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    checkpoint = random_checkpoint(work / f"model-{args.model}", args.model, device, getattr(torch, dtype))
     base = ["--device", device.type, "--dtype", dtype, "--num-kv-blocks", str(args.kv_blocks)]
     base += ["--max-num-seqs", "64", "--incremental-streaming-output"]
     tiers = ["--host-kv-blocks", str(args.host_blocks), "--disk-kv-gb", str(args.disk_gb)]

@@ -226,6 +226,22 @@ class RunIdentity(msgspec.Struct):
     software: dict[str, str]
 
 
+class KvSharedChainFigures(msgspec.Struct, kw_only=True):
+    """A session's KV moving to another machine through JetStream's object store
+    (`python -m ops.bench.kv_shared_chains`): two servers on one external NATS, each with its own
+    data dir and disk tier."""
+
+    prompt_tokens: int
+    moved_ttft_s: float  # the prompt again, on the second server, once its chains were pulled
+    recompute_ttft_s: float  # a prompt as long never seen, on the second server
+    disk_hit_blocks: int  # the second server's disk tier's hits
+    pulled_bytes: int  # the second server's pull from the bucket into its disk
+    pull_s: float
+    put_bytes: int  # the first server's puts, as its bucket lane logged them
+    put_s: float
+    puts_done_after_s: float  # from the first server's disk tier settling to the bucket holding the prompt
+
+
 class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     """Per workload, those the run measured (the rest are left out of the JSON); `d_hf` is the key
     `d-hf`, and so on. In the order a run fills them."""
@@ -249,3 +265,4 @@ class Details(msgspec.Struct, omit_defaults=True, rename="kebab"):
     sleep_wake: SleepWakeFigures | None = None
     kv_tier_copy: KvTierCopyFigures | None = None
     kv_tiers: KvTierFigures | None = None
+    kv_shared_chains: KvSharedChainFigures | None = None
