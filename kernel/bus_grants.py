@@ -56,7 +56,7 @@ def key_value_bucket(bucket: str) -> list[str]:
 def object_bucket(bucket: str) -> list[str]:
     """What a user publishes to use one JetStream object bucket, and no other stream: bind or make
     it, put objects (chunks and meta messages, each acknowledged to the user's inbox), read them
-    (an ordered consumer), list them from the stream's books, delete or purge them."""
+    (a pull consumer), list them from the stream's books, delete or purge them."""
     stream = f"OBJ_{bucket}"
     return [
         f"$JS.API.STREAM.INFO.{stream}",
@@ -68,6 +68,7 @@ def object_bucket(bucket: str) -> list[str]:
         f"$JS.API.CONSUMER.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.>",
         f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
         f"$JS.FC.{stream}.>",
         f"$O.{bucket}.>",
     ]
