@@ -253,13 +253,13 @@ class CacheTierActor(Actor):
                 stored = []
                 for start, stop in chain_runs(hashes, parents):  # one file (one fsync) per run
                     run = hashes[start:stop]
-                    blocks = [memoryview(slots[slot].numpy()) for slot in taken[start:stop]]
+                    blocks = [memoryview(slots[slot]) for slot in taken[start:stop]]
                     store.put(run, tokens[start * block_size : stop * block_size], blocks, parents[start])
                     stored += [h for h in run if store.holds(h)]
                 return BlocksSpilled(stored, self._figures(store))
             case FetchBlocks(slots=taken, hashes=hashes):
                 on_disk = store.longest_prefix(hashes)
-                out = [memoryview(slots[slot].numpy()) for slot in taken[:on_disk]]
+                out = [memoryview(slots[slot]) for slot in taken[:on_disk]]
                 read = store.read(hashes[:on_disk], out, self.readers) if on_disk else 0
                 return BlocksFetched(read, self._figures(store))
             case ListBlocks():

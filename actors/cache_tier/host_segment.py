@@ -15,7 +15,7 @@ import re
 import struct
 from pathlib import Path
 
-import torch
+import numpy as np
 
 SHM_DIR = Path("/dev/shm")
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a file of SHM_DIR, never hidden: building ones are
@@ -49,7 +49,7 @@ class HostSegment:
         self.num_slots, self.slot_bytes, self.slot_stride, self._table_offset, self._slots_offset = geometry
         if len(mapping) < self._slots_offset + self.num_slots * self.slot_stride:
             raise ValueError(f"name: /dev/shm/{name} is shorter than its header says (truncated)")
-        self._slots: torch.Tensor | None = None
+        self._slots: np.ndarray | None = None
 
     @classmethod
     def create(cls, name: str, num_slots: int, slot_bytes: int) -> "HostSegment":
@@ -111,19 +111,19 @@ class HostSegment:
             raise FileNotFoundError(f"name: no host segment /dev/shm/{name}")
         return segment
 
-    def slots(self) -> torch.Tensor:
+    def slots(self) -> np.ndarray:
         """uint8 [num_slots, slot_bytes], a view of the segment (row stride `slot_stride`): writes land
-        in the shared memory. The mapping lives as long as any tensor taken from it."""
+        in the shared memory. The mapping lives as long as any array taken from it. NumPy, not torch:
+        the cache_tier, which only reads and writes bytes, starts without importing torch; the
+        executor wraps it (`torch.from_numpy`, no copy)."""
         if self._map is None:
             raise ValueError(f"host segment {self.name} is closed")
         if self._slots is None:
-            # Through a memoryview, which the tensor keeps: while one lives the mmap refuses to close,
-            # so no tensor ever points at unmapped memory.
+            # Through a memoryview, which the array keeps: while one lives the mmap refuses to close,
+            # so no array ever points at unmapped memory.
             size = self.num_slots * self.slot_stride
-            region = torch.frombuffer(
-                memoryview(self._map)[self._slots_offset : self._slots_offset + size], dtype=torch.uint8
-            )
-            self._slots = region.view(self.num_slots, self.slot_stride)[:, : self.slot_bytes]
+            region = np.frombuffer(memoryview(self._map)[self._slots_offset : self._slots_offset + size], np.uint8)
+            self._slots = region.reshape(self.num_slots, self.slot_stride)[:, : self.slot_bytes]
         return self._slots
 
     def record(self, slot: int, block_hash: bytes | None) -> None:
@@ -150,7 +150,7 @@ class HostSegment:
         return {slot: h for slot, (h, held) in enumerate(ENTRY.iter_unpack(table)) if held}
 
     def close(self) -> None:
-        """Unmaps the segment from this process (it stays in /dev/shm). Tensors still held from
+        """Unmaps the segment from this process (it stays in /dev/shm). Arrays still held from
         `slots()` keep the mapping until the last of them goes."""
         self._slots = None
         mapping, self._map = self._map, None
@@ -158,7 +158,7 @@ class HostSegment:
             try:
                 mapping.close()
             except BufferError:
-                pass  # exported to live slots() tensors: unmapped when they are freed
+                pass  # exported to live slots() arrays: unmapped when they are freed
 
     def unlink(self) -> None:
         """Removes the segment's name; processes that have it mapped keep their mapping."""

@@ -15,6 +15,8 @@ import hashlib
 import os
 from typing import NamedTuple
 
+import torch
+
 from actors.cache_tier.host_segment import HostSegment
 from actors.executor.running_batch import KVMove
 from gpu.kv_cache import KVCache
@@ -58,7 +60,7 @@ class KVMoves:
         layer = kv.layers[0]  # [num_blocks + 1, 2, block_size, kv_heads, head_dim]
         slot_bytes = len(kv.layers) * layer[0].numel() * layer.element_size()
         self.segment = HostSegment.create(f"{segment_prefix(data_dir)}{slot_bytes}", host_slots, slot_bytes)
-        self.transfer = KVTransfer(kv, self.segment.slots())
+        self.transfer = KVTransfer(kv, torch.from_numpy(self.segment.slots()))
 
     def apply(self, moves: list[KVMove]) -> None:
         """Makes `moves` in order; consecutive copies go to the pool together."""

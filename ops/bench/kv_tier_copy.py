@@ -81,7 +81,7 @@ def host_slots(args, block_bytes: int, device: torch.device) -> tuple[torch.Tens
         pinned = device.type == "cuda"
         return torch.empty(args.host_slots, block_bytes, dtype=torch.uint8, pin_memory=pinned), None
     segment = HostSegment.create(f"kv-tier-copy-{os.getpid()}", args.host_slots, block_bytes)
-    return segment.slots(), segment
+    return torch.from_numpy(segment.slots()), segment
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ def spill(segment: HostSegment, slots: list[int], first_token: int) -> SpillBloc
     tokens = list(range(first_token, first_token + BLOCK_SIZE * len(slots)))
     hashes = extend_hashes(root_hash(NAMESPACE), tokens, BLOCK_SIZE)
     for slot in slots:
-        segment.slots()[slot].fill_(slot + 1)
+        segment.slots()[slot].fill(slot + 1)
     return SpillBlocks(segment.name, NAMESPACE, slots, hashes, [None, *hashes[:-1]], tokens)
 
 
@@ -94,7 +94,7 @@ async def test_a_fetch_is_answered_while_a_spill_is_being_written(cache_tier, mo
     await asyncio.sleep(0.1)  # the spill is being written
     fetched, fetched_at = await ask(bus, FetchBlocks(segment.name, NAMESPACE, [4, 5], stored.hashes))
     assert fetched == BlocksFetched(2, fetched.figures)
-    assert segment.slots()[4].eq(1).all() and segment.slots()[5].eq(2).all()
+    assert (segment.slots()[4] == 1).all() and (segment.slots()[5] == 2).all()
     spilled, spilled_at = await writing
     assert isinstance(spilled, BlocksSpilled) and len(spilled.stored) == 2
     assert fetched_at - started < SLOW_WRITE_S <= spilled_at - started

@@ -33,6 +33,11 @@ def blocks_of(kv: KVCache, blocks: list[int]) -> list[torch.Tensor]:
     return [layer[blocks].cpu() for layer in kv.layers]  # each [len(blocks), 2, block_size, heads, head_dim]
 
 
+def slots_of(segment: HostSegment) -> torch.Tensor:
+    """The segment's slots as the executor takes them."""
+    return torch.from_numpy(segment.slots())
+
+
 @pytest.fixture
 def segment():
     name = f"test-kv-transfer-{uuid.uuid4().hex[:12]}"
@@ -80,9 +85,9 @@ def test_a_slot_holds_every_layer_of_its_block_contiguously():
 def test_blocks_go_through_a_shared_memory_segment_to_another_pool(segment):
     kv = filled_pool("cpu", torch.bfloat16)
     host = segment(8, block_bytes(kv))
-    KVTransfer(kv, host.slots()).save([5, 30, 12], [7, 1, 4]).wait()
+    KVTransfer(kv, slots_of(host)).save([5, 30, 12], [7, 1, 4]).wait()
     other = KVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM, torch.bfloat16, "cpu")  # another executor's
-    KVTransfer(other, HostSegment.attach(host.name).slots()).load([7, 1, 4], [0, 1, 2])
+    KVTransfer(other, slots_of(HostSegment.attach(host.name))).load([7, 1, 4], [0, 1, 2])
     for before, after in zip(blocks_of(kv, [5, 30, 12]), blocks_of(other, [0, 1, 2])):
         assert torch.equal(before, after)
 
@@ -155,7 +160,7 @@ def test_on_cuda_a_load_is_done_once_it_has_read_its_slots_which_may_then_be_ref
     kv = filled_pool("cuda", torch.bfloat16)
     monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # the save: 4 blocks a half, in turn
     # The step before the load, which the load waits for.
-    refill_after_the_load(kv, segment(16, block_bytes(kv)).slots(), step=lambda: torch.cuda._sleep(50_000_000))
+    refill_after_the_load(kv, slots_of(segment(16, block_bytes(kv))), step=lambda: torch.cuda._sleep(50_000_000))
 
 
 @pytest.mark.gpu
@@ -164,12 +169,12 @@ def test_on_cuda_scattered_blocks_come_back_the_same_through_a_segment(segment, 
     kv = filled_pool("cuda", torch.bfloat16)
     monkeypatch.setattr("gpu.kv_transfer.STAGING_BYTES", 8 * block_bytes(kv))  # 4 blocks a staging half
     host = segment(BLOCKS, block_bytes(kv))
-    transfer = KVTransfer(kv, host.slots())
+    transfer = KVTransfer(kv, slots_of(host))
     sources = torch.randperm(BLOCKS)[:18].tolist()
     slots = [3, 4, 5, 6, 0, 1, 2, *range(20, 31)]  # runs of consecutive slots and scattered ones
     targets = [b for b in torch.randperm(BLOCKS).tolist() if b not in sources][:18]
     round_trip(kv, transfer, sources, slots, targets)
-    held = host.slots()[slots[0]].view(torch.bfloat16).view(LAYERS, 2, BLOCK_SIZE, HEADS, HEAD_DIM)
+    held = slots_of(host)[slots[0]].view(torch.bfloat16).view(LAYERS, 2, BLOCK_SIZE, HEADS, HEAD_DIM)
     assert all(torch.equal(held[i], kv.layers[i][sources[0]].cpu()) for i in range(LAYERS))
     transfer.close()
 
@@ -179,7 +184,7 @@ def test_on_cuda_scattered_blocks_come_back_the_same_through_a_segment(segment, 
 def test_on_cuda_a_save_sees_the_work_queued_before_it_and_the_next_step_sees_a_load(segment):
     kv = filled_pool("cuda", torch.bfloat16, num_blocks=256)
     host = segment(256, block_bytes(kv))
-    transfer = KVTransfer(kv, host.slots())
+    transfer = KVTransfer(kv, slots_of(host))
     blocks, targets = list(range(0, 256, 2)), list(range(1, 256, 2))
     # Indices on the device beforehand: a list index would copy from pageable memory, and wait.
     target_index = torch.tensor(targets, device="cuda")
@@ -193,8 +198,8 @@ def test_on_cuda_a_save_sees_the_work_queued_before_it_and_the_next_step_sees_a_
     saved = transfer.save(blocks, list(range(128)))
     assert not saved.done()  # queued behind the sleep; the host did not wait
     saved.wait()
-    assert host.slots()[:128].view(torch.bfloat16).eq(7.0).all()
-    host.slots()[128:].view(torch.bfloat16).fill_(3.0)
+    assert slots_of(host)[:128].view(torch.bfloat16).eq(7.0).all()
+    slots_of(host)[128:].view(torch.bfloat16).fill_(3.0)
     torch.cuda._sleep(50_000_000)  # the step before: the load's writes wait for it, then the next step for them
     transfer.load(list(range(128, 256)), targets)
     seen = []
@@ -223,7 +228,7 @@ def test_on_cuda_a_prompt_over_loaded_blocks_attends_over_each_layer_once_landed
         build_tiny_model("llama"), device="cuda", num_kv_blocks=64, block_size=16, cuda_graphs=cuda_graphs
     )
     kv = runner.kv
-    transfer = KVTransfer(kv, segment(8, kv.block_bytes).slots())
+    transfer = KVTransfer(kv, slots_of(segment(8, kv.block_bytes)))
     prefix = [(7 * i) % 200 + 3 for i in range(64)]  # four blocks
     tails = [[11, 12, 13], [14], [15, 16], [17, 18, 19, 20]]
     runner.step([SequenceInput(prefix, 0, [0, 1, 2, 3], sample=True)])
