@@ -81,8 +81,8 @@ class ObjectBucket:
                 description=description,
                 options=api.ObjectMetaOptions(max_chunk_size=chunk_bytes),
             )
-            meta = f"$O.{self.name}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
-            await self._js.publish(meta, json.dumps(info.as_dict()).encode(), headers={"Nats-Rollup": "sub"})
+            meta = json.dumps(info.as_dict()).encode()
+            await self._js.publish(self._meta_subject(name), meta, headers={"Nats-Rollup": "sub"})
         except (nats.errors.Error, TimeoutError, JetStreamError) as exc:
             await self._purge(chunks)
             raise jetstream_error(f"cannot put {name!r} into object bucket {self.name}", exc) from None
@@ -99,20 +99,24 @@ class ObjectBucket:
             await acknowledged.put(message.data)
 
         subscription = await self._nc.subscribe(f"{inbox}.*", cb=on_ack)
-        digest, size, sent, answered = hashlib.sha256(), 0, 0, 0
+        digest, size, sent, answered, refused = hashlib.sha256(), 0, 0, 0, None
         try:
             with open(path, "rb") as data:
-                while chunk := await asyncio.to_thread(_read_and_hash, data, digest, chunk_bytes):
+                while not refused and (chunk := await asyncio.to_thread(_read_and_hash, data, digest, chunk_bytes)):
                     await self._nc.publish(subject, chunk, reply=f"{inbox}.{sent}")
                     sent, size = sent + 1, size + len(chunk)
                     while sent - answered >= PUT_WINDOW:
-                        _check_ack(await asyncio.wait_for(acknowledged.get(), REQUEST_TIMEOUT_S))
+                        refused = refused or _refusal(await asyncio.wait_for(acknowledged.get(), REQUEST_TIMEOUT_S))
                         answered += 1
+            # Every chunk sent is answered before a refusal is raised, so the purge that follows
+            # it finds every chunk the stream took.
             while answered < sent:
-                _check_ack(await asyncio.wait_for(acknowledged.get(), REQUEST_TIMEOUT_S))
+                refused = refused or _refusal(await asyncio.wait_for(acknowledged.get(), REQUEST_TIMEOUT_S))
                 answered += 1
         finally:
             await subscription.unsubscribe()
+        if refused:
+            raise JetStreamError(refused)
         return digest.digest(), size, sent
 
     async def _purge(self, subject: str) -> None:
@@ -156,7 +160,17 @@ class ObjectBucket:
                 received += len(batch)
         finally:
             await subscription.unsubscribe()
+            await self._delete_consumer(subscription)
         return digest.digest()
+
+    async def _delete_consumer(self, subscription) -> None:
+        """A read's consumer, deleted now rather than when idle for CONSUMER_IDLE_S; a failure leaves
+        it to that."""
+        try:
+            name = (await subscription.consumer_info()).name
+            await self._js.delete_consumer(self._stream, name)
+        except (nats.errors.Error, TimeoutError):
+            pass
 
     async def objects(self) -> list[StoredObject]:
         """Every object the bucket holds, in the order they were put."""
@@ -175,13 +189,25 @@ class ObjectBucket:
         return sorted(found, key=lambda stored: stored.sequence)
 
     async def delete(self, name: str) -> None:
-        """Removes the object and its bytes, if it is there."""
+        """Removes the object, its bytes and its meta message, if it is there: by purging both
+        subjects, where nats-py's `delete` leaves a marker per name that every listing reads on."""
         try:
-            await self._store.delete(name)
+            info = await self._store.get_info(name, show_deleted=True)
         except nats.js.errors.ObjectNotFoundError:
             return
         except (nats.errors.Error, TimeoutError) as exc:
             raise jetstream_error(f"cannot delete {name!r} from object bucket {self.name}", exc) from None
+        what = f"delete {name!r} from object bucket {self.name}"
+        for subject in (self._meta_subject(name), f"$O.{self.name}.C.{info.nuid}"):
+            await api_call(self._nc, f"STREAM.PURGE.{self._stream}", {"filter": subject}, what)
+
+    async def used_bytes(self) -> int:
+        """What the bucket's stream holds now, every server's objects and meta messages included."""
+        info = await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, f"read object bucket {self.name}'s size")
+        return (info.get("state") or {}).get("bytes", 0)
+
+    def _meta_subject(self, name: str) -> str:
+        return f"$O.{self.name}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
 
     async def purge(self) -> None:
         """Removes every object."""
@@ -209,14 +235,13 @@ def _read_and_hash(data: BinaryIO, digest: "hashlib._Hash", size: int) -> bytes:
     return chunk
 
 
-def _check_ack(reply: bytes) -> None:
-    """A chunk's acknowledgement: the stream's sequence, or why the stream refused it (full, say)."""
+def _refusal(reply: bytes) -> str | None:
+    """Why the stream refused a chunk (full, say), from its acknowledgement; None if it took it."""
     try:
         error = json.loads(reply).get("error")
     except ValueError:
-        error = {"description": f"an acknowledgement that is not JSON: {reply[:80]!r}"}
-    if error is not None:
-        raise JetStreamError(error.get("description", str(error)))
+        return f"an acknowledgement that is not JSON: {reply[:80]!r}"
+    return None if error is None else str(error.get("description", error))
 
 
 def _write_and_hash(out: BinaryIO, digest: "hashlib._Hash", chunks: list[bytes]) -> None:

@@ -95,6 +95,7 @@ class CacheTierActor(Actor):
 
     async def stop(self) -> None:
         self._pulls.clear()
+        self._pulling.clear()
         if self._bucket_lane is None or self._bucket_lane.done():
             return
         try:
@@ -102,6 +103,17 @@ class CacheTierActor(Actor):
         except TimeoutError:
             self.log.warning("kv_chains_not_all_shared", left=len(self._puts))
             self._bucket_lane.cancel()
+        except Exception:  # the lane's own failure: logged, and the stop goes on
+            self.log.exception("kv_chains_lane_failed")
+
+    async def _stop_bucket_lane(self) -> None:
+        """Before a flush: nothing queued is moved, and what is moving now lands before the flush
+        deletes (an object half put, a file half pulled, would outlive it)."""
+        self._puts.clear()
+        self._pulls.clear()
+        self._pulling.clear()
+        if self._bucket_lane is not None and not self._bucket_lane.done():
+            await asyncio.gather(self._bucket_lane, return_exceptions=True)
 
     async def _on_request(self, message: CacheTierRequest, reply_to: str | None) -> Error | None:
         """Queues the request in its lanes, in the order requests come; its answer goes to
@@ -123,14 +135,15 @@ class CacheTierActor(Actor):
             for earlier in before:
                 await earlier
             reply = await self._answer(message)
+            # Queued before the next request of the lane runs: a flush after it drops them.
+            if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
+                self._queue_puts(message.namespace, reply.stored)
+            elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+                self._queue_pulls(message.namespace)
         finally:
             done.set_result(None)
         if reply_to:
             await self.bus.reply(reply_to, reply)
-        if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
-            self._queue_puts(message.namespace, reply.stored)
-        elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
-            self._queue_pulls(message.namespace)
 
     async def _answer(self, message: CacheTierRequest) -> CacheTierReply:
         try:
@@ -156,7 +169,7 @@ class CacheTierActor(Actor):
                 case ListBlocks():
                     await self.shared.refresh()
                 case FlushDisk():
-                    self._pulls.clear()
+                    await self._stop_bucket_lane()
                     await self.shared.clear()
         except JetStreamError as exc:
             self.log.warning("kv_chains_bucket_failed", request=type(message).__name__, error=str(exc))

@@ -142,7 +142,11 @@ class DiskStore:
         name = chain_file.file_name(chain.hashes)
         with self._lock:
             self._index.evict(chain.size_bytes)
-        os.replace(temp, self.directory / name)
+        try:
+            os.replace(temp, self.directory / name)
+        except OSError:
+            temp.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._index.forget(name)
             self._index.add(name, chain)

@@ -30,6 +30,7 @@ from kernel.config import KernelConfig
 
 log = structlog.get_logger()
 GET_TIMEOUT_S = 30.0  # for one chain (an 8B model's 256 blocks are 512 MiB)
+META_BYTES = 1024  # an object's meta message, less its description (about 33 bytes a block)
 
 
 class SharedChains:
@@ -74,10 +75,8 @@ class SharedChains:
             return None
         if name in self._objects or size > self.capacity_bytes:
             return None
-        while self._objects and sum(o.size for o in self._objects.values()) + size > self.capacity_bytes:
-            oldest = next(iter(self._objects))
-            await self.bucket.delete(oldest)
-            self._forget(oldest)
+        # Beside the file: each chunk's headers, and the meta message that lists the blocks.
+        await self._make_room(size + size // 100 + META_BYTES + 40 * len(hashes))
         try:
             await self.bucket.put_file(name, path, " ".join(h.hex() for h in hashes))
         except FileNotFoundError:
@@ -85,6 +84,23 @@ class SharedChains:
         self._objects[name] = StoredObject(name, size, "", 0)  # its description is `hashes`
         self._hashes[name] = list(hashes)
         return size
+
+    async def _make_room(self, needed: int) -> None:
+        """Deletes the objects put longest ago until the bucket's stream (every server's objects,
+        their meta messages) has room for `needed` more bytes. Objects this process does not know
+        of yet (other servers' puts since the last listing) are listed once, when it knows of none
+        left to delete."""
+        listed = False
+        while await self.bucket.used_bytes() + needed > self.capacity_bytes:
+            if not self._objects:
+                if listed:
+                    return  # the put will be refused, and the chain stays local
+                await self.refresh()
+                listed = True
+                continue
+            oldest = next(iter(self._objects))
+            await self.bucket.delete(oldest)
+            self._forget(oldest)
 
     async def get(self, name: str, directory: Path) -> Path:
         """Writes object `name` to a temporary file in `directory` and returns its path; raises
@@ -95,6 +111,9 @@ class SharedChains:
         except JetStreamError:
             temp.unlink(missing_ok=True)
             self._forget(name)
+            raise
+        except BaseException:  # a full disk, say, or the actor stopping: no temporary file is left
+            temp.unlink(missing_ok=True)
             raise
         return temp
 

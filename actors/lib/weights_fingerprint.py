@@ -6,8 +6,9 @@ By content, not by the files' times: the same checkpoint on another machine (cop
 from GGUF there, unpacked from a wheel) gets the same name, so servers on several machines share
 KV chains; a checkpoint rewritten in place gets another. Hashing 16 GB of weights takes a second
 or two from the page cache, and an executor hashes right after loading them, so they are there.
-Each file's digest is kept in `<data-dir>/weights-digests.msgpack` by path, size and modification
-time, and a restart reads no weights again.
+Each file's digest is kept in `<data-dir>/weights-digests.msgpack` by path, size, times and inode,
+and a restart reads no weights again. Hidden files (`.cache/huggingface/...`, which a download
+writes with its own times in them) are not part of the weights.
 """
 
 import hashlib
@@ -29,17 +30,25 @@ HASH_THREADS = 8  # files hashed at once (xxh3 and reads leave the GIL)
 
 
 class FileDigest(msgspec.Struct, frozen=True, array_like=True):
+    # What says the file is the one hashed: a file rewritten in place keeps its size and, copied
+    # with its times (tar, rsync -a), its mtime, but not its ctime; another file has another inode.
     size: int
     mtime_ns: int
+    ctime_ns: int
+    inode: int
     digest: str  # XXH3-128 of the file's bytes, hex
 
 
 def weights_fingerprint(model_path: str, dtype: str, data_dir: str | Path | None = None) -> str:
     """32 hex characters naming the weights in `model_path` (a directory or one file) loaded in
     `dtype`: every file's path within the checkpoint, size and digest. With `data_dir`, digests
-    are remembered there for files whose size and modification time have not changed."""
+    are remembered there for files whose size, times and inode have not changed."""
     root = Path(model_path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    files = (
+        sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
+        if root.is_dir()
+        else [root]
+    )
     cache_path = Path(data_dir) / CACHE_FILE if data_dir is not None else None
     known = _read_cache(cache_path)
     digests = _digests(files, known)
@@ -60,13 +69,18 @@ def updated_fingerprint(fingerprint: str, update_id: str) -> str:
 def _digests(files: list[Path], known: dict[str, FileDigest]) -> list[FileDigest]:
     def digest(path: Path) -> FileDigest:
         stat = path.stat()
+        seen = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
         cached = known.get(str(path.resolve()))
-        if cached is not None and (cached.size, cached.mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        if cached is not None and (cached.size, cached.mtime_ns, cached.ctime_ns, cached.inode) == seen:
             return cached
-        return FileDigest(stat.st_size, stat.st_mtime_ns, _hash_file(path))
+        return FileDigest(*seen, _hash_file(path))
 
     with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="weights-digest") as pool:
         return list(pool.map(digest, files))
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def _hash_file(path: Path) -> str:

@@ -79,3 +79,19 @@ async def test_a_full_bucket_deletes_the_chains_put_longest_ago(buses, tmp_path)
         await put_all(bucket, here, chain.hashes)
     listed = await shared(buses[1], capacity_bytes=GIB)
     assert set(listed.hashes(NS)) == set(chains[1].hashes + chains[2].hashes)
+
+
+async def test_a_put_makes_room_from_objects_another_server_put_since_it_listed(buses, tmp_path):
+    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
+    chains = [Chain(seed, 8) for seed in range(3)]
+    for chain in chains:
+        chain.put(here)
+    sizes = [sum((here.directory / n).stat().st_size for n in here.files_of(c.hashes)) for c in chains]
+    capacity = sizes[0] + sizes[1] + sizes[2] // 2
+    late = await shared(buses[1], capacity_bytes=capacity)  # lists the bucket while it is empty
+    early = await shared(buses[0], capacity_bytes=capacity)
+    for chain in chains[:2]:
+        await put_all(early, here, chain.hashes)
+    await put_all(late, here, chains[2].hashes)  # the bucket is full of objects `late` never listed
+    listed = await shared(buses[0], capacity_bytes=GIB)
+    assert set(listed.hashes(NS)) == set(chains[1].hashes + chains[2].hashes)

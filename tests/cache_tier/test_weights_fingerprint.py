@@ -1,10 +1,12 @@
 """The weights' fingerprint names the checkpoint by its bytes: the same files elsewhere, at other
 times, name the same weights (servers on several machines share KV chains); one changed byte names
-others. Digests are remembered by path, size and modification time, so a restart reads no weights."""
+others. Digests are remembered by path, size, times and inode, so a restart reads no weights, and a
+file rewritten in place is read again."""
 
 import os
 import shutil
 
+from actors.lib import weights_fingerprint as weights_fingerprint_module
 from actors.lib.weights_fingerprint import CACHE_FILE, weights_fingerprint
 
 
@@ -35,18 +37,37 @@ def test_one_changed_byte_or_file_name_names_other_weights(tmp_path):
     assert weights_fingerprint(str(checkpoint), "bfloat16") != weights_fingerprint(str(checkpoint), "float16")
 
 
-def test_a_restart_takes_the_remembered_digest_of_an_unchanged_file(tmp_path):
+def test_a_restart_takes_the_remembered_digest_of_an_unchanged_file(tmp_path, monkeypatch):
     checkpoint = make_checkpoint(tmp_path / "ckpt")
     data_dir = tmp_path / "data"
     first = weights_fingerprint(str(checkpoint), "bfloat16", data_dir)
     assert (data_dir / CACHE_FILE).exists()
-    # Same size and time, other bytes: only a remembered digest gives the first name back.
+
+    def read_again(path):
+        raise AssertionError(f"{path} was hashed again")
+
+    monkeypatch.setattr(weights_fingerprint_module, "_hash_file", read_again)
+    assert weights_fingerprint(str(checkpoint), "bfloat16", data_dir) == first
+
+
+def test_a_file_rewritten_in_place_with_its_size_and_time_is_hashed_again(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    data_dir = tmp_path / "data"
+    first = weights_fingerprint(str(checkpoint), "bfloat16", data_dir)
     weights = checkpoint / "model.safetensors"
     stat = weights.stat()
-    weights.write_bytes(b"\x09" * stat.st_size)
+    weights.write_bytes(b"\x09" * stat.st_size)  # a fine-tune of the same shape, its time put back
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert weights_fingerprint(str(checkpoint), "bfloat16", data_dir) == first
-    assert weights_fingerprint(str(checkpoint), "bfloat16") != first  # without the data dir, hashed again
+    assert weights_fingerprint(str(checkpoint), "bfloat16", data_dir) != first
+
+
+def test_hidden_files_are_not_part_of_the_weights(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    before = weights_fingerprint(str(checkpoint), "bfloat16")
+    metadata = checkpoint / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
+    metadata.parent.mkdir(parents=True)
+    metadata.write_text("etag\n1764201600.123\n")  # a download's own record, its time in it
+    assert weights_fingerprint(str(checkpoint), "bfloat16") == before
 
 
 def test_a_damaged_digest_cache_costs_a_hash_not_the_name(tmp_path):
