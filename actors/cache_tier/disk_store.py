@@ -177,13 +177,10 @@ class DiskStore:
             return list(self._index.blocks)
 
     def longest_prefix(self, hashes: list[bytes]) -> int:
-        """How many leading blocks of the chain are on disk, from the index alone."""
-        found = 0
+        """How many leading blocks of the chain are on disk, from the index alone; counted in the
+        hit and miss figures."""
+        found = self.held_prefix(hashes)
         with self._lock:
-            for block_hash in hashes:
-                if block_hash not in self._index.blocks:
-                    break
-                found += 1
             self._hits += found
             self._misses += len(hashes) - found
         return found

@@ -36,6 +36,16 @@ async def bring(chains: SharedChains, store: DiskStore) -> None:
         assert store.adopt(await chains.get(name, store.directory))
 
 
+def three_chains_on_disk(tmp_path) -> tuple[DiskStore, list[Chain], list[int]]:
+    """A disk holding three chains of 8 blocks, and each chain's files' bytes."""
+    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
+    chains = [Chain(seed, 8) for seed in range(3)]
+    for chain in chains:
+        chain.put(here)
+    sizes = [sum((here.directory / n).stat().st_size for n in here.files_of(c.hashes)) for c in chains]
+    return here, chains, sizes
+
+
 async def test_a_chain_written_on_one_machine_reads_back_on_another(buses, tmp_path):
     here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
     chain = Chain(1, 12)
@@ -69,11 +79,7 @@ async def test_a_damaged_copy_is_a_shorter_hit_never_wrong_bytes(buses, tmp_path
 
 
 async def test_a_full_bucket_deletes_the_chains_put_longest_ago(buses, tmp_path):
-    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
-    chains = [Chain(seed, 8) for seed in range(3)]
-    for chain in chains:
-        chain.put(here)
-    sizes = [sum((here.directory / n).stat().st_size for n in here.files_of(c.hashes)) for c in chains]
+    here, chains, sizes = three_chains_on_disk(tmp_path)
     bucket = await shared(buses[0], capacity_bytes=sizes[0] + sizes[1] + sizes[2] // 2)
     for chain in chains:
         await put_all(bucket, here, chain.hashes)
@@ -82,11 +88,7 @@ async def test_a_full_bucket_deletes_the_chains_put_longest_ago(buses, tmp_path)
 
 
 async def test_a_put_makes_room_from_objects_another_server_put_since_it_listed(buses, tmp_path):
-    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
-    chains = [Chain(seed, 8) for seed in range(3)]
-    for chain in chains:
-        chain.put(here)
-    sizes = [sum((here.directory / n).stat().st_size for n in here.files_of(c.hashes)) for c in chains]
+    here, chains, sizes = three_chains_on_disk(tmp_path)
     capacity = sizes[0] + sizes[1] + sizes[2] // 2
     late = await shared(buses[1], capacity_bytes=capacity)  # lists the bucket while it is empty
     early = await shared(buses[0], capacity_bytes=capacity)
