@@ -1,6 +1,6 @@
 """The host tier's memory: slots of one block each in ONE POSIX shared-memory segment
-(/dev/shm/<name>), which the cache_tier actor creates and the executor maps by name to copy KV in
-and out (gpu/kv_transfer.py). The segment outlives its processes, and a table beside the slots
+(/dev/shm/<name>), which the executor creates (and pins, to copy KV in and out: gpu/kv_transfer.py)
+and the cache_tier actor maps by name. The segment outlives its processes, and a table beside the slots
 records the block hash each slot holds, so a cache_tier that restarts finds its blocks again.
 
 Layout: a header (magic, format version, geometry, offsets), the table (per slot a 16-byte hash and
@@ -9,6 +9,7 @@ The file is opened with os.open and mmap rather than multiprocessing.shared_memo
 tracker unlinks a segment when the process that made it exits.
 """
 
+import ctypes
 import mmap
 import os
 import re
@@ -26,6 +27,10 @@ HASH_BYTES = 16
 # magic, format version, (pad), num_slots, slot_bytes, slot_stride, table_offset, slots_offset
 HEADER = struct.Struct("<8sI4xQQQQQ")
 ENTRY = struct.Struct("<16s?7x")  # per slot: the block hash it holds, and whether it holds one
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: map the range's pages writable now, not at each first touch
+PREFAULT_CHUNK = 256 << 20  # bytes per madvise call of `prefault`
+_LIBC = ctypes.CDLL(None, use_errno=True)  # ctypes calls release the GIL: a prefault never stalls the loop
+_LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def _round_up(n: int, to: int) -> int:
@@ -125,6 +130,20 @@ class HostSegment:
             region = np.frombuffer(memoryview(self._map)[self._slots_offset : self._slots_offset + size], np.uint8)
             self._slots = region.reshape(self.num_slots, self.slot_stride)[:, : self.slot_bytes]
         return self._slots
+
+    def prefault(self) -> bool:
+        """Maps every slot's pages into this process's page tables now (the pages themselves exist:
+        the executor made and pinned them). Otherwise each 4 KiB page costs a fault at its first
+        touch here, and a restarted cache_tier read a restart's 2 GiB chain into fresh slots at 13
+        GB/s instead of 21 (docs/journal/2026-11-28-restart-reads.md). Slow (about 6 GB/s of
+        mapping), so the caller runs it on a thread of its own. False where the kernel cannot (before
+        Linux 5.14)."""
+        slots = self.slots()  # keeps the mapping alive while this runs, even past a close()
+        base, size = slots.ctypes.data, self.num_slots * self.slot_stride
+        for start in range(0, size, PREFAULT_CHUNK):
+            if _LIBC.madvise(base + start, min(PREFAULT_CHUNK, size - start), MADV_POPULATE_WRITE) != 0:
+                return False
+        return True
 
     def record(self, slot: int, block_hash: bytes | None) -> None:
         """Slot `slot` holds the block `block_hash` (None: no block). Only the owner of the table calls this."""

@@ -162,3 +162,30 @@ def test_closing_keeps_the_memory_of_live_slot_arrays(name):
     segment.unlink()
     assert not (SHM_DIR / name).exists()
     assert (slots[1] == 5).all()  # still mapped: unmapped when the last array goes
+
+
+def resident_bytes(address: int) -> int:
+    """This process's resident bytes (pages in its page tables) of the mapping holding `address`."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        span = line.split()[0]
+        if "-" in span and all(c in "0123456789abcdef-" for c in span):
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= address < end:
+                rss = next(entry for entry in lines[i + 1 :] if entry.startswith("Rss:"))
+                return int(rss.split()[1]) * 1024
+    raise LookupError(f"no mapping holds {address:#x}")
+
+
+def test_prefault_maps_every_slot_page_into_this_process(name):
+    made = HostSegment.create(name, 64, 65536)
+    made.slots()[:] = 7  # the executor's side: the pages exist
+    attached = HostSegment.attach(name)  # a restarted cache_tier's mapping: no page touched yet
+    slots = attached.slots()
+    slots_bytes = 64 * attached.slot_stride
+    assert resident_bytes(slots.ctypes.data) < slots_bytes // 2
+    assert attached.prefault()
+    assert resident_bytes(slots.ctypes.data) >= slots_bytes
+    assert (slots == 7).all()  # the same pages, not new ones
+    attached.close()
+    made.close()
