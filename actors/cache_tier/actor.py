@@ -19,23 +19,23 @@ admin's flush (`FlushDisk`) deletes the block files of every namespace, after th
 it and before those after it. With `--disk-kv-gb 0` every request is answered with an Error.
 
 With the sessions in an external NATS's JetStream, the chains are shared with servers on other
-machines through an object bucket (shared_chains.py), in a third lane that no request waits for:
-each chain file a spill of the checkpoint's own namespace wrote is put there after the spill's
-answer; a listing lists the bucket again, names its blocks beside the disk's, and queues the pull
-of the chains the disk lacks (after any puts queued). A fetch reads the disk alone. A stop drops
-the pulls and makes the puts still queued for at most PUT_DRAIN_S.
+machines through an object bucket (shared_chains.py), in a third lane that no request waits for
+(bucket_lane.py): each chain file a spill of the checkpoint's own namespace wrote is put there after
+the spill's answer; a listing lists the bucket again, names its blocks beside the disk's, and
+queues the pull of the chains the disk lacks. A fetch reads the disk alone.
 """
 
 import asyncio
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from actors.cache_tier.bucket_lane import BucketLane
 from actors.cache_tier.disk_store import DiskStore, remove_chains
 from actors.cache_tier.host_segment import HostSegment
-from actors.cache_tier.shared_chains import SharedChains, open_shared_chains
+from actors.cache_tier.shared_chains import open_shared_chains
 from kernel.actor import Actor
 from kernel.bus_jetstream import JetStreamError
 from schemas.cache import (
@@ -63,7 +63,6 @@ LANES = {FetchBlocks: ("reads",), ListBlocks: ("reads",), SpillBlocks: ("writes"
 # A stop waits this long for the chains still queued for the shared bucket: within the supervisor's
 # STOP_TIMEOUT_S; what is left is on the local disk, and out of the bucket.
 PUT_DRAIN_S = 8.0
-MAX_QUEUED_PUTS = 1024  # chain files; past it a spill's files stay local only
 
 
 class CacheTierActor(Actor):
@@ -81,39 +80,14 @@ class CacheTierActor(Actor):
         # Each lane's last request: the next in the lane starts once it is done.
         self._lane_ends: dict[str, asyncio.Future] = {}
         self._opening = threading.Lock()  # the two lanes' threads share the segment and the stores
-        self.shared: SharedChains | None = await open_shared_chains(
-            self.config, self.bus, self.subjects.chains_bucket, self.capacity_bytes
-        )
-        # The bucket lane's work, puts first: (KV namespace, chain file, its hashes) and
-        # (KV namespace, object name, its bytes, its hashes); the names of the objects queued for a pull.
-        self._puts: deque[tuple[str, Path, list[bytes]]] = deque()
-        self._pulls: deque[tuple[str, str, int, list[bytes]]] = deque()
-        self._pulling: set[str] = set()
-        self._bucket_lane: asyncio.Task | None = None
+        shared = await open_shared_chains(self.config, self.bus, self.subjects.chains_bucket, self.capacity_bytes)
+        self.bucket = BucketLane(shared, self.stores.get, self.capacity_bytes, self.log) if shared else None
         await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
         self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
 
     async def stop(self) -> None:
-        self._pulls.clear()
-        self._pulling.clear()
-        if self._bucket_lane is None or self._bucket_lane.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._bucket_lane), PUT_DRAIN_S)
-        except TimeoutError:
-            self.log.warning("kv_chains_not_all_shared", left=len(self._puts))
-            self._bucket_lane.cancel()
-        except Exception:  # the lane's own failure: logged, and the stop goes on
-            self.log.exception("kv_chains_lane_failed")
-
-    async def _stop_bucket_lane(self) -> None:
-        """Before a flush: nothing queued is moved, and what is moving now lands before the flush
-        deletes (an object half put, a file half pulled, would outlive it)."""
-        self._puts.clear()
-        self._pulls.clear()
-        self._pulling.clear()
-        if self._bucket_lane is not None and not self._bucket_lane.done():
-            await asyncio.gather(self._bucket_lane, return_exceptions=True)
+        if self.bucket is not None:
+            await self.bucket.drain(PUT_DRAIN_S)
 
     async def _on_request(self, message: CacheTierRequest, reply_to: str | None) -> Error | None:
         """Queues the request in its lanes, in the order requests come; its answer goes to
@@ -123,6 +97,9 @@ class CacheTierActor(Actor):
         lanes = LANES[type(message)]
         before = [end for lane in lanes if (end := self._lane_ends.get(lane)) is not None]
         done = asyncio.get_running_loop().create_future()
+        if self.bucket is not None and isinstance(message, FetchBlocks):
+            self.bucket.fetch_started()
+            done.add_done_callback(lambda _: self.bucket.fetch_done())
         for lane in lanes:
             self._lane_ends[lane] = done
         self.spawn(self._serve(message, reply_to, before, done), "disk_tier_request")
@@ -136,22 +113,27 @@ class CacheTierActor(Actor):
                 await earlier
             reply = await self._answer(message)
             # Queued before the next request of the lane runs: a flush after it drops them.
-            if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
-                self._queue_puts(message.namespace, reply.stored)
-            elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
-                self._queue_pulls(message.namespace)
+            if self.bucket is not None:
+                self._queue_bucket_work(message, reply)
         finally:
             done.set_result(None)
         if reply_to:
             await self.bus.reply(reply_to, reply)
 
+    def _queue_bucket_work(self, message: CacheTierRequest, reply: CacheTierReply) -> None:
+        """The puts a spill's files make, the pulls a listing finds."""
+        if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
+            self.bucket.queue_puts(message.namespace, reply.stored)
+        elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+            self.bucket.queue_pulls(message.namespace)
+
     async def _answer(self, message: CacheTierRequest) -> CacheTierReply:
         try:
-            if self.shared is not None:
+            if self.bucket is not None:
                 await self._before_shared(message)
             reply = await asyncio.to_thread(self._handle, message)
-            if self.shared is not None and isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
-                both = dict.fromkeys(reply.hashes + self.shared.hashes(message.namespace))
+            if self.bucket is not None and isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+                both = dict.fromkeys(reply.hashes + self.bucket.shared.hashes(message.namespace))
                 reply = BlocksListed(list(both), reply.figures)
             return reply
         except (OSError, ValueError) as exc:  # a segment that is gone or not one: the request fails, the tier serves on
@@ -167,88 +149,12 @@ class CacheTierActor(Actor):
         try:
             match message:
                 case ListBlocks():
-                    await self.shared.refresh()
+                    await self.bucket.shared.refresh()
                 case FlushDisk():
-                    await self._stop_bucket_lane()
-                    await self.shared.clear()
+                    await self.bucket.halt()
+                    await self.bucket.shared.clear()
         except JetStreamError as exc:
             self.log.warning("kv_chains_bucket_failed", request=type(message).__name__, error=str(exc))
-
-    def _queue_puts(self, namespace: str, stored: list[bytes]) -> None:
-        """Queues the chain files holding the blocks a spill stored, for the bucket."""
-        store = self.stores.get(namespace)
-        if self.shared is None or store is None or not stored:
-            return
-        for name, hashes in store.files_of(stored).items():
-            if self.shared.holds_file(namespace, name):
-                continue
-            if len(self._puts) >= MAX_QUEUED_PUTS:
-                self.log.warning("kv_chains_put_queue_full", queued=len(self._puts))
-                break
-            self._puts.append((namespace, store.directory / name, hashes))
-        self._run_bucket_lane()
-
-    def _queue_pulls(self, namespace: str) -> None:
-        """Queues the bucket's chains of the namespace that the disk lacks, latest put first, as
-        many as the disk has room for."""
-        store = self.stores.get(namespace)
-        if self.shared is None or store is None:
-            return
-        room = self.capacity_bytes - store.stats().bytes
-        for name, size, hashes in self.shared.newest_first(namespace):
-            if name in self._pulling or store.held_prefix(hashes) == len(hashes):
-                continue
-            if size > room:
-                break
-            room -= size
-            self._pulls.append((namespace, name, size, hashes))
-            self._pulling.add(name)
-        self._run_bucket_lane()
-
-    def _run_bucket_lane(self) -> None:
-        if (self._puts or self._pulls) and (self._bucket_lane is None or self._bucket_lane.done()):
-            # Not `spawn`: a stop cancels spawned tasks first, and lets this one finish its puts.
-            self._bucket_lane = asyncio.create_task(self._bucket_work(), name="kv_chains_bucket")
-
-    async def _bucket_work(self) -> None:
-        """Puts, then pulls, until both queues are empty; logs what moved (`kv_chains_put`,
-        `kv_chains_pulled`: chains, bytes and the seconds the lane took)."""
-        moved = {"put": [0, 0], "pulled": [0, 0]}  # chains, bytes
-        started = time.monotonic()
-        while self._puts or self._pulls:
-            if self._puts:
-                namespace, path, hashes = self._puts.popleft()
-                if (size := await self._put(namespace, path, hashes)) is not None:
-                    moved["put"] = [moved["put"][0] + 1, moved["put"][1] + size]
-                continue
-            namespace, name, size, hashes = self._pulls.popleft()
-            self._pulling.discard(name)
-            if await self._pull(namespace, name, hashes):
-                moved["pulled"] = [moved["pulled"][0] + 1, moved["pulled"][1] + size]
-        seconds = round(time.monotonic() - started, 3)
-        for what, (chains, size) in moved.items():
-            if chains:
-                self.log.info(f"kv_chains_{what}", chains=chains, bytes=size, seconds=seconds)
-
-    async def _put(self, namespace: str, path: Path, hashes: list[bytes]) -> int | None:
-        """Puts one chain file in the bucket; its size, or None if it was not put now."""
-        try:
-            return await self.shared.put(namespace, path, hashes)
-        except (JetStreamError, OSError) as exc:  # JetStream away or full, the file unreadable: it stays local
-            self.log.warning("kv_chain_not_shared", file=path.name, error=str(exc))
-            return None
-
-    async def _pull(self, namespace: str, name: str, hashes: list[bytes]) -> bool:
-        """Brings one chain from the bucket into the disk, unless the disk has it by now."""
-        store = self.stores.get(namespace)
-        if store is None or store.held_prefix(hashes) == len(hashes):
-            return False
-        try:
-            temp = await self.shared.get(name, store.directory)
-            return await asyncio.to_thread(store.adopt, temp)
-        except (JetStreamError, OSError) as exc:  # the object gone or damaged, JetStream away: recomputed
-            self.log.warning("kv_chain_not_pulled", object=name, error=str(exc))
-            return False
 
     def _open(self, message: SpillBlocks | FetchBlocks | ListBlocks):
         """The host segment's slots and the namespace's store, for a request."""
@@ -297,7 +203,17 @@ class CacheTierActor(Actor):
             if self.segment is not None:
                 self.segment.close()
             self.segment = HostSegment.attach(name)
+            threading.Thread(target=self._prefault, args=(self.segment,), name="host-prefault", daemon=True).start()
         return self.segment.slots()
+
+    def _prefault(self, segment: HostSegment) -> None:
+        """Maps the segment's pages now, beside the requests: a restart's first fetch then reads at
+        the rate of the reads alone, not of the page faults (HostSegment.prefault)."""
+        started = time.monotonic()
+        if segment.prefault():
+            self.log.info("host_segment_prefaulted", segment=segment.name, seconds=round(time.monotonic() - started, 3))
+        else:
+            self.log.warning("host_segment_not_prefaulted", segment=segment.name)
 
     def _store(self, namespace: str, block_bytes: int) -> DiskStore:
         store = self.stores.get(namespace)

@@ -1,0 +1,67 @@
+"""The cache_tier's bucket lane on a real nats-server: its puts and pulls wait while a fetch is read
+(a prompt waits for that fetch), and not longer than HOLD_S."""
+
+import asyncio
+import time
+
+import structlog
+
+from actors.cache_tier.bucket_lane import HOLD_S, BucketLane
+from actors.cache_tier.disk_store import DiskStore
+from tests.cache_tier.test_disk_store import BLOCK_BYTES, GIB, NS, Chain
+from tests.cache_tier.test_shared_chains import buses, shared  # noqa: F401 (a fixture)
+
+
+async def objects_in_bucket(bus) -> int:
+    return (await shared(bus)).objects_held
+
+
+async def eventually(check, timeout_s: float = 10.0) -> float:
+    """Seconds until `check()` (a coroutine function) is true."""
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < timeout_s, "not within the timeout"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+def lane_on(store: DiskStore, chains) -> BucketLane:
+    return BucketLane(chains, {NS: store}.get, GIB, structlog.get_logger())
+
+
+async def test_puts_and_pulls_wait_for_the_fetch_being_read(buses, tmp_path):  # noqa: F811
+    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
+    chain = Chain(3, 8)
+    chain.put(here)
+    lane = lane_on(here, await shared(buses[0]))
+    lane.fetch_started()
+    lane.queue_puts(NS, chain.hashes)
+    await asyncio.sleep(HOLD_S / 2)
+    assert await objects_in_bucket(buses[1]) == 0
+    lane.fetch_done()
+    await eventually(lambda: objects_in_bucket(buses[1]))
+
+    there = DiskStore(tmp_path / "there", NS, BLOCK_BYTES, GIB)
+    lane = lane_on(there, await shared(buses[1]))
+    lane.fetch_started()
+    lane.queue_pulls(NS)
+    await asyncio.sleep(HOLD_S / 2)
+    assert there.held_prefix(chain.hashes) == 0
+    lane.fetch_done()
+
+    async def pulled() -> bool:
+        return there.held_prefix(chain.hashes) == 8
+
+    await eventually(pulled)
+    assert chain.read(there) == 8
+
+
+async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):  # noqa: F811
+    here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
+    chain = Chain(4, 8)
+    chain.put(here)
+    lane = lane_on(here, await shared(buses[0]))
+    lane.fetch_started()  # and never done
+    lane.queue_puts(NS, chain.hashes)
+    waited = await eventually(lambda: objects_in_bucket(buses[1]))
+    assert HOLD_S * 0.8 <= waited
