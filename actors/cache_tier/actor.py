@@ -207,10 +207,11 @@ class CacheTierActor(Actor):
         return self.segment.slots()
 
     def _prefault(self, segment: HostSegment) -> None:
-        """Maps the segment's pages now, beside the requests: a restart's first fetch then reads at
-        the rate of the reads alone, not of the page faults (HostSegment.prefault)."""
+        """Maps the segment's pages now, on the reader threads (a fetch's reads queue behind it, for
+        some 0.1 s): a restart's first fetch then reads at the rate of the reads alone, not of the
+        page faults (HostSegment.prefault)."""
         started = time.monotonic()
-        if segment.prefault():
+        if segment.prefault(self.readers):
             self.log.info("host_segment_prefaulted", segment=segment.name, seconds=round(time.monotonic() - started, 3))
         else:
             self.log.warning("host_segment_not_prefaulted", segment=segment.name)

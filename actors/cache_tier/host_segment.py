@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import struct
+from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
@@ -131,19 +132,21 @@ class HostSegment:
             self._slots = region.reshape(self.num_slots, self.slot_stride)[:, : self.slot_bytes]
         return self._slots
 
-    def prefault(self) -> bool:
+    def prefault(self, pool: Executor | None = None) -> bool:
         """Maps every slot's pages into this process's page tables now (the pages themselves exist:
-        the executor made and pinned them). Otherwise each 4 KiB page costs a fault at its first
-        touch here, and a restarted cache_tier read a restart's 2 GiB chain into fresh slots at 13
-        GB/s instead of 21 (docs/journal/2026-11-28-restart-reads.md). Slow (about 6 GB/s of
-        mapping), so the caller runs it on a thread of its own. False where the kernel cannot (before
-        Linux 5.14)."""
+        the executor made and pinned them), in PREFAULT_CHUNK pieces on `pool`'s threads. Otherwise
+        each 4 KiB page costs a fault at its first touch here, and a restarted cache_tier read a
+        restart's 2 GiB chain into fresh slots at 13 GB/s instead of 21. One thread maps about 6
+        GB/s: a 24 GiB segment on one thread was still being mapped when a restart's prompt was
+        read, and slowed it (docs/journal/2026-11-28-restart-reads.md). False where the kernel
+        cannot (before Linux 5.14)."""
         slots = self.slots()  # keeps the mapping alive while this runs, even past a close()
         base, size = slots.ctypes.data, self.num_slots * self.slot_stride
-        for start in range(0, size, PREFAULT_CHUNK):
-            if _LIBC.madvise(base + start, min(PREFAULT_CHUNK, size - start), MADV_POPULATE_WRITE) != 0:
-                return False
-        return True
+
+        def populate(start: int) -> bool:
+            return _LIBC.madvise(base + start, min(PREFAULT_CHUNK, size - start), MADV_POPULATE_WRITE) == 0
+
+        return all((pool.map if pool else map)(populate, range(0, size, PREFAULT_CHUNK)))
 
     def record(self, slot: int, block_hash: bytes | None) -> None:
         """Slot `slot` holds the block `block_hash` (None: no block). Only the owner of the table calls this."""

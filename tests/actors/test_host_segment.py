@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -184,7 +185,8 @@ def test_prefault_maps_every_slot_page_into_this_process(name):
     slots = attached.slots()
     slots_bytes = 64 * attached.slot_stride
     assert resident_bytes(slots.ctypes.data) < slots_bytes // 2
-    assert attached.prefault()
+    with ThreadPoolExecutor(2) as pool:
+        assert attached.prefault(pool)  # in pieces, on the cache_tier's reader threads
     assert resident_bytes(slots.ctypes.data) >= slots_bytes
     assert (slots == 7).all()  # the same pages, not new ones
     attached.close()
