@@ -7,7 +7,7 @@ that servers on other machines share (shared_chains.py), in the background; no r
 - Puts first, then pulls, one file at a time. Each waits while a fetch is being read (at most
   HOLD_S): a fetch is a prompt waiting for its blocks, and a put's or pull's chunks share the
   host's cores and the process's GIL with the reader threads (a restart's prompt read 0.53-0.63x
-  of a recompute beside them, docs/journal/2026-11-28-restart-reads.md).
+  of a recompute beside them, docs/journal/2026-11-27-restart-reads.md).
 - A flush (`halt`) drops what is queued and lets what is moving land; a stop (`drain`) drops the
   pulls and gives the puts still queued at most a deadline.
 """

@@ -138,7 +138,7 @@ class HostSegment:
         each 4 KiB page costs a fault at its first touch here, and a restarted cache_tier read a
         restart's 2 GiB chain into fresh slots at 13 GB/s instead of 21. One thread maps about 6
         GB/s: a 24 GiB segment on one thread was still being mapped when a restart's prompt was
-        read, and slowed it (docs/journal/2026-11-28-restart-reads.md). False where the kernel
+        read, and slowed it (docs/journal/2026-11-27-restart-reads.md). False where the kernel
         cannot (before Linux 5.14)."""
         slots = self.slots()  # keeps the mapping alive while this runs, even past a close()
         base, size = slots.ctypes.data, self.num_slots * self.slot_stride
