@@ -11,7 +11,6 @@ logprobs read.
 from collections.abc import Callable
 
 import torch
-import xgrammar
 
 ALL_ALLOWED = -1  # an int32 with every bit set
 
@@ -42,6 +41,8 @@ class TokenMasks:
             self._uploaded.record()
         else:
             mask = host
+        import xgrammar  # here, not at the top: 1.3 s of CPU at every executor start, for a feature most servers never use
+
         xgrammar.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size)
 
     def host_rows(self, rows: int) -> torch.Tensor:

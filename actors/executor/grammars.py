@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 import torch
-import xgrammar
 
 from actors.lib.constraint_grammar import ConstraintError, grammar_of
+from actors.lib.hf_tokenizer import load_tokenizer
 from gpu.step_io import PendingStep, SequenceInput
 from schemas.errors import Error
 from schemas.generate import Constraint
 
 if TYPE_CHECKING:
+    import xgrammar  # imported where first used: it pulls in transformers, 1.3 s of CPU at every start
+
     from actors.executor.running_sequence import PlannedInput
 
 COMPILED_GRAMMARS = 256  # kept, the least recently used dropped first
@@ -62,6 +64,8 @@ class SequenceGrammar:
         if self.matcher is None and self.error is None:
             if not self._compiled.done():
                 return False
+            import xgrammar
+
             try:
                 self.matcher = xgrammar.GrammarMatcher(self._compiled.result())
             except (ConstraintError, RuntimeError, OSError, ValueError) as exc:
@@ -131,7 +135,16 @@ class Grammars:
         self._compiler: xgrammar.GrammarCompiler | None = None  # made and used in the worker thread
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.fill_threads = fill_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
-        self.batch = xgrammar.BatchGrammarMatcher(self.fill_threads)  # fills many rows' masks on several threads
+        self._batch: xgrammar.BatchGrammarMatcher | None = None
+
+    @property
+    def batch(self) -> "xgrammar.BatchGrammarMatcher":
+        """Fills many rows' masks on `fill_threads` threads; made at the first constrained step."""
+        if self._batch is None:
+            import xgrammar
+
+            self._batch = xgrammar.BatchGrammarMatcher(self.fill_threads)
+        return self._batch
 
     def start(self, constraint: Constraint, replay: list[int]) -> SequenceGrammar:
         """The grammar state of a sequence starting under `constraint`, whose earlier runs drew `replay`."""
@@ -154,11 +167,11 @@ class Grammars:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
-        if self._compiler is None:
-            from transformers import AutoTokenizer
+    def _compile(self, constraint: Constraint) -> "xgrammar.CompiledGrammar":
+        import xgrammar
 
-            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        if self._compiler is None:
+            tokenizer = load_tokenizer(self.tokenizer_dir)
             # The model's vocabulary may be wider than the tokenizer's: the ids past it are never allowed.
             info = xgrammar.TokenizerInfo.from_huggingface(
                 tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
@@ -191,7 +204,7 @@ class StepMasks:
         self,
         rows: list[tuple[int, SequenceGrammar]],
         previous: "tuple[PendingStep, list[PlannedInput]] | None",
-        batch: xgrammar.BatchGrammarMatcher,
+        batch: "xgrammar.BatchGrammarMatcher",
     ) -> None:
         self.rows = rows
         self.previous = previous

@@ -6,11 +6,13 @@ for the served vocabulary (actors/executor/grammars.py).
 
 import json
 import re
-
-import xgrammar
+from typing import TYPE_CHECKING
 
 from schemas.errors import Error
 from schemas.generate import Constraint
+
+if TYPE_CHECKING:
+    import xgrammar  # imported where a grammar is made: it pulls in transformers, 1.3 s of CPU at a start
 
 # JSON without free whitespace: a model cannot pad its output with blanks until max_tokens.
 # xgrammar then writes items apart by ", " and keys from values by ": ", as json.dumps does.
@@ -29,8 +31,10 @@ class ConstraintError(ValueError):
     """A constraint that is no grammar: its text, in words a client can act on."""
 
 
-def grammar_of(constraint: Constraint) -> xgrammar.Grammar:
+def grammar_of(constraint: Constraint) -> "xgrammar.Grammar":
     """The grammar of `constraint`; raises ConstraintError naming what is wrong with it."""
+    import xgrammar
+
     try:
         match constraint.kind:
             case "json_schema":
@@ -80,7 +84,7 @@ def _json_text(text: str) -> str:
     return text
 
 
-def _json_strings(grammar: xgrammar.Grammar) -> xgrammar.Grammar:
+def _json_strings(grammar: "xgrammar.Grammar") -> "xgrammar.Grammar":
     """`grammar` with JSON's characters in every string, which xgrammar (0.2.8) writes more loosely:
     it lets UTF-8-encoded surrogates into every string (a decoder reads them as U+FFFD, one per byte,
     so a string may decode longer than its maxLength), and the control characters other than CR and
@@ -89,6 +93,8 @@ def _json_strings(grammar: xgrammar.Grammar) -> xgrammar.Grammar:
     loose = [characters for characters in _XGRAMMAR_STRING_CHARACTERS if characters in text]
     for characters in loose:
         text = text.replace(characters, _JSON_STRING_CHARACTER)
+    import xgrammar
+
     return xgrammar.Grammar.from_ebnf(text) if loose else grammar
 
 

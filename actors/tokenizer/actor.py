@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import jinja2
 import msgspec
-from transformers import AutoTokenizer
 
 from actors.lib.constraint_grammar import refusal
+from actors.lib.hf_tokenizer import load_tokenizer
 from actors.lib.logprobs import slice_logprobs, token_ids_of
 from actors.tokenizer import tool_prompt
 from actors.tokenizer.detokenizer import StreamingDetokenizer
@@ -65,7 +65,7 @@ class TokenizerActor(Actor):
     on_request_path = True
 
     async def start(self) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.engine.model)
+        self.tokenizer = load_tokenizer(self.config.engine.model)
         self._renders_tools = tool_prompt.renders_tools(self.tokenizer.chat_template)
         self.tracked: dict[str, TrackedRequest] = {}
         self._texts: dict[int, str] = {}  # token id -> its text alone, for logprobs
