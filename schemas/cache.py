@@ -72,15 +72,18 @@ class BlocksFetched(msgspec.Struct, frozen=True, tag="blocks_fetched"):
 
 
 class ListBlocks(msgspec.Struct, frozen=True, tag="list_blocks"):
-    """Which blocks the disk holds in `namespace` (the segment names the block size)."""
+    """Which blocks the disk holds in `namespace` (the segment names the block size): one page of
+    the listing, from its `start`th block. A disk of some TB holds more hashes than one bus message."""
 
     segment: str
     namespace: Namespace
+    start: int = 0
 
 
 class BlocksListed(msgspec.Struct, frozen=True, tag="blocks_listed"):
     hashes: list[bytes]
     figures: DiskFigures | None = None
+    next_start: int | None = None  # the next page's `start`; None: this page is the last
 
 
 class FlushDisk(msgspec.Struct, frozen=True, tag="flush_disk"):

@@ -63,6 +63,8 @@ LANES = {FetchBlocks: ("reads",), ListBlocks: ("reads",), SpillBlocks: ("writes"
 # A stop waits this long for the chains still queued for the shared bucket: within the supervisor's
 # STOP_TIMEOUT_S; what is left is on the local disk, and out of the bucket.
 PUT_DRAIN_S = 8.0
+# Hashes per page of a listing: 16 bytes and msgpack's 2 each, some 300 KB, within the bus's 1 MB.
+LIST_PAGE_BLOCKS = 16384
 
 
 class CacheTierActor(Actor):
@@ -124,7 +126,7 @@ class CacheTierActor(Actor):
         """The puts a spill's files make, the pulls a listing finds."""
         if isinstance(message, SpillBlocks) and isinstance(reply, BlocksSpilled) and message.lasting:
             self.bucket.queue_puts(message.namespace, reply.stored)
-        elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+        elif isinstance(message, ListBlocks) and isinstance(reply, BlocksListed) and message.start == 0:
             self.bucket.queue_pulls(message.namespace)
 
     async def _answer(self, message: CacheTierRequest) -> CacheTierReply:
@@ -132,9 +134,11 @@ class CacheTierActor(Actor):
             if self.bucket is not None:
                 await self._before_shared(message)
             reply = await asyncio.to_thread(self._handle, message)
-            if self.bucket is not None and isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
-                both = dict.fromkeys(reply.hashes + self.bucket.shared.hashes(message.namespace))
-                reply = BlocksListed(list(both), reply.figures)
+            if isinstance(message, ListBlocks) and isinstance(reply, BlocksListed):
+                hashes = reply.hashes
+                if self.bucket is not None:
+                    hashes = list(dict.fromkeys(hashes + self.bucket.shared.hashes(message.namespace)))
+                reply = page_of(hashes, message.start, reply.figures)
             return reply
         except (OSError, ValueError) as exc:  # a segment that is gone or not one: the request fails, the tier serves on
             self.log.warning("disk_tier_request_failed", request=type(message).__name__, error=str(exc))
@@ -148,7 +152,7 @@ class CacheTierActor(Actor):
         empties it. A bucket that fails leaves the request to the local disk."""
         try:
             match message:
-                case ListBlocks():
+                case ListBlocks(start=0):  # a listing's first page: the bucket as it is now
                     await self.bucket.shared.refresh()
                 case FlushDisk():
                     await self.bucket.halt()
@@ -226,6 +230,14 @@ class CacheTierActor(Actor):
                 self.log.info("disk_tier_namespace_dropped", namespace=old_namespace, blocks=old.clear())
         self.stores.move_to_end(namespace)
         return store
+
+
+def page_of(hashes: list[bytes], start: int, figures: DiskFigures) -> BlocksListed:
+    """The page of a listing of `hashes` from its `start`th, LIST_PAGE_BLOCKS long at most. Pages are
+    cut from the disk's listing as it is when each is asked: a block stored or dropped between
+    pages may be missed, which costs a recompute, never a wrong block (a fetch reads what is there)."""
+    stop = start + LIST_PAGE_BLOCKS
+    return BlocksListed(hashes[start:stop], figures, stop if stop < len(hashes) else None)
 
 
 def chain_runs(hashes: list[bytes], parents: list[bytes]) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ to `replied`.
   stands between the disk and the first token. The request waits for every piece, not longer than
   FETCH_DEADLINE_S (then it goes on with the shorter hit), and no longer once a piece comes back
   short; others are admitted meanwhile.
-- What the disk holds: listed once per namespace (ListBlocks), then followed by what each spill
+- What the disk holds: listed once per namespace (ListBlocks, in pages), then followed by what each spill
   stored, so a prompt the disk cannot continue (a new one) is admitted at once, not after a fetch
   that waits behind the disk tier's writes. Until a namespace is listed every prompt asks; a block
   the disk dropped since (its size cap) costs a fetch that finds nothing.
@@ -77,6 +77,7 @@ class DiskTier:
         self._spilling = False
         self._spills_held_since: float | None = None  # when waiting fetches began to hold the spills
         self._on_disk: dict[Namespace, set[bytes]] = {}  # the blocks the disk holds, once listed
+        self._listing: dict[Namespace, set[bytes]] = {}  # the pages of a listing under way
         self._list_after: dict[Namespace, float] = {}  # listings asked (or failed): when to ask again
         self._figures: dict[Namespace, DiskFigures] = {}  # as the disk tier last answered
 
@@ -150,7 +151,9 @@ class DiskTier:
                 if not unanswered:
                     self.host.spilled(slots)
                 if isinstance(reply, BlocksSpilled):
-                    self._on_disk.get(key, set()).update(reply.stored)
+                    for known in (self._on_disk.get(key), self._listing.get(key)):
+                        if known is not None:
+                            known.update(reply.stored)
             case FetchBlocks(segment=segment, slots=slots, hashes=hashes, namespace=key):
                 if not unanswered:
                     # Read into another executor's segment (one of another geometry): not these slots.
@@ -166,11 +169,15 @@ class DiskTier:
                     if pending is not None and pending.pieces and count == len(hashes):
                         return  # whole: the request waits for its next piece
                 self.deadline_passed(request_id)
-            case ListBlocks(namespace=key):
-                if isinstance(reply, BlocksListed):
-                    self._on_disk[key] = set(reply.hashes)
+            case ListBlocks(segment=segment, namespace=key):
+                listed = self._listing.pop(key, set())
+                if not isinstance(reply, BlocksListed):
+                    self._list_after[key] = time.monotonic() + LIST_RETRY_S  # from its first page
+                elif reply.next_start is None:
+                    self._on_disk[key] = listed | set(reply.hashes)
                 else:
-                    self._list_after[key] = time.monotonic() + LIST_RETRY_S
+                    self._listing[key] = listed | set(reply.hashes)
+                    self._requests.append((None, ListBlocks(segment, key, reply.next_start)))
 
     def figures(self) -> DiskFigures | None:
         """What the disk holds in the served namespace, as it last said; None before it has."""
@@ -179,6 +186,7 @@ class DiskTier:
     def flushed(self) -> None:
         """The disk tier deleted every block: none is listed, and every namespace is listed again."""
         self._on_disk.clear()
+        self._listing.clear()
         self._list_after.clear()
         self._figures = {key: DiskFigures(0, 0, f.capacity_bytes) for key, f in self._figures.items()}
 
@@ -198,6 +206,7 @@ class DiskTier:
         for pending in self._fetches.values():  # what they prefetched went with the old pool
             pending.seq.prefetched = pending.seq.gpu_blocks_at_fetch = 0
         self._on_disk, self._list_after, self._figures = old._on_disk, old._list_after, old._figures
+        self._listing = old._listing
 
     def restarted(self) -> None:
         """A new cache_tier: the old one's moves are void (their slots freed or spilled again)."""

@@ -269,3 +269,22 @@ def test_fetches_hold_the_spills_no_longer_than_spill_hold_s(monkeypatch):
     assert [type(r) for _, r in moves(kv)] == [FetchBlocks]  # unanswered from here on
     time.sleep(0.06)
     assert [type(r) for _, r in moves(kv)] == [SpillBlocks]
+
+
+def test_a_listing_in_pages_is_known_once_its_last_page_comes_with_the_spills_between():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    ((_, first),) = kv.disk.take_requests()
+    seq = sequence("s", list(range(13)))
+    hashes = kv.host.hashes(seq, seq.prompt_ids, 3)
+    kv.disk.replied(None, first, BlocksListed(hashes[:1], next_start=1))
+    ((_, second),) = kv.disk.take_requests()
+    assert second == ListBlocks("kvhost-x", kv.host.key, start=1)
+    assert kv.waits_for_disk(seq)  # not known yet: every prompt asks
+    kv.disk.replied(None, SpillBlocks("kvhost-x", kv.host.key, [], [], [], []), BlocksSpilled([hashes[2]]))
+    kv.disk.take_requests()  # the first prompt's fetch
+    kv.disk.replied(None, second, BlocksListed(hashes[1:2]))
+    assert not kv.waits_for_disk(sequence("t", list(range(50, 63))))  # listed: a new prompt goes at once
+    again = sequence("s2", list(range(13)))
+    assert kv.waits_for_disk(again)
+    ((_, fetch),) = kv.disk.take_requests()
+    assert fetch.hashes == hashes  # both pages, and what a spill stored meanwhile
