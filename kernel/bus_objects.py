@@ -201,6 +201,32 @@ class ObjectBucket:
         for subject in (self._meta_subject(name), f"$O.{self.name}.C.{info.nuid}"):
             await api_call(self._nc, f"STREAM.PURGE.{self._stream}", {"filter": subject}, what)
 
+    async def drop_orphan_chunks(self, older_than_s: float) -> int:
+        """Purges the chunks no object names (a put cut short by a kill leaves them, eating the
+        bucket's room for good) whose last chunk came more than `older_than_s` ago: younger ones
+        may be a put under way on another connection. Returns how many puts' chunks it purged."""
+        what = f"sweep the chunks of object bucket {self.name}"
+        named = set()
+        for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.M.", what):
+            meta = await self._last_message(subject, what)
+            try:
+                named.add(json.loads(base64.b64decode(meta.get("data") or "")).get("nuid"))
+            except ValueError:
+                continue
+        dropped, now = 0, datetime.now(UTC)
+        for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.C.", what):
+            if subject.rsplit(".", 1)[1] in named:
+                continue
+            last = await self._last_message(subject, what)
+            if (now - _stream_time(last.get("time", ""))).total_seconds() > older_than_s:
+                await api_call(self._nc, f"STREAM.PURGE.{self._stream}", {"filter": subject}, what)
+                dropped += 1
+        return dropped
+
+    async def _last_message(self, subject: str, what: str) -> dict:
+        reply = await api_call(self._nc, f"STREAM.MSG.GET.{self._stream}", {"last_by_subj": subject}, what)
+        return reply.get("message") or {}
+
     async def used_bytes(self) -> int:
         """What the bucket's stream holds now, every server's objects and meta messages included."""
         info = await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, f"read object bucket {self.name}'s size")
@@ -227,6 +253,16 @@ async def open_object_bucket(nc: Client, name: str, max_bytes: int) -> ObjectBuc
     except (nats.errors.Error, TimeoutError) as exc:
         raise jetstream_error(f"cannot open the object bucket {name}", exc) from None
     return ObjectBucket(store, name, nc)
+
+
+def _stream_time(text: str) -> datetime:
+    """A stream message's time (RFC 3339 with nanoseconds, which datetime reads to microseconds);
+    now, where it cannot be read: such a chunk is taken for a put under way."""
+    whole, _, fraction = text.rstrip("Z").partition(".")
+    try:
+        return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]}").replace(tzinfo=UTC)
+    except ValueError:
+        return datetime.now(UTC)
 
 
 def _read_and_hash(data: BinaryIO, digest: "hashlib._Hash", size: int) -> bytes:

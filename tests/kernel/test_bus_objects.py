@@ -4,6 +4,7 @@ order it was put, and a missing or damaged object is an error, never wrong bytes
 
 import os
 
+import nats
 import pytest
 
 from kernel.bus import Bus
@@ -60,3 +61,19 @@ async def test_an_object_whose_bytes_are_gone_is_an_error_not_a_short_file(bus, 
     await js.purge_stream("OBJ_chains-damaged", subject="$O.chains-damaged.C.>")
     with pytest.raises(JetStreamError):
         await bucket.get_file("chain", tmp_path / "out", timeout_s=2)
+
+
+async def test_the_chunks_of_a_put_cut_short_are_swept_once_old_enough(bus, nats_url, tmp_path):
+    bucket = await bus.object_bucket("chains-test", 64 << 20)
+    (tmp_path / "in").write_bytes(os.urandom(CHUNK_BYTES + 7))
+    await bucket.put_file("ns/kept.kv", tmp_path / "in")
+    killed = await nats.connect(nats_url)  # a put killed after its chunks, before its meta message
+    for _ in range(3):
+        await killed.jetstream().publish("$O.chains-test.C.cutshort", os.urandom(1000))
+    await killed.close()
+    before = await bucket.used_bytes()
+    assert await bucket.drop_orphan_chunks(older_than_s=3600) == 0  # maybe a put under way: kept
+    assert await bucket.drop_orphan_chunks(older_than_s=0) == 1
+    assert await bucket.used_bytes() <= before - 3000
+    await bucket.get_file("ns/kept.kv", tmp_path / "out", timeout_s=10)
+    assert (tmp_path / "out").read_bytes() == (tmp_path / "in").read_bytes()
