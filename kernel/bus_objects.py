@@ -203,9 +203,12 @@ class ObjectBucket:
 
     async def drop_orphan_chunks(self, older_than_s: float) -> int:
         """Purges the chunks no object names (a put cut short by a kill leaves them, eating the
-        bucket's room for good) whose last chunk came more than `older_than_s` ago: younger ones
-        may be a put under way on another connection. Returns how many puts' chunks it purged."""
+        bucket's room for good) whose last chunk came more than `older_than_s` before the stream's
+        newest message (the server's clock, not this machine's): younger ones may be a put under
+        way on another connection. Returns how many puts' chunks it purged."""
         what = f"sweep the chunks of object bucket {self.name}"
+        state = (await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, what)).get("state") or {}
+        newest = _stream_time(state.get("last_ts", ""))
         named = set()
         for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.M.", what):
             meta = await self._last_message(subject, what)
@@ -213,12 +216,12 @@ class ObjectBucket:
                 named.add(json.loads(base64.b64decode(meta.get("data") or "")).get("nuid"))
             except ValueError:
                 continue
-        dropped, now = 0, datetime.now(UTC)
+        dropped = 0
         for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.C.", what):
             if subject.rsplit(".", 1)[1] in named:
                 continue
             last = await self._last_message(subject, what)
-            if (now - _stream_time(last.get("time", ""))).total_seconds() > older_than_s:
+            if (newest - _stream_time(last.get("time", ""))).total_seconds() > older_than_s:
                 await api_call(self._nc, f"STREAM.PURGE.{self._stream}", {"filter": subject}, what)
                 dropped += 1
         return dropped
@@ -257,7 +260,7 @@ async def open_object_bucket(nc: Client, name: str, max_bytes: int) -> ObjectBuc
 
 def _stream_time(text: str) -> datetime:
     """A stream message's time (RFC 3339 with nanoseconds, which datetime reads to microseconds);
-    now, where it cannot be read: such a chunk is taken for a put under way."""
+    now, where it cannot be read (so a chunk's age reads as none: it is kept)."""
     whole, _, fraction = text.rstrip("Z").partition(".")
     try:
         return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]}").replace(tzinfo=UTC)

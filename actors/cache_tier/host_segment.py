@@ -132,21 +132,24 @@ class HostSegment:
             self._slots = region.reshape(self.num_slots, self.slot_stride)[:, : self.slot_bytes]
         return self._slots
 
-    def prefault(self, pool: Executor | None = None) -> bool:
+    def prefault(self, pool: Executor | None = None) -> None:
         """Maps every slot's pages into this process's page tables now (the pages themselves exist:
         the executor made and pinned them), in PREFAULT_CHUNK pieces on `pool`'s threads. Otherwise
         each 4 KiB page costs a fault at its first touch here, and a restarted cache_tier read a
         restart's 2 GiB chain into fresh slots at 13 GB/s instead of 21. One thread maps about 6
         GB/s: a 24 GiB segment on one thread was still being mapped when a restart's prompt was
-        read, and slowed it (docs/journal/2026-11-27-restart-reads.md). False where the kernel
-        cannot (before Linux 5.14)."""
+        read, and slowed it (docs/journal/2026-11-27-restart-reads.md). Raises OSError where the
+        kernel cannot (before Linux 5.14), ValueError if the segment is closed."""
         slots = self.slots()  # keeps the mapping alive while this runs, even past a close()
         base, size = slots.ctypes.data, self.num_slots * self.slot_stride
 
-        def populate(start: int) -> bool:
-            return _LIBC.madvise(base + start, min(PREFAULT_CHUNK, size - start), MADV_POPULATE_WRITE) == 0
+        def populate(start: int) -> None:
+            if _LIBC.madvise(base + start, min(PREFAULT_CHUNK, size - start), MADV_POPULATE_WRITE) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"madvise(MADV_POPULATE_WRITE): {os.strerror(error)}")
 
-        return all((pool.map if pool else map)(populate, range(0, size, PREFAULT_CHUNK)))
+        for _ in (pool.map if pool else map)(populate, range(0, size, PREFAULT_CHUNK)):
+            pass
 
     def record(self, slot: int, block_hash: bytes | None) -> None:
         """Slot `slot` holds the block `block_hash` (None: no block). Only the owner of the table calls this."""

@@ -32,8 +32,8 @@ from kernel.config import KernelConfig
 log = structlog.get_logger()
 GET_TIMEOUT_S = 30.0  # for one chain (an 8B model's 256 blocks are 512 MiB)
 META_BYTES = 1024  # an object's meta message, less its description (about 33 bytes a block)
-# A put's chunks that no object names and that are older than this are a put a kill cut short,
-# swept at start; younger ones may be another server's put under way (a 1 GiB chain takes seconds).
+# A put's chunks that no object names, and older than this by the stream's newest message, are a
+# put a kill cut short, swept at start; younger ones may be another server's put under way.
 ORPHAN_CHUNKS_AGE_S = 600.0
 
 

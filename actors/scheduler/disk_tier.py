@@ -77,7 +77,8 @@ class DiskTier:
         self._spilling = False
         self._spills_held_since: float | None = None  # when waiting fetches began to hold the spills
         self._on_disk: dict[Namespace, set[bytes]] = {}  # the blocks the disk holds, once listed
-        self._listing: dict[Namespace, set[bytes]] = {}  # the pages of a listing under way
+        # A listing under way: the next page's start, and the blocks of the pages so far.
+        self._listing: dict[Namespace, tuple[int, set[bytes]]] = {}
         self._list_after: dict[Namespace, float] = {}  # listings asked (or failed): when to ask again
         self._figures: dict[Namespace, DiskFigures] = {}  # as the disk tier last answered
 
@@ -151,7 +152,7 @@ class DiskTier:
                 if not unanswered:
                     self.host.spilled(slots)
                 if isinstance(reply, BlocksSpilled):
-                    for known in (self._on_disk.get(key), self._listing.get(key)):
+                    for known in (self._on_disk.get(key), self._listing.get(key, (0, None))[1]):
                         if known is not None:
                             known.update(reply.stored)
             case FetchBlocks(segment=segment, slots=slots, hashes=hashes, namespace=key):
@@ -169,15 +170,18 @@ class DiskTier:
                     if pending is not None and pending.pieces and count == len(hashes):
                         return  # whole: the request waits for its next piece
                 self.deadline_passed(request_id)
-            case ListBlocks(segment=segment, namespace=key):
-                listed = self._listing.pop(key, set())
+            case ListBlocks(namespace=key, start=start):
+                under_way = self._listing.pop(key, None)
+                if start and (under_way is None or under_way[0] != start):
+                    return  # a page of a listing given up since (a flush, a new cache_tier)
+                listed = under_way[1] if start else set()
                 if not isinstance(reply, BlocksListed):
                     self._list_after[key] = time.monotonic() + LIST_RETRY_S  # from its first page
                 elif reply.next_start is None:
                     self._on_disk[key] = listed | set(reply.hashes)
                 else:
-                    self._listing[key] = listed | set(reply.hashes)
-                    self._requests.append((None, ListBlocks(segment, key, reply.next_start)))
+                    self._listing[key] = (reply.next_start, listed | set(reply.hashes))
+                    self._requests.append((None, ListBlocks(self.segment, key, reply.next_start)))
 
     def figures(self) -> DiskFigures | None:
         """What the disk holds in the served namespace, as it last said; None before it has."""
@@ -206,13 +210,15 @@ class DiskTier:
         for pending in self._fetches.values():  # what they prefetched went with the old pool
             pending.seq.prefetched = pending.seq.gpu_blocks_at_fetch = 0
         self._on_disk, self._list_after, self._figures = old._on_disk, old._list_after, old._figures
-        self._listing = old._listing
+        for key in old._listing:  # its next page was in the old books' queue: listed again, whole
+            self._list_after.pop(key, None)
 
     def restarted(self) -> None:
         """A new cache_tier: the old one's moves are void (their slots freed or spilled again)."""
         self.host.disk_tier_restarted()
         self._spilling = False
         self._on_disk.clear()  # listed again: the new one checked its files at start
+        self._listing.clear()
         self._list_after.clear()
         for request_id in list(self._fetches):
             self.deadline_passed(request_id)

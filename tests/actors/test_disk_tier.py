@@ -288,3 +288,17 @@ def test_a_listing_in_pages_is_known_once_its_last_page_comes_with_the_spills_be
     assert kv.waits_for_disk(again)
     ((_, fetch),) = kv.disk.take_requests()
     assert fetch.hashes == hashes  # both pages, and what a spill stored meanwhile
+
+
+def test_a_page_of_a_listing_a_flush_gave_up_is_ignored_and_the_disk_listed_anew():
+    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
+    ((_, first),) = kv.disk.take_requests()
+    seq = sequence("s", list(range(13)))
+    hashes = kv.host.hashes(seq, seq.prompt_ids, 3)
+    kv.disk.replied(None, first, BlocksListed(hashes[:1], next_start=1))
+    ((_, second),) = kv.disk.take_requests()
+    kv.disk.flushed()
+    kv.disk.replied(None, second, BlocksListed(hashes[1:2]))  # the page asked before the flush
+    ((_, again),) = kv.disk.take_requests()
+    assert again == ListBlocks("kvhost-x", kv.host.key)  # from the start
+    assert kv.waits_for_disk(seq)  # nothing is taken for listed until that listing ends

@@ -64,4 +64,4 @@ async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):  #
     lane.fetch_started()  # and never done
     lane.queue_puts(NS, chain.hashes)
     waited = await eventually(lambda: objects_in_bucket(buses[1]))
-    assert HOLD_S * 0.8 <= waited
+    assert HOLD_S * 0.8 <= waited < HOLD_S + 3.0  # held, then put (the margin: a loaded CI machine)

@@ -1,10 +1,12 @@
 """The cache_tier actor on a real nats-server lists a disk in pages, so that a disk holding more
-hashes than one bus message can carry is listed whole."""
+hashes than one bus message can carry is listed whole, and no block is skipped when others come
+and go between the pages."""
 
 import msgspec
 
 from actors.cache_tier import actor as cache_tier_actor
 from schemas.cache import BlocksListed, BlocksSpilled, DiskFigures, ListBlocks
+from schemas.errors import Error
 from tests.cache_tier.test_lanes import NAMESPACE, ask, cache_tier, spill  # noqa: F401 (a fixture)
 
 
@@ -19,8 +21,13 @@ async def test_a_listing_comes_in_pages_that_hold_every_block(cache_tier, monkey
         assert isinstance(page, BlocksListed) and len(page.hashes) <= 2
         pages.append(page.hashes)
         start = page.next_start
+        if len(pages) == 1:  # blocks come between the pages: the pages are still cut from one listing
+            assert isinstance((await ask(bus, spill(segment, [5, 6, 7], 100)))[0], BlocksSpilled)
     assert len(pages) == 3
     assert sorted(h for page in pages for h in page) == sorted(spilled.stored)
+    # The listing is over: a page of it asked again is refused, and the scheduler lists anew.
+    refused, _ = await ask(bus, ListBlocks(segment.name, NAMESPACE, 2))
+    assert isinstance(refused, Error) and refused.retriable
 
 
 def test_a_full_page_fits_the_bus_default_payload_limit():

@@ -65,12 +65,12 @@ async def test_an_object_whose_bytes_are_gone_is_an_error_not_a_short_file(bus, 
 
 async def test_the_chunks_of_a_put_cut_short_are_swept_once_old_enough(bus, nats_url, tmp_path):
     bucket = await bus.object_bucket("chains-test", 64 << 20)
-    (tmp_path / "in").write_bytes(os.urandom(CHUNK_BYTES + 7))
-    await bucket.put_file("ns/kept.kv", tmp_path / "in")
     killed = await nats.connect(nats_url)  # a put killed after its chunks, before its meta message
     for _ in range(3):
         await killed.jetstream().publish("$O.chains-test.C.cutshort", os.urandom(1000))
     await killed.close()
+    (tmp_path / "in").write_bytes(os.urandom(CHUNK_BYTES + 7))
+    await bucket.put_file("ns/kept.kv", tmp_path / "in")  # the stream's clock goes on past them
     before = await bucket.used_bytes()
     assert await bucket.drop_orphan_chunks(older_than_s=3600) == 0  # maybe a put under way: kept
     assert await bucket.drop_orphan_chunks(older_than_s=0) == 1
