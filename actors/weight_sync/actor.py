@@ -97,6 +97,10 @@ class WeightSyncActor(Actor):
         self.log.info("executor_weights", executor=info.executor_id, weight_version=info.weight_version)
 
     async def _on_request(self, message: WeightsRequest, reply_to: str | None) -> WeightsReply | Error | None:
+        if not self.ready and not isinstance(message, BeginBusUpload | UploadChunk):
+            # Until the executor says what it serves, the version here is the flag's, not the one
+            # an update committed before this actor restarted: no answer is better than a wrong one.
+            return Error("unavailable", "weight_sync has not heard from the executor yet", retriable=True)
         match message:
             case UpdateFromDisk(model_path=path, load_format=load_format):
                 if load_format not in DISK_FORMATS:
