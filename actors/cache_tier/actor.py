@@ -86,6 +86,8 @@ class CacheTierActor(Actor):
         self._listings: dict[str, tuple[list[bytes], DiskFigures]] = {}
         shared = await open_shared_chains(self.config, self.bus, self.subjects.chains_bucket, self.capacity_bytes)
         self.bucket = BucketLane(shared, self.stores.get, self.capacity_bytes, self.log) if shared else None
+        if self.bucket is not None:
+            self.bucket.sweep_later()
         await self.bus.subscribe(self.subjects.cache_tier, CacheTierRequest, self._on_request)
         self.log.info("disk_tier", directory=str(self.root), capacity_bytes=self.capacity_bytes)
 

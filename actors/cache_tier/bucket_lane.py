@@ -8,6 +8,7 @@ that servers on other machines share (shared_chains.py), in the background; no r
   HOLD_S): a fetch is a prompt waiting for its blocks, and a put's or pull's chunks share the
   host's cores and the process's GIL with the reader threads (a restart's prompt read 0.53-0.63x
   of a recompute beside them, docs/journal/2026-11-27-restart-reads.md).
+- After a start, first of all, the chunks of puts that a kill cut short are swept out.
 - A flush (`halt`) drops what is queued and lets what is moving land; a stop (`drain`) drops the
   pulls and gives the puts still queued at most a deadline.
 """
@@ -40,6 +41,7 @@ class BucketLane:
         self._pulls: deque[tuple[str, str, int, list[bytes]]] = deque()  # (namespace, object, bytes, hashes)
         self._pulling: set[str] = set()  # the objects queued for a pull
         self._task: asyncio.Task | None = None
+        self._sweep = False  # the chunks of puts a kill cut short: swept first, once asked
         self._fetches = 0  # being read, or queued to be
         self._no_fetches = asyncio.Event()
         self._no_fetches.set()
@@ -52,6 +54,12 @@ class BucketLane:
         self._fetches -= 1
         if not self._fetches:
             self._no_fetches.set()
+
+    def sweep_later(self) -> None:
+        """Asks for the sweep of the chunks that puts a kill cut short (SharedChains.sweep_orphans),
+        as the lane's first work: it reads every object's meta, which a start must not wait for."""
+        self._sweep = True
+        self._run()
 
     def queue_puts(self, namespace: str, stored: list[bytes]) -> None:
         """Queues the chain files holding the blocks a spill stored."""
@@ -110,7 +118,7 @@ class BucketLane:
         self._pulling.clear()
 
     def _run(self) -> None:
-        if (self._puts or self._pulls) and (self._task is None or self._task.done()):
+        if (self._sweep or self._puts or self._pulls) and (self._task is None or self._task.done()):
             # Not the actor's `spawn`: a stop cancels spawned tasks first, and lets this one finish its puts.
             self._task = asyncio.create_task(self._work(), name="kv_chains_bucket")
 
@@ -119,6 +127,9 @@ class BucketLane:
         `kv_chains_pulled`: chains, bytes and the seconds the lane took)."""
         moved = {"put": [0, 0], "pulled": [0, 0]}  # chains, bytes
         started = time.monotonic()
+        if self._sweep:
+            self._sweep = False
+            await self.shared.sweep_orphans()
         while self._puts or self._pulls:
             await self._after_fetches()
             if self._puts:

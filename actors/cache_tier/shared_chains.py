@@ -12,8 +12,8 @@ lists the hashes of its blocks (hex, by spaces), so a listing of the bucket says
 holds without reading any. The file brought back goes into the local disk tier
 (`DiskStore.adopt`) and is read from there: its blocks are checked as any local file's are. The
 bucket holds at most the disk tier's size (`--disk-kv-gb`); a put that would pass it first deletes
-the objects put longest ago. A cache_tier that starts sweeps out the chunks of puts that a kill
-cut short.
+the objects put longest ago. The chunks of puts that a kill cut short are swept out once, in the
+background, after a cache_tier starts.
 """
 
 import os
@@ -33,7 +33,7 @@ log = structlog.get_logger()
 GET_TIMEOUT_S = 30.0  # for one chain (an 8B model's 256 blocks are 512 MiB)
 META_BYTES = 1024  # an object's meta message, less its description (about 33 bytes a block)
 # A put's chunks that no object names, and older than this by the stream's newest message, are a
-# put a kill cut short, swept at start; younger ones may be another server's put under way.
+# put a kill cut short, swept after a start; younger ones may be another server's put under way.
 ORPHAN_CHUNKS_AGE_S = 600.0
 
 
@@ -121,6 +121,15 @@ class SharedChains:
             raise
         return temp
 
+    async def sweep_orphans(self) -> None:
+        """Purges the chunks of puts that a kill cut short, older than ORPHAN_CHUNKS_AGE_S; a
+        bucket that fails is left as it is (the chunks cost room, not harm)."""
+        try:
+            if dropped := await self.bucket.drop_orphan_chunks(ORPHAN_CHUNKS_AGE_S):
+                log.info("kv_chains_orphans_dropped", bucket=self.bucket.name, puts=dropped)
+        except JetStreamError as exc:
+            log.warning("kv_chains_not_swept", bucket=self.bucket.name, reason=str(exc))
+
     async def clear(self) -> None:
         """Deletes every object (an admin's flush of the disk tier)."""
         await self.bucket.purge()
@@ -154,10 +163,5 @@ async def open_shared_chains(config: KernelConfig, bus: Bus, name: str, capacity
         await shared.refresh()
     except JetStreamError as exc:
         log.warning("kv_chains_not_listed", bucket=name, reason=str(exc))
-    try:
-        if dropped := await bucket.drop_orphan_chunks(ORPHAN_CHUNKS_AGE_S):
-            log.info("kv_chains_orphans_dropped", bucket=name, puts=dropped)
-    except JetStreamError as exc:
-        log.warning("kv_chains_not_swept", bucket=name, reason=str(exc))
     log.info("kv_chains_shared", bucket=name, objects=shared.objects_held)
     return shared

@@ -1,11 +1,15 @@
 """The cache_tier's bucket lane on a real nats-server: its puts and pulls wait while a fetch is read
-(a prompt waits for that fetch), and not longer than HOLD_S."""
+(a prompt waits for that fetch), and not longer than HOLD_S; after a start it sweeps the chunks of
+puts that a kill cut short."""
 
 import asyncio
+import os
 import time
 
+import nats
 import structlog
 
+from actors.cache_tier import shared_chains
 from actors.cache_tier.bucket_lane import HOLD_S, BucketLane
 from actors.cache_tier.disk_store import DiskStore
 from tests.cache_tier.test_disk_store import BLOCK_BYTES, GIB, NS, Chain
@@ -65,3 +69,22 @@ async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):  #
     lane.queue_puts(NS, chain.hashes)
     waited = await eventually(lambda: objects_in_bucket(buses[1]))
     assert HOLD_S * 0.8 <= waited < HOLD_S + 3.0  # held, then put (the margin: a loaded CI machine)
+
+
+async def test_after_a_start_the_lane_sweeps_the_chunks_of_a_put_a_kill_cut_short(
+    buses, nats_url, tmp_path, monkeypatch
+):  # noqa: F811
+    monkeypatch.setattr(shared_chains, "ORPHAN_CHUNKS_AGE_S", 0.0)
+    chains = await shared(buses[0])
+    killed = await nats.connect(nats_url)
+    await killed.jetstream().publish("$O.kv-chains-test.C.cutshort", os.urandom(5000))
+    await killed.close()
+    (tmp_path / "later").write_bytes(b"a later put")
+    await chains.bucket.put_file("ns/later.kv", tmp_path / "later")  # the stream's clock goes on
+    lane = lane_on(DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB), chains)
+    lane.sweep_later()
+
+    async def swept() -> bool:
+        return await chains.bucket.used_bytes() < 5000
+
+    await eventually(swept)

@@ -3,16 +3,11 @@ one machine's disk wrote comes back into another machine's disk and reads byte f
 copy costs a shorter hit, never wrong bytes; a bucket past its size deletes the chains put longest
 ago; another server's puts are found once the bucket is listed again."""
 
-import os
-
-import nats
 import pytest
 
-from actors.cache_tier import shared_chains
 from actors.cache_tier.disk_store import DiskStore
 from actors.cache_tier.shared_chains import SharedChains
 from kernel.bus import Bus
-from kernel.config import BusConfig, KernelConfig
 from tests.cache_tier.test_disk_store import BLOCK_BYTES, GIB, NS, Chain
 
 
@@ -102,18 +97,3 @@ async def test_a_put_makes_room_from_objects_another_server_put_since_it_listed(
     await put_all(late, here, chains[2].hashes)  # the bucket is full of objects `late` never listed
     listed = await shared(buses[0], capacity_bytes=GIB)
     assert set(listed.hashes(NS)) == set(chains[1].hashes + chains[2].hashes)
-
-
-async def test_a_cache_tier_that_starts_sweeps_the_chunks_of_a_put_a_kill_cut_short(
-    buses, nats_url, monkeypatch, tmp_path
-):
-    monkeypatch.setattr(shared_chains, "ORPHAN_CHUNKS_AGE_S", 0.0)
-    bucket = await buses[0].object_bucket("kv-chains-test", 1 << 20)
-    killed = await nats.connect(nats_url)
-    await killed.jetstream().publish("$O.kv-chains-test.C.cutshort", os.urandom(5000))
-    await killed.close()
-    (tmp_path / "later").write_bytes(b"a later put")
-    await bucket.put_file("ns/later.kv", tmp_path / "later")
-    config = KernelConfig(bus=BusConfig(nats_url=nats_url))
-    assert await shared_chains.open_shared_chains(config, buses[1], "kv-chains-test", 1 << 20) is not None
-    assert await bucket.used_bytes() < 5000
