@@ -12,7 +12,10 @@ from schemas.errors import Error
 from schemas.generate import Constraint
 
 if TYPE_CHECKING:
-    import xgrammar  # imported where a grammar is made: it pulls in transformers, 1.3 s of CPU at a start
+    # Imported where a grammar is made: xgrammar pulls in torch and transformers, some 3 s of CPU that
+    # every start of the tokenizer paid for a feature most servers never use. The first constrained
+    # request pays it once instead, on a worker thread (as vLLM's grammar backend is made lazily).
+    import xgrammar
 
 # JSON without free whitespace: a model cannot pad its output with blanks until max_tokens.
 # xgrammar then writes items apart by ", " and keys from values by ": ", as json.dumps does.
