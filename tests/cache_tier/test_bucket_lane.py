@@ -13,7 +13,7 @@ from actors.cache_tier import shared_chains
 from actors.cache_tier.bucket_lane import HOLD_S, BucketLane
 from actors.cache_tier.disk_store import DiskStore
 from tests.cache_tier.test_disk_store import BLOCK_BYTES, GIB, NS, Chain
-from tests.cache_tier.test_shared_chains import buses, shared  # noqa: F401 (a fixture)
+from tests.cache_tier.test_shared_chains import shared
 
 
 async def objects_in_bucket(bus) -> int:
@@ -33,7 +33,7 @@ def lane_on(store: DiskStore, chains) -> BucketLane:
     return BucketLane(chains, {NS: store}.get, GIB, structlog.get_logger())
 
 
-async def test_puts_and_pulls_wait_for_the_fetch_being_read(buses, tmp_path):  # noqa: F811
+async def test_puts_and_pulls_wait_for_the_fetch_being_read(buses, tmp_path):
     here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
     chain = Chain(3, 8)
     chain.put(here)
@@ -60,7 +60,7 @@ async def test_puts_and_pulls_wait_for_the_fetch_being_read(buses, tmp_path):  #
     assert chain.read(there) == 8
 
 
-async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):  # noqa: F811
+async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):
     here = DiskStore(tmp_path / "here", NS, BLOCK_BYTES, GIB)
     chain = Chain(4, 8)
     chain.put(here)
@@ -73,7 +73,7 @@ async def test_a_fetch_holds_the_puts_no_longer_than_hold_s(buses, tmp_path):  #
 
 async def test_after_a_start_the_lane_sweeps_the_chunks_of_a_put_a_kill_cut_short(
     buses, nats_url, tmp_path, monkeypatch
-):  # noqa: F811
+):
     monkeypatch.setattr(shared_chains, "ORPHAN_CHUNKS_AGE_S", 0.0)
     chains = await shared(buses[0])
     killed = await nats.connect(nats_url)

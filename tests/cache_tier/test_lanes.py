@@ -2,19 +2,13 @@
 prompt waits for, is answered while a spill is still being written; a flush waits for both lanes
 and both wait for it. A slow disk is stood in for by a write that sleeps."""
 
-import argparse
 import asyncio
 import time
-import uuid
-
-import pytest
 
 from actors.cache_tier import chain_file
-from actors.cache_tier.actor import CacheTierActor
 from actors.cache_tier.host_segment import HostSegment
 from actors.lib.block_hashes import extend_hashes, root_hash
 from kernel.bus import Bus
-from kernel.config import BusConfig, EngineConfig, KernelConfig, SupervisionConfig
 from kernel.subjects import Subjects
 from schemas.cache import (
     BlocksFetched,
@@ -25,38 +19,8 @@ from schemas.cache import (
     FlushDisk,
     SpillBlocks,
 )
-from schemas.health import Heartbeat
 
-NAMESPACE, BLOCK_SIZE, SLOT_BYTES, SLOW_WRITE_S = "a" * 32, 4, 4096, 1.0
-
-
-@pytest.fixture
-async def cache_tier(nats_url, tmp_path):
-    """(the scheduler's bus, the segment): a cache_tier actor serving a disk dir under tmp_path."""
-    engine = EngineConfig(disk_kv_gb=1.0, disk_kv_dir=str(tmp_path / "disk"))
-    config = KernelConfig(
-        bus=BusConfig(nats_url=nats_url), engine=engine, supervision=SupervisionConfig(data_dir=str(tmp_path))
-    )
-    segment = HostSegment.create(f"test-lanes-{uuid.uuid4().hex[:12]}", 8, SLOT_BYTES)
-    scheduler = await Bus.connect(nats_url, "scheduler")
-    started = asyncio.Event()
-
-    async def on_heartbeat(_beat: Heartbeat, _reply_to) -> None:
-        started.set()  # the first beat follows `start`, which subscribed
-
-    await scheduler.subscribe(Subjects().heartbeat("cache_tier"), Heartbeat, on_heartbeat)
-    actor = CacheTierActor(config, await Bus.connect(nats_url, "cache_tier"), argparse.Namespace())
-    stop = asyncio.Event()
-    running = asyncio.create_task(actor.run_until_stopped(stop))
-    try:
-        await asyncio.wait_for(started.wait(), 30)
-        yield scheduler, segment
-    finally:
-        stop.set()
-        await running
-        await scheduler.close()
-        segment.close()
-        segment.unlink()
+NAMESPACE, BLOCK_SIZE, SLOW_WRITE_S = "a" * 32, 4, 1.0
 
 
 def spill(segment: HostSegment, slots: list[int], first_token: int) -> SpillBlocks:

@@ -7,10 +7,10 @@ import msgspec
 from actors.cache_tier import actor as cache_tier_actor
 from schemas.cache import BlocksListed, BlocksSpilled, DiskFigures, ListBlocks
 from schemas.errors import Error
-from tests.cache_tier.test_lanes import NAMESPACE, ask, cache_tier, spill  # noqa: F401 (a fixture)
+from tests.cache_tier.test_lanes import NAMESPACE, ask, spill
 
 
-async def test_a_listing_comes_in_pages_that_hold_every_block(cache_tier, monkeypatch):  # noqa: F811
+async def test_a_listing_comes_in_pages_that_hold_every_block(cache_tier, monkeypatch):
     monkeypatch.setattr(cache_tier_actor, "LIST_PAGE_BLOCKS", 2)
     bus, segment = cache_tier
     spilled, _ = await ask(bus, spill(segment, [0, 1, 2, 3, 4], 0))

@@ -3,20 +3,10 @@ one machine's disk wrote comes back into another machine's disk and reads byte f
 copy costs a shorter hit, never wrong bytes; a bucket past its size deletes the chains put longest
 ago; another server's puts are found once the bucket is listed again."""
 
-import pytest
-
 from actors.cache_tier.disk_store import DiskStore
 from actors.cache_tier.shared_chains import SharedChains
 from kernel.bus import Bus
 from tests.cache_tier.test_disk_store import BLOCK_BYTES, GIB, NS, Chain
-
-
-@pytest.fixture
-async def buses(nats_url):
-    connected = [await Bus.connect(nats_url, "cache_tier") for _ in range(2)]
-    yield connected
-    for bus in connected:
-        await bus.close()
 
 
 async def shared(bus: Bus, capacity_bytes: int = 1 << 20) -> SharedChains:
