@@ -81,15 +81,24 @@ class SchedulerActor(Actor):
         return self.batcher is not None and self.durable.restored.is_set()
 
     async def _find_executor(self, resync: bool = False) -> None:
-        """Asks until an executor answers; later restarts announce themselves on the info subject."""
-        while self.batcher is None or resync:
+        """Asks until an executor answers (later restarts announce themselves on the info subject),
+        then asks again, with a describe that starts no epoch, until the executor names the id this
+        scheduler follows. After a bus outage the executor's own reconnection starts an epoch too,
+        and broadcasts it; that broadcast (one hop: its subscription) can be handled before the
+        reply to a resync that came just before it (two: nats-py's reply inbox, then this task).
+        Following the older id, the scheduler dropped every step output: its requests ran for ever
+        in its books, and a weight update's "wait" pause waited for them for ever."""
+        while True:
             reply = await self.bus.request(
                 self.subjects.executor_describe, DescribeExecutor(resync), ExecutorInfo, DESCRIBE_TIMEOUT_S
             )
-            if isinstance(reply, ExecutorInfo):
-                await self._on_executor_info(reply, None)
+            if not isinstance(reply, ExecutorInfo):
+                await asyncio.sleep(0.2)
+                continue
+            if not resync and reply.executor_id == self.executor_id:
                 return
-            await asyncio.sleep(0.2)
+            await self._on_executor_info(reply, None)
+            resync = False
 
     async def _after_bus_outage(self) -> None:
         self.origins.forgive_silence()  # their beats were lost with the bus, not their processes
