@@ -174,19 +174,25 @@ class ObjectBucket:
 
     async def objects(self) -> list[StoredObject]:
         """Every object the bucket holds, in the order they were put."""
-        prefix, found = f"$O.{self.name}.M.", []
-        what = f"list the objects of object bucket {self.name}"
-        for subject in await stream_subjects(self._nc, self._stream, prefix, what):
-            reply = await api_call(self._nc, f"STREAM.MSG.GET.{self._stream}", {"last_by_subj": subject}, what)
-            message = reply.get("message") or {}
+        found = []
+        for info, sequence in await self._metas(f"list the objects of object bucket {self.name}"):
+            if info.get("deleted") or not info.get("name"):
+                continue
+            found.append(StoredObject(info["name"], info.get("size", 0), info.get("description") or "", sequence))
+        return sorted(found, key=lambda stored: stored.sequence)
+
+    async def _metas(self, what: str) -> list[tuple[dict, int]]:
+        """Each meta message the stream holds (deleted objects' included), read as JSON, with its
+        stream sequence; a message this module cannot read is no object of ours, and skipped."""
+        metas = []
+        for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.M.", what):
+            message = await self._last_message(subject, what)
             try:
                 info = json.loads(base64.b64decode(message.get("data") or ""))
             except ValueError:
-                continue  # not a meta message this module reads: no object of ours
-            if info.get("deleted") or not info.get("name"):
                 continue
-            found.append(StoredObject(info["name"], info.get("size", 0), info.get("description") or "", message["seq"]))
-        return sorted(found, key=lambda stored: stored.sequence)
+            metas.append((info, message["seq"]))
+        return metas
 
     async def delete(self, name: str) -> None:
         """Removes the object, its bytes and its meta message, if it is there: by purging both
@@ -207,15 +213,8 @@ class ObjectBucket:
         newest message (the server's clock, not this machine's): younger ones may be a put under
         way on another connection. Returns how many puts' chunks it purged."""
         what = f"sweep the chunks of object bucket {self.name}"
-        state = (await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, what)).get("state") or {}
-        newest = _stream_time(state.get("last_ts", ""))
-        named = set()
-        for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.M.", what):
-            meta = await self._last_message(subject, what)
-            try:
-                named.add(json.loads(base64.b64decode(meta.get("data") or "")).get("nuid"))
-            except ValueError:
-                continue
+        newest = _stream_time((await self._stream_state(what)).get("last_ts", ""))
+        named = {info.get("nuid") for info, _ in await self._metas(what)}
         dropped = 0
         for subject in await stream_subjects(self._nc, self._stream, f"$O.{self.name}.C.", what):
             if subject.rsplit(".", 1)[1] in named:
@@ -232,8 +231,11 @@ class ObjectBucket:
 
     async def used_bytes(self) -> int:
         """What the bucket's stream holds now, every server's objects and meta messages included."""
-        info = await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, f"read object bucket {self.name}'s size")
-        return (info.get("state") or {}).get("bytes", 0)
+        return (await self._stream_state(f"read object bucket {self.name}'s size")).get("bytes", 0)
+
+    async def _stream_state(self, what: str) -> dict:
+        info = await api_call(self._nc, f"STREAM.INFO.{self._stream}", {}, what)
+        return info.get("state") or {}
 
     def _meta_subject(self, name: str) -> str:
         return f"$O.{self.name}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"

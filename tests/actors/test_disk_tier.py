@@ -271,13 +271,20 @@ def test_fetches_hold_the_spills_no_longer_than_spill_hold_s(monkeypatch):
     assert [type(r) for _, r in moves(kv)] == [SpillBlocks]
 
 
-def test_a_listing_in_pages_is_known_once_its_last_page_comes_with_the_spills_between():
+def first_page_answered() -> tuple[KVManager, Sequence, list[bytes], ListBlocks]:
+    """A disk tier whose listing's first page (of two) came back with the first of a prompt's three
+    blocks: the books, the prompt, its blocks' hashes and the second page's request."""
     kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
     ((_, first),) = kv.disk.take_requests()
     seq = sequence("s", list(range(13)))
     hashes = kv.host.hashes(seq, seq.prompt_ids, 3)
     kv.disk.replied(None, first, BlocksListed(hashes[:1], next_start=1))
     ((_, second),) = kv.disk.take_requests()
+    return kv, seq, hashes, second
+
+
+def test_a_listing_in_pages_is_known_once_its_last_page_comes_with_the_spills_between():
+    kv, seq, hashes, second = first_page_answered()
     assert second == ListBlocks("kvhost-x", kv.host.key, start=1)
     assert kv.waits_for_disk(seq)  # not known yet: every prompt asks
     kv.disk.replied(None, SpillBlocks("kvhost-x", kv.host.key, [], [], [], []), BlocksSpilled([hashes[2]]))
@@ -291,12 +298,7 @@ def test_a_listing_in_pages_is_known_once_its_last_page_comes_with_the_spills_be
 
 
 def test_a_page_of_a_listing_a_flush_gave_up_is_ignored_and_the_disk_listed_anew():
-    kv = KVManager(8, BS, True, TenancyPolicy(), host_slots=8, fingerprint="m", disk_segment="kvhost-x")
-    ((_, first),) = kv.disk.take_requests()
-    seq = sequence("s", list(range(13)))
-    hashes = kv.host.hashes(seq, seq.prompt_ids, 3)
-    kv.disk.replied(None, first, BlocksListed(hashes[:1], next_start=1))
-    ((_, second),) = kv.disk.take_requests()
+    kv, seq, hashes, second = first_page_answered()
     kv.disk.flushed()
     kv.disk.replied(None, second, BlocksListed(hashes[1:2]))  # the page asked before the flush
     ((_, again),) = kv.disk.take_requests()
