@@ -262,7 +262,7 @@ async def open_object_bucket(nc: Client, name: str, max_bytes: int) -> ObjectBuc
 
 def _stream_time(text: str) -> datetime:
     """A stream message's time (RFC 3339 with nanoseconds, which datetime reads to microseconds);
-    now, where it cannot be read (so a chunk's age reads as none: it is kept)."""
+    this machine's now where it cannot be read: a chunk's age then reads as none, and it is kept."""
     whole, _, fraction = text.rstrip("Z").partition(".")
     try:
         return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]}").replace(tzinfo=UTC)
