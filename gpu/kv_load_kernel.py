@@ -15,10 +15,12 @@ import triton.language as tl
 # Words (8 bytes) a program copies at a time: one layer's block of llama-3.1-8b (64 KiB), so that a
 # few programs keep enough reads in flight to fill the link.
 BLOCK_WORDS = 8192
-# The share of the SMs a load takes. Its programs stay resident for a whole layer, waiting on
-# PCIe: on every SM they would keep the step's kernels, which the load is meant to run beside, off
-# the GPU (a 16-token step over an 8K prefix ran after the load, not under it, with two per SM).
-SM_SHARE = 4
+# The share of the SMs a load takes: one SM in 16 (8 programs of an H200's 132). Its programs stay
+# resident for a whole layer, waiting on PCIe, and slow the step's kernels that the load is meant
+# to run beside. Eight keep enough reads in flight to fill the link (48 GB/s, as 33 did); with 33,
+# a 16-token step over an 8K prefix from the host ended about 4.5 ms after the load, with 8 about
+# 1 ms after (docs/journal/2026-11-27-host-hit-timeline.md).
+SM_SHARE = 16
 
 
 @triton.jit(do_not_specialize=["count", "layer"])  # one compiled kernel for every load
