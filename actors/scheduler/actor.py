@@ -12,6 +12,7 @@ new weights.
 
 import asyncio
 import uuid
+from collections import deque
 
 from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
 from actors.scheduler.batcher_setup import new_batcher, reset_batcher, session_budget_tokens
@@ -33,6 +34,7 @@ from schemas.session import AsTenant, BeginTurn, PublicSessionRequest, RecordTur
 from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
 
 DESCRIBE_TIMEOUT_S = 2.0
+STALE_IDS_KEPT = 16  # epochs end at bus outages and scheduler changes: a few are ever in flight
 ORPHAN_CHECK_S = 0.5
 SESSION_CHECK_S = 0.5  # how often idle sessions are looked for
 ORIGIN_ACTORS = ("frontdoor", "gateway")  # the actors that keep request records: their death orphans requests
@@ -49,6 +51,10 @@ class SchedulerActor(Actor):
         self._sending = asyncio.Lock()  # held while one round of commands goes out in parts
         self.batcher: ContinuousBatcher | None = None
         self.executor_id: str | None = None
+        # Executor ids known not to be the current one (followed before, or asked about): their late
+        # outputs are stale, not news of an epoch this scheduler missed.
+        self._stale_ids: deque[str] = deque(maxlen=STALE_IDS_KEPT)
+        self._confirming = False  # a describe asked on an output of an unknown executor id is under way
         self.sessions: SessionTable | None = None
         self.durable = DurableSessions(self.bus, self.subjects, self.log)
         self.admin: SchedulerAdmin | None = None  # the admin conversations, once an executor is known
@@ -100,6 +106,19 @@ class SchedulerActor(Actor):
             await self._on_executor_info(reply, None)
             resync = False
 
+    async def _confirm_executor(self, unknown_id: str) -> None:
+        """An output names an epoch this scheduler never followed: the executor started one whose
+        broadcast was lost (the bus flapping again), its broadcast is still on its way, or it is an
+        epoch already replaced. Asking settles it; without it, in the first case, every later output
+        would be dropped."""
+        self._confirming = True
+        try:
+            await self._find_executor()
+        finally:
+            self._confirming = False
+        if unknown_id != self.executor_id:
+            self._stale_ids.append(unknown_id)
+
     async def _after_bus_outage(self) -> None:
         self.origins.forgive_silence()  # their beats were lost with the bus, not their processes
         if self.batcher is not None:
@@ -123,6 +142,8 @@ class SchedulerActor(Actor):
             self.spawn(self.durable.restore(self.sessions), "restore_sessions")
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
+        if self.executor_id is not None:
+            self._stale_ids.append(self.executor_id)
         self.executor_id = info.executor_id
         self.weight_version = info.weight_version
         self.log.info(
@@ -243,7 +264,11 @@ class SchedulerActor(Actor):
         return self.admin.weights_committed(message)
 
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
-        if self.batcher is None or output.executor_id != self.executor_id:
+        if self.batcher is None:
+            return
+        if output.executor_id != self.executor_id:
+            if output.executor_id not in self._stale_ids and not self._confirming:
+                self.spawn(self._confirm_executor(output.executor_id), "confirm_executor")
             return
         # The host slots an output reports moved are those of the scheduler whose commands the
         # executor ran: before it has seen ours, another's, which must not settle our slots.

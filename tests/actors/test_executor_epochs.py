@@ -1,7 +1,8 @@
 """After a bus outage the scheduler follows the executor's latest epoch, whatever order the news of
 two epochs arrives in. On a real nats-server, a stand-in executor answers the scheduler's resync
 with one epoch, but first broadcasts the next one, which its own reconnection started: the reply of
-the older epoch is handled last. The scheduler still ends up following the newer one."""
+the older epoch is handled last. The scheduler still ends up following the newer one. And an epoch
+whose broadcast is lost altogether is found from its step outputs."""
 
 import argparse
 import asyncio
@@ -10,7 +11,7 @@ from actors.scheduler.actor import SchedulerActor
 from kernel.bus import Bus
 from kernel.config import BusConfig, KernelConfig
 from kernel.subjects import Subjects
-from schemas.step import DescribeExecutor, ExecutorInfo
+from schemas.step import DescribeExecutor, ExecutorInfo, StepOutput
 
 
 def epoch(executor_id: str) -> ExecutorInfo:
@@ -42,6 +43,34 @@ async def test_a_resync_answered_after_a_newer_epoch_is_broadcast_follows_the_ne
             await asyncio.sleep(0.01)
         await scheduler._find_executor(resync=True)
         assert scheduler.executor_id == "e3"
+    finally:
+        stop.set()
+        await running
+        await scheduler_bus.close()
+        await executor_bus.close()
+
+
+async def test_an_output_of_an_epoch_whose_broadcast_was_lost_makes_the_scheduler_follow_it(nats_url):
+    subjects = Subjects()
+    executor_bus = await Bus.connect(nats_url, "executor")
+    scheduler_bus = await Bus.connect(nats_url, "scheduler")
+    current = epoch("e1")
+
+    async def on_describe(_message: DescribeExecutor, _reply_to) -> ExecutorInfo:
+        return current
+
+    await executor_bus.subscribe(subjects.executor_describe, DescribeExecutor, on_describe)
+    scheduler = SchedulerActor(KernelConfig(bus=BusConfig(nats_url=nats_url)), scheduler_bus, argparse.Namespace())
+    stop = asyncio.Event()
+    running = asyncio.create_task(scheduler.run_until_stopped(stop))
+    try:
+        while getattr(scheduler, "executor_id", None) != "e1":
+            await asyncio.sleep(0.01)
+        current = epoch("e2")  # a new epoch, its broadcast lost: only its outputs tell of it
+        async with asyncio.timeout(5):
+            while scheduler.executor_id != "e2":
+                await executor_bus.publish(subjects.step_outputs, StepOutput("e2", 1, []))
+                await asyncio.sleep(0.05)
     finally:
         stop.set()
         await running
