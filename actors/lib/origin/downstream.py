@@ -15,6 +15,10 @@ from schemas.session import BeginTurn, RecordTurn, TurnRecorded, TurnTokens
 from schemas.tokenizer import CheckConstraint, ConstraintChecked, Encode, Encoded, Track, Tracked, Untrack
 
 CONTROL_TIMEOUT_S = 10.0  # encode, track and submit are quick; a slower answer means an actor is down
+# A tokenizer's first constraint check imports the grammar library (seconds of CPU, several times
+# that on a loaded machine: it failed at 10 s in a test run on two busy cores), and a large schema
+# compiles for long: a first structured request waits for them rather than failing.
+CONSTRAINT_TIMEOUT_S = 60.0
 
 
 class Downstream:
@@ -41,7 +45,7 @@ class Downstream:
         if constraint is None:
             return None
         check = CheckConstraint(constraint)
-        return await self._bus.request(self._subjects.tokenizer, check, ConstraintChecked, CONTROL_TIMEOUT_S)
+        return await self._bus.request(self._subjects.tokenizer, check, ConstraintChecked, CONSTRAINT_TIMEOUT_S)
 
     async def track(self, record: RequestRecord) -> Tracked | Error:
         """Asks a tokenizer to detokenize the request from where its client stands; the record
