@@ -15,19 +15,6 @@ if not torch.cuda.is_available():
 
 import pytest
 
-# The directories whose tests start servers, or run kernels in Triton's interpreter: a file of them
-# takes a minute or more, a unit test file seconds. They run first, so that pytest-xdist's two
-# workers end together on the quick files rather than one idling while the other finishes a slow one.
-SLOW_DIRECTORIES = ("e2e", "ops", "gpu")
-
-
-def pytest_collection_modifyitems(config, items):
-    def slow_first(item) -> int:
-        directory = item.path.relative_to(config.rootpath / "tests").parts[0]
-        return 0 if directory in SLOW_DIRECTORIES else 1
-
-    items.sort(key=slow_first)  # stable: the order within each group stays as collected
-
 
 @pytest.fixture(scope="session")
 def build_tiny_model(tmp_path_factory):

@@ -14,12 +14,24 @@ from schemas.generate import GenerateRequest, GenerateResult, SamplingParams, Se
 from schemas.session import CloseSession, OpenSession, SessionClosed, SessionOpened
 
 BLOCK = 16  # the server's KV block size: cached prefixes come in whole blocks
+OPENED: list[tuple[str, dict]] = []  # each session a test opened over HTTP, with the query that closes it
+
+
+@pytest.fixture(autouse=True)
+def close_what_the_test_opened(server):
+    """The server is shared with other files, and a session pins its blocks until closed: left open,
+    it would hold them under the tests that check a server idle, whichever order they run in."""
+    yield
+    while OPENED:
+        session_id, query = OPENED.pop()
+        close_session(server, session_id, **query)  # a 404: closed by the test, or expired
 
 
 def open_session(server, **body) -> str:
     response = httpx.post(f"{server.base_url}/v1/sessions", json=body, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["object"] == "session"
+    OPENED.append((response.json()["id"], {"user": body["user"]} if "user" in body else {}))
     return response.json()["id"]
 
 
@@ -156,6 +168,7 @@ def test_open_refuses_bad_settings(server):
     response = httpx.post(
         f"{server.base_url}/v1/sessions", json={"capacity_tokens": 64, "idle_timeout_s": 30}, timeout=30
     )
+    OPENED.append((response.json()["id"], {}))
     assert response.json()["capacity_tokens"] == 64 and response.json()["idle_timeout_s"] == 30
 
 
