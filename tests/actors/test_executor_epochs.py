@@ -6,6 +6,7 @@ whose broadcast is lost altogether is found from its step outputs."""
 
 import argparse
 import asyncio
+import contextlib
 
 from actors.scheduler.actor import SchedulerActor
 from kernel.bus import Bus
@@ -18,10 +19,28 @@ def epoch(executor_id: str) -> ExecutorInfo:
     return ExecutorInfo(executor_id, 64, 16, 256, 100, "cpu", "float32")
 
 
+@contextlib.asynccontextmanager
+async def scheduler_following_e1(nats_url: str, executor_bus: Bus, on_describe):
+    """A scheduler on a bus connection of its own, once it follows the stand-in executor's first
+    epoch (e1), whose describes `on_describe` answers on `executor_bus`."""
+    await executor_bus.subscribe(Subjects().executor_describe, DescribeExecutor, on_describe)
+    scheduler_bus = await Bus.connect(nats_url, "scheduler")
+    scheduler = SchedulerActor(KernelConfig(bus=BusConfig(nats_url=nats_url)), scheduler_bus, argparse.Namespace())
+    stop = asyncio.Event()
+    running = asyncio.create_task(scheduler.run_until_stopped(stop))
+    try:
+        while getattr(scheduler, "executor_id", None) != "e1":
+            await asyncio.sleep(0.01)
+        yield scheduler
+    finally:
+        stop.set()
+        await running
+        await scheduler_bus.close()
+
+
 async def test_a_resync_answered_after_a_newer_epoch_is_broadcast_follows_the_newer(nats_url):
     subjects = Subjects()
     executor_bus = await Bus.connect(nats_url, "executor")
-    scheduler_bus = await Bus.connect(nats_url, "scheduler")
     current = epoch("e1")
 
     async def on_describe(message: DescribeExecutor, _reply_to) -> ExecutorInfo:
@@ -34,45 +53,27 @@ async def test_a_resync_answered_after_a_newer_epoch_is_broadcast_follows_the_ne
             return older
         return current
 
-    await executor_bus.subscribe(subjects.executor_describe, DescribeExecutor, on_describe)
-    scheduler = SchedulerActor(KernelConfig(bus=BusConfig(nats_url=nats_url)), scheduler_bus, argparse.Namespace())
-    stop = asyncio.Event()
-    running = asyncio.create_task(scheduler.run_until_stopped(stop))
     try:
-        while getattr(scheduler, "executor_id", None) != "e1":
-            await asyncio.sleep(0.01)
-        await scheduler._find_executor(resync=True)
-        assert scheduler.executor_id == "e3"
+        async with scheduler_following_e1(nats_url, executor_bus, on_describe) as scheduler:
+            await scheduler._find_executor(resync=True)
+            assert scheduler.executor_id == "e3"
     finally:
-        stop.set()
-        await running
-        await scheduler_bus.close()
         await executor_bus.close()
 
 
 async def test_an_output_of_an_epoch_whose_broadcast_was_lost_makes_the_scheduler_follow_it(nats_url):
-    subjects = Subjects()
     executor_bus = await Bus.connect(nats_url, "executor")
-    scheduler_bus = await Bus.connect(nats_url, "scheduler")
     current = epoch("e1")
 
     async def on_describe(_message: DescribeExecutor, _reply_to) -> ExecutorInfo:
         return current
 
-    await executor_bus.subscribe(subjects.executor_describe, DescribeExecutor, on_describe)
-    scheduler = SchedulerActor(KernelConfig(bus=BusConfig(nats_url=nats_url)), scheduler_bus, argparse.Namespace())
-    stop = asyncio.Event()
-    running = asyncio.create_task(scheduler.run_until_stopped(stop))
     try:
-        while getattr(scheduler, "executor_id", None) != "e1":
-            await asyncio.sleep(0.01)
-        current = epoch("e2")  # a new epoch, its broadcast lost: only its outputs tell of it
-        async with asyncio.timeout(5):
-            while scheduler.executor_id != "e2":
-                await executor_bus.publish(subjects.step_outputs, StepOutput("e2", 1, []))
-                await asyncio.sleep(0.05)
+        async with scheduler_following_e1(nats_url, executor_bus, on_describe) as scheduler:
+            current = epoch("e2")  # a new epoch, its broadcast lost: only its outputs tell of it
+            async with asyncio.timeout(5):
+                while scheduler.executor_id != "e2":
+                    await executor_bus.publish(Subjects().step_outputs, StepOutput("e2", 1, []))
+                    await asyncio.sleep(0.05)
     finally:
-        stop.set()
-        await running
-        await scheduler_bus.close()
         await executor_bus.close()
