@@ -1,10 +1,9 @@
 """The scheduler actor: owns the request table, the queue, the running batch, the KV block ids
 and the sessions table.
 
-It wraps a `ContinuousBatcher`, built for the executor that answers (batcher_setup.py): submits,
-aborts and step outputs go in, executor commands come out, published as one message per
-scheduling round without waiting for a reply. Beside it a
-`SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache,
+It wraps a `ContinuousBatcher`, built for the executor epoch it follows (executor_epochs.py,
+batcher_setup.py): submits, aborts and step outputs go in, executor commands come out, published as
+one message per scheduling round without waiting for a reply. Beside it a `SessionTable` keeps the turns of open sessions and pins their KV in the batcher's prefix cache,
 `DurableSessions` (durable_sessions.py) answers for it and keeps the snapshot actor's copy on disk
 up to date, and a `SchedulerAdmin` (admin.py) answers the admin conversations and the commit of
 new weights.
@@ -12,13 +11,13 @@ new weights.
 
 import asyncio
 import uuid
-from collections import deque
 
 from actors.scheduler.admin import PauseChanged, SchedulerAdmin, admin_subjects
 from actors.scheduler.batcher_setup import new_batcher, reset_batcher, session_budget_tokens
 from actors.scheduler.batching import ContinuousBatcher
 from actors.scheduler.disk_link import DiskLink
 from actors.scheduler.durable_sessions import DurableSessions
+from actors.scheduler.executor_epochs import ExecutorEpochs
 from actors.scheduler.request_ends import ends_of_aborted
 from actors.scheduler.sequence import Sequence
 from actors.scheduler.sessions import SessionTable
@@ -31,10 +30,8 @@ from schemas.health import Heartbeat
 from schemas.requests import Abort, AbortAll, Aborted, Accepted, OutputBatch, SchedulerRequest, Submit, Tenant
 from schemas.scheduler_weights import CacheGeneration, WeightsCommitted
 from schemas.session import AsTenant, BeginTurn, PublicSessionRequest, RecordTurn, SessionReply, SessionRequest
-from schemas.step import Command, Commands, DescribeExecutor, ExecutorInfo, StepOutput
+from schemas.step import Command, Commands, ExecutorInfo, StepOutput
 
-DESCRIBE_TIMEOUT_S = 2.0
-STALE_IDS_KEPT = 16  # epochs end at bus outages and scheduler changes: a few are ever in flight
 ORPHAN_CHECK_S = 0.5
 SESSION_CHECK_S = 0.5  # how often idle sessions are looked for
 ORIGIN_ACTORS = ("frontdoor", "gateway")  # the actors that keep request records: their death orphans requests
@@ -50,16 +47,15 @@ class SchedulerActor(Actor):
         self.scheduler_id = uuid.uuid4().hex[:12]
         self._sending = asyncio.Lock()  # held while one round of commands goes out in parts
         self.batcher: ContinuousBatcher | None = None
-        self.executor_id: str | None = None
-        # Executor ids known not to be the current one (followed before, or asked about): their late
-        # outputs are stale, not news of an epoch this scheduler missed.
-        self._stale_ids: deque[str] = deque(maxlen=STALE_IDS_KEPT)
-        self._confirming = False  # a describe asked on an output of an unknown executor id is under way
+        self.epochs = ExecutorEpochs(self.bus, self.subjects, self.spawn, self._follow_executor)
         self.sessions: SessionTable | None = None
         self.durable = DurableSessions(self.bus, self.subjects, self.log)
         self.admin: SchedulerAdmin | None = None  # the admin conversations, once an executor is known
         self.weight_version = "default"  # the executor's, for the ends of requests it never ran
-        await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self._on_executor_info)
+        self.disk_link = DiskLink(
+            self.bus, self.subjects, lambda: self.batcher and self.batcher.kv.disk, self.spawn, self._schedule, self.log
+        )
+        await self.bus.subscribe(self.subjects.executor_info, ExecutorInfo, self.epochs.heard)
         await self.bus.subscribe(self.subjects.step_outputs, StepOutput, self._on_step)
         await self.bus.subscribe(self.subjects.scheduler, SchedulerRequest | SessionRequest, self._on_request)
         await self.bus.subscribe(self.subjects.scheduler_weights, WeightsCommitted, self._on_weights_committed)
@@ -73,66 +69,29 @@ class SchedulerActor(Actor):
         for actor in ORIGIN_ACTORS:
             await self.bus.subscribe(self.subjects.heartbeat(actor), Heartbeat, self._on_origin_heartbeat)
         await self.bus.subscribe(self.subjects.heartbeat("snapshot"), Heartbeat, self._on_snapshot_heartbeat)
-        self.disk_link = DiskLink(
-            self.bus, self.subjects, lambda: self.batcher and self.batcher.kv.disk, self.spawn, self._schedule, self.log
-        )
         await self.bus.subscribe(self.subjects.heartbeat("cache_tier"), Heartbeat, self.disk_link.heard)
         self.spawn(self._abort_orphans(), "abort_orphans")
         self.spawn(self._expire_sessions(), "expire_sessions")
-        self.spawn(self._find_executor(), "find_executor")
+        self.spawn(self.epochs.find(), "find_executor")
         self.bus.on_reconnect(self._after_bus_outage)
 
     @property
     def ready(self) -> bool:
         return self.batcher is not None and self.durable.restored.is_set()
 
-    async def _find_executor(self, resync: bool = False) -> None:
-        """Asks until an executor answers (later restarts announce themselves on the info subject),
-        then asks again, with a describe that starts no epoch, until the executor names the id this
-        scheduler follows. After a bus outage the executor's own reconnection starts an epoch too,
-        and broadcasts it; that broadcast (one hop: its subscription) can be handled before the
-        reply to a resync that came just before it (two: nats-py's reply inbox, then this task).
-        Following the older id, the scheduler dropped every step output: its requests ran for ever
-        in its books, and a weight update's "wait" pause waited for them for ever."""
-        while True:
-            reply = await self.bus.request(
-                self.subjects.executor_describe, DescribeExecutor(resync), ExecutorInfo, DESCRIBE_TIMEOUT_S
-            )
-            if not isinstance(reply, ExecutorInfo):
-                await asyncio.sleep(0.2)
-                continue
-            if not resync and reply.executor_id == self.executor_id:
-                return
-            await self._on_executor_info(reply, None)
-            resync = False
-
-    async def _confirm_executor(self, unknown_id: str) -> None:
-        """An output names an epoch this scheduler never followed: the executor started one whose
-        broadcast was lost (the bus flapping again), its broadcast is still on its way, or it is an
-        epoch already replaced. Asking settles it; without it, in the first case, every later output
-        would be dropped."""
-        self._confirming = True
-        try:
-            await self._find_executor()
-        finally:
-            self._confirming = False
-        if unknown_id != self.executor_id:
-            self._stale_ids.append(unknown_id)
-
     async def _after_bus_outage(self) -> None:
         self.origins.forgive_silence()  # their beats were lost with the bus, not their processes
         if self.batcher is not None:
-            self.spawn(self._find_executor(resync=True), "resync_executor")
+            self.spawn(self.epochs.find(resync=True), "resync_executor")
             self.spawn(self.durable.send_all(self.sessions), "resend_sessions")
 
-    async def _on_executor_info(self, info: ExecutorInfo, _reply_to: str | None) -> None:
-        if info.executor_id == self.executor_id:
-            return
+    async def _follow_executor(self, info: ExecutorInfo, previous_id: str | None) -> None:
+        """Rebuilds the books for a new executor epoch: its requests go back in the queue."""
         if self.batcher is None:
             self.batcher = new_batcher(info, self.config.engine, self.config.tenancy)
         else:
             self.log.warning(
-                "executor_changed", old=self.executor_id, new=info.executor_id, requeued=len(self.batcher.sequences)
+                "executor_changed", old=previous_id, new=info.executor_id, requeued=len(self.batcher.sequences)
             )
             reset_batcher(self.batcher, info, self.config.engine)
         budget = session_budget_tokens(info, self.config.engine)
@@ -142,9 +101,6 @@ class SchedulerActor(Actor):
             self.spawn(self.durable.restore(self.sessions), "restore_sessions")
         else:
             self.sessions.attach(self.batcher.kv.cache, budget)
-        if self.executor_id is not None:
-            self._stale_ids.append(self.executor_id)
-        self.executor_id = info.executor_id
         self.weight_version = info.weight_version
         self.log.info(
             "executor_found", executor=info.executor_id, blocks=info.num_blocks, max_model_len=info.max_model_len
@@ -266,9 +222,7 @@ class SchedulerActor(Actor):
     async def _on_step(self, output: StepOutput, _reply_to: str | None) -> None:
         if self.batcher is None:
             return
-        if output.executor_id != self.executor_id:
-            if output.executor_id not in self._stale_ids and not self._confirming:
-                self.spawn(self._confirm_executor(output.executor_id), "confirm_executor")
+        if not self.epochs.follows(output.executor_id):
             return
         # The host slots an output reports moved are those of the scheduler whose commands the
         # executor ran: before it has seen ours, another's, which must not settle our slots.

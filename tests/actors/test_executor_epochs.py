@@ -29,7 +29,7 @@ async def scheduler_following_e1(nats_url: str, executor_bus: Bus, on_describe):
     stop = asyncio.Event()
     running = asyncio.create_task(scheduler.run_until_stopped(stop))
     try:
-        while getattr(scheduler, "executor_id", None) != "e1":
+        while (scheduler.epochs.executor_id if hasattr(scheduler, "epochs") else None) != "e1":
             await asyncio.sleep(0.01)
         yield scheduler
     finally:
@@ -55,8 +55,8 @@ async def test_a_resync_answered_after_a_newer_epoch_is_broadcast_follows_the_ne
 
     try:
         async with scheduler_following_e1(nats_url, executor_bus, on_describe) as scheduler:
-            await scheduler._find_executor(resync=True)
-            assert scheduler.executor_id == "e3"
+            await scheduler.epochs.find(resync=True)
+            assert scheduler.epochs.executor_id == "e3"
     finally:
         await executor_bus.close()
 
@@ -72,7 +72,7 @@ async def test_an_output_of_an_epoch_whose_broadcast_was_lost_makes_the_schedule
         async with scheduler_following_e1(nats_url, executor_bus, on_describe) as scheduler:
             current = epoch("e2")  # a new epoch, its broadcast lost: only its outputs tell of it
             async with asyncio.timeout(5):
-                while scheduler.executor_id != "e2":
+                while scheduler.epochs.executor_id != "e2":
                     await executor_bus.publish(Subjects().step_outputs, StepOutput("e2", 1, []))
                     await asyncio.sleep(0.05)
     finally:
