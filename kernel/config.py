@@ -13,6 +13,7 @@ import msgspec
 from kernel.model_source import DEFAULT_MODEL
 
 MAX_NATS_PAYLOAD_BYTES = 64 * 1024 * 1024  # nats-server refuses to start with a larger max_payload
+MAX_DISK_KV_GB = 1e6  # a petabyte: any real disk, and never infinity, which no byte count holds
 
 
 # Ranges shared by several settings; msgspec checks each value against its own, whatever its source.
@@ -50,13 +51,22 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_prefill_tokens: AtLeastOne = 2048
     prefix_caching: bool = True
     host_kv_blocks: AtLeastZero = 0
-    disk_kv_gb: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    disk_kv_gb: Annotated[float, msgspec.Meta(ge=0, le=MAX_DISK_KV_GB)] = 0.0
     disk_kv_dir: NonEmpty | None = None
     session_budget_tokens: AtLeastZero | None = None
     step_deadline_s: PositiveSeconds = 120.0
     weight_version: NonEmpty = "default"
     weight_group_join_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=600)] = 300.0
     embedding_pooling: Literal["last", "mean"] = "last"
+
+    def tier_conflict(self) -> str | None:
+        """Why the KV tiers' flags cannot work together, or None: each tier keeps what leaves the
+        one above it, so it has nothing to keep without that one."""
+        if self.host_kv_blocks and not self.prefix_caching:
+            return "--host-kv-blocks keeps the prefix cache's blocks: leave out --no-prefix-caching"
+        if self.disk_kv_gb and not self.host_kv_blocks:
+            return "--disk-kv-gb keeps the blocks of the host tier: give --host-kv-blocks too"
+        return None
 
     @property
     def model_name(self) -> str:

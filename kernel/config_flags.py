@@ -60,8 +60,8 @@ HELP = {
     "host_kv_blocks": "KV blocks the host tier keeps in shared memory (/dev/shm) beside the GPU pool: blocks the "
     "prefix cache stores are copied there, and a prompt whose prefix left the GPU loads it back instead of "
     "recomputing it (0: off; needs --prefix-caching)",
-    "disk_kv_gb": "gigabytes of block files the disk tier keeps under --disk-kv-dir: blocks the host tier must make "
-    "room for, and sessions' blocks, are written there, and a prompt whose prefix is on disk reads it back "
+    "disk_kv_gb": "gigabytes of block files the disk tier keeps under --disk-kv-dir: every block the host tier holds "
+    "is written there, so what leaves the host stays on disk, and a prompt whose prefix is on disk reads it back "
     "instead of recomputing it, also after a restart (0: off; needs --host-kv-blocks)",
     "disk_kv_dir": "the disk tier's directory (default: kv-blocks under --data-dir)",
     "session_budget_tokens": "KV tokens that open sessions may keep pinned in the cache, all together; past it their "
@@ -198,7 +198,10 @@ def from_args(args: argparse.Namespace) -> KernelConfig:
         given = getattr(args, name, None)
         if given is not None:
             values[group][name] = given
-    return KernelConfig(**{group: struct(**values[group]) for group, struct in groups.items()})
+    config = KernelConfig(**{group: struct(**values[group]) for group, struct in groups.items()})
+    if (conflict := config.engine.tier_conflict()) is not None:
+        raise ConfigError(f"invalid configuration: {conflict}")
+    return config
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ starts an embedded nats-server, and serves on http://127.0.0.1:8000.
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import msgspec
 import structlog
 import uvloop
 
+from actors.cache_tier.host_segment import remove_segments
 from kernel import bus_auth, config_flags, tenants
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
@@ -208,6 +210,10 @@ class Supervisor:
                 await self.children[name].stop(STOP_TIMEOUT_S)
         if self.nats:
             await self.nats.stop()
+        # The host tier's memory outlives the processes that map it (so a restarted executor or
+        # cache_tier finds it); with all of them stopped, nothing would read it again.
+        if removed := remove_segments(str(self.data_dir)):
+            log.info("host_segments_removed", segments=removed)
         log.info("stopped")
 
 
@@ -246,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
             bus_auth.load_credentials(config.bus.nats_credentials)
         except bus_auth.CredentialsError as exc:
             parser.error(f"--nats-credentials: {exc}")
+    if (disk_dir := config.engine.disk_kv_dir) and os.path.exists(disk_dir) and not os.path.isdir(disk_dir):
+        parser.error(f"--disk-kv-dir {disk_dir}: exists and is not a directory")
     if config.tenancy.api_keys:
         try:
             tenants.read_api_keys(config.tenancy.api_keys)

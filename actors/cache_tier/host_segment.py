@@ -10,6 +10,7 @@ tracker unlinks a segment when the process that made it exits.
 """
 
 import ctypes
+import hashlib
 import mmap
 import os
 import re
@@ -36,6 +37,23 @@ _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def segment_prefix(data_dir: str) -> str:
+    """The start of the names of one data dir's host segments (one per KV geometry)."""
+    digest = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
+    return f"kvhost-{digest}-"
+
+
+def remove_segments(data_dir: str) -> list[str]:
+    """Unlinks the data dir's host segments, once no process of its server maps them (their memory
+    goes with the last mapping); returns their names. A new server does not reindex a segment's
+    contents, so one left behind would only hold memory."""
+    removed = []
+    for path in SHM_DIR.glob(f"{segment_prefix(data_dir)}*"):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
 
 
 class HostSegment:

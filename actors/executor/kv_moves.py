@@ -11,13 +11,11 @@ attends over each layer once it has landed (gpu/layer_arrivals.py).
 """
 
 import asyncio
-import hashlib
-import os
 from typing import NamedTuple
 
 import torch
 
-from actors.cache_tier.host_segment import HostSegment
+from actors.cache_tier.host_segment import HostSegment, segment_prefix
 from actors.executor.running_batch import KVMove
 from gpu.kv_cache import KVCache
 from gpu.kv_transfer import KVTransfer, Transfer
@@ -34,12 +32,6 @@ class MovesDone(NamedTuple):
     saved: list[int]
     abandoned: list[int]  # saves never made: the pool was released first
     loaded: list[int]  # read by their loads; a slot loaded twice is named twice
-
-
-def segment_prefix(data_dir: str) -> str:
-    """The start of the host segments' names of one data dir (tests glob /dev/shm for it)."""
-    digest = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
-    return f"kvhost-{digest}-"
 
 
 class KVMoves:

@@ -19,7 +19,7 @@ from actors.scheduler.disk_tier import FETCH_PIECE_BLOCKS
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
 from schemas.admin_weights import UpdateFromDisk, WeightsUpdated
-from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments, settle
+from tests.e2e.tier_requests import cache_report, complete, host_segments, prompt, remove_segments, settle
 from tests.e2e.weights_client import Reference, ask, generate
 from tests.full_disk import small_tmpfs
 
@@ -51,8 +51,10 @@ def test_blocks_gone_from_the_pool_and_the_host_come_back_from_disk_also_after_a
         assert cached_tokens(again) >= again["usage"]["prompt_tokens"] - 16
         assert again["choices"][0]["text"] == first[0]["choices"][0]["text"]
         settle(server)
+        assert host_segments(data_dir)
     finally:
         server.stop()
+    assert not host_segments(data_dir)  # a stopped server leaves no memory behind it in /dev/shm
 
     server = start_server(data_dir, *FLAGS)  # the whole server again, on the same data dir
     try:

@@ -1,14 +1,13 @@
 """What the tier tests (test_host_tier.py, test_disk_tier.py) send and read: long prompts that fill
 many KV blocks, greedy completions of them, the cache's figures, and the host segments a server
-leaves in /dev/shm (they outlive it by design)."""
+leaves in /dev/shm (they outlive its processes, until the supervisor stops)."""
 
 import time
 from pathlib import Path
 
 import httpx
 
-from actors.cache_tier.host_segment import SHM_DIR
-from actors.executor.kv_moves import segment_prefix
+from actors.cache_tier.host_segment import SHM_DIR, segment_prefix
 
 
 def prompt(topic: str) -> str:
@@ -39,6 +38,11 @@ def settle(server) -> dict:
     return report
 
 
+def host_segments(data_dir: Path) -> list[Path]:
+    return list(SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"))
+
+
 def remove_segments(data_dir: Path) -> None:
-    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
+    """What a server that did not stop cleanly (a test that failed) left."""
+    for segment in host_segments(data_dir):
         segment.unlink()

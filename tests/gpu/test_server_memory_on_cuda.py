@@ -17,8 +17,7 @@ import httpx
 import pytest
 import torch
 
-from actors.cache_tier.host_segment import SHM_DIR
-from actors.executor.kv_moves import segment_prefix
+from actors.cache_tier.host_segment import SHM_DIR, segment_prefix
 from ops.local_server import start_server
 from tests.devices import needs_cuda
 from tests.over_http import generate_over_http, random_prompts

@@ -139,6 +139,25 @@ def test_deterministic_with_another_attention_backend_is_a_usage_error(tmp_path)
     assert_usage_error(done, "--deterministic attends with its own batch-invariant kernels")
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--disk-kv-gb", "1"], "invalid configuration: --disk-kv-gb keeps the blocks of the host tier"),
+        (["--host-kv-blocks", "8", "--no-prefix-caching"], "invalid configuration: --host-kv-blocks keeps the prefix"),
+        (["--host-kv-blocks", "8", "--disk-kv-gb", "inf"], "argument --disk-kv-gb: invalid value: 'inf' (expected"),
+    ],
+)
+def test_kv_tier_flags_that_cannot_work_are_a_usage_error(tmp_path, flags, message):
+    assert_usage_error(run_cli(tmp_path, *flags), message)
+
+
+def test_a_disk_tier_dir_that_is_a_file_is_a_usage_error(tmp_path):
+    file = tmp_path / "blocks"
+    file.write_text("")
+    done = run_cli(tmp_path, "--host-kv-blocks", "8", "--disk-kv-gb", "1", "--disk-kv-dir", str(file))
+    assert_usage_error(done, f"--disk-kv-dir {file}: exists and is not a directory")
+
+
 def test_a_missing_toml_file_is_a_usage_error(tmp_path):
     missing = tmp_path / "missing.toml"
     assert_usage_error(run_cli(tmp_path, "--config", str(missing)), f"invalid configuration: --config {missing}: ")
