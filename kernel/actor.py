@@ -31,6 +31,12 @@ from kernel.subjects import Subjects
 from schemas.health import Heartbeat
 
 HEARTBEAT_INTERVAL_S = 1.0
+START_REFUSED_EXIT_CODE = 78  # sysexits' EX_CONFIG: the supervisor does not restart the actor
+
+
+class StartRefused(Exception):
+    """The actor cannot serve with its settings (the message names the flag): starting it again
+    would fail the same way, so its process exits with START_REFUSED_EXIT_CODE."""
 
 
 def _service_version() -> str:
@@ -171,6 +177,9 @@ def main(actor_class: type[Actor], argv: list[str] | None = None) -> None:
     log = configure(actor_class.name, config.logging.log_format, config.logging.log_level)
     try:
         uvloop.run(_serve(actor_class, config, args, credentials))
+    except StartRefused as refused:
+        log.critical("start_refused", reason=str(refused))
+        sys.exit(START_REFUSED_EXIT_CODE)
     except Exception:
         log.exception("actor_crashed")
         sys.exit(1)

@@ -18,6 +18,7 @@ import uvloop
 
 from actors.cache_tier.host_segment import remove_segments
 from kernel import bus_auth, config_flags, tenants
+from kernel.actor import START_REFUSED_EXIT_CODE
 from kernel.bus import Bus
 from kernel.children import ChildProcess, RestartBudget
 from kernel.config import KernelConfig, SupervisionConfig
@@ -150,6 +151,10 @@ class Supervisor:
             code = await child.wait()
             if self.stopping:
                 return
+            if code == START_REFUSED_EXIT_CODE:
+                message = f"{child.name} cannot start with these settings: its start_refused event says why"
+                log.critical("giving_up", child=child.name, message=message)
+                raise GaveUp(message)
             log.error("child_exited", child=child.name, code=code, pid=child.pid)
             self._count_restart(child.name)
             await child.start()

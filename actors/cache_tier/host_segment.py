@@ -39,6 +39,10 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+class NoRoom(ValueError):
+    """The segment does not fit in what /dev/shm has free."""
+
+
 def segment_prefix(data_dir: str) -> str:
     """The start of the names of one data dir's host segments (one per KV geometry)."""
     digest = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
@@ -106,15 +110,17 @@ class HostSegment:
         size = slots_offset + num_slots * slot_stride
         free = _free_bytes()
         if size > free:
-            raise ValueError(
-                f"num_slots * slot_bytes: {num_slots} slots of {slot_bytes} bytes need {size} bytes, "
-                f"more than the {free} bytes free in {SHM_DIR}"
+            raise NoRoom(
+                f"{num_slots} slots of {slot_bytes} bytes need {size} bytes, more than the {free} free in {SHM_DIR}"
             )
         # Built under a temporary name and renamed into place, so no process attaches a half-made one.
         building = path.with_name(f".{name}.{os.getpid()}.building")
         fd = os.open(building, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.posix_fallocate(fd, 0, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as error:  # taken since it was measured free, or over a cgroup's memory limit
+                raise NoRoom(f"{size} bytes could not be reserved in {SHM_DIR}: {error.strerror}") from None
             mapping = mmap.mmap(fd, size)
             HEADER.pack_into(
                 mapping, 0, MAGIC, FORMAT_VERSION, num_slots, slot_bytes, slot_stride, table_offset, slots_offset

@@ -12,6 +12,7 @@ Weight requests (weight_requests.py) run between steps, once the step in flight 
 import asyncio
 import uuid
 
+from actors.cache_tier.host_segment import NoRoom
 from actors.executor.grammars import Grammars, StepMasks
 from actors.executor.kv_moves import KVMoves, MovesDone
 from actors.executor.running_batch import RunningBatch
@@ -24,7 +25,7 @@ from actors.executor.weight_requests import WeightRequests
 from actors.lib.weights_fingerprint import weights_fingerprint
 from gpu.runner import ModelRunner
 from gpu.step_io import PendingStep
-from kernel.actor import Actor
+from kernel.actor import Actor, StartRefused
 from schemas.executor_weights import ExecutorWeightsRequest
 from schemas.step import Commands, DescribeExecutor, ExecutorInfo, OutOfMemory, SequenceUpdate, StepOutput
 
@@ -74,7 +75,10 @@ class ExecutorActor(Actor):
             self.runner.vocab_size,
             self.grammars,
         )
-        self.moves = KVMoves(self.runner, cfg.host_kv_blocks, self.config.supervision.data_dir)
+        try:
+            self.moves = KVMoves(self.runner, cfg.host_kv_blocks, self.config.supervision.data_dir)
+        except NoRoom as error:
+            raise StartRefused(f"--host-kv-blocks {cfg.host_kv_blocks}: {error}") from None
         self.scheduler_id: str | None = None
         self.new_epoch = False
         self.pending: list[Commands] = []

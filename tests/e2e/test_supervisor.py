@@ -12,11 +12,13 @@ import httpx
 import msgspec
 import pytest
 
+from actors.cache_tier.host_segment import SHM_DIR
 from actors.scheduler.actor import ORPHAN_CHECK_S
 from kernel.actor import HEARTBEAT_INTERVAL_S
 from kernel.liveness import MISSED_BEATS
+from kernel.nats_server import free_port
 from ops.bus_client import stream_generate
-from ops.local_server import start_server
+from ops.local_server import json_objects, place_demo_model, start_server
 from schemas.admin import GetStats, SchedulerStats
 from schemas.generate import GenerateRequest, GenerateResult, SamplingParams
 
@@ -96,6 +98,23 @@ def test_gives_up_after_too_many_restarts(tmp_path):
             wait_for_ready_restart(server, "tokenizer", starts=attempt + 2)
     assert server.process.wait(60) == 1
     assert server.find("giving_up", child="tokenizer")
+
+
+def test_a_host_tier_larger_than_the_shared_memory_stops_the_server_at_once(tmp_path):
+    """Not a crash loop: the executor's start would fail the same way each time."""
+    stats = os.statvfs(SHM_DIR)
+    blocks = (stats.f_bavail * stats.f_frsize >> 20) * 64  # the demo model's blocks are over 16 KiB
+    data_dir = tmp_path / "data"
+    place_demo_model(data_dir)
+    command = [sys.executable, "-m", "kernel.supervisor", "--data-dir", str(data_dir), "--port", str(free_port())]
+    command += ["--model", "demo", "--num-kv-blocks", "32", "--host-kv-blocks", str(blocks)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    events = [e for line in done.stderr.splitlines() for e in json_objects(line) or []]
+    assert done.returncode == 1, done.stderr[-3000:]
+    refused = [e for e in events if e.get("event") == "start_refused"]
+    assert len(refused) == 1 and refused[0]["reason"].startswith(f"--host-kv-blocks {blocks}: ")
+    assert [e["child"] for e in events if e.get("event") == "child_exited"] == []  # never restarted
+    assert "supervisor: executor cannot start with these settings" in done.stderr
 
 
 def test_each_child_has_its_own_restart_budget(tmp_path):
