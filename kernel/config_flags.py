@@ -33,8 +33,8 @@ HELP = {
     "another machine on that NATS continues them; files, with a warning, where the server has no JetStream), "
     "or auto: jetstream with --nats-url, files under the embedded server",
     "model": "a Hugging Face model directory (Llama, Qwen2, Qwen3, Mistral), a .gguf file of one (converted once "
-    f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and what "
-    f"None serves, or {DEMO_MODEL}, random weights for tests and benchmarks",
+    f"into <data-dir>/models/), or a built-in name: {DEFAULT_MODEL}, a small real chat model and the "
+    f"default, or {DEMO_MODEL}, random weights for tests and benchmarks",
     "served_model_name": "the model name clients send; default: the built-in name, the .gguf file's name without "
     "the suffix, or the model directory's name",
     "host": "HTTP listen address",
@@ -163,7 +163,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         for group in msgspec.structs.fields(KernelConfig)
     }
     for group, field in _settings():
-        help_text = f"{HELP[field.name]} (default: {field.default})"
+        # A setting whose default is None says in its help what happens without it.
+        help_text = HELP[field.name] if field.default is None else f"{HELP[field.name]} (default: {field.default})"
         if field.type is bool:  # --name / --no-name
             headings[group].add_argument(
                 _flag(field.name), dest=field.name, default=None, help=help_text, action=argparse.BooleanOptionalAction
