@@ -16,9 +16,9 @@ d. restart: a 16K-token prompt computed, the server stopped (SIGTERM) and starte
    data dir: the time to first token of the same prompt against one never seen, and its greedy
    output against the one before the restart (equal on the CPU in float32; on the GPU in bf16 the
    recomputed last block's shape differs from the first run's, and so may its argmax: issue 36).
-   Twice: with the disk tier's files in the page cache
-   (as a restart on the same machine finds them) and dropped from it (read from the disk itself).
-   Target <= 0.5, the same tokens.
+   Twice: with the disk tier's files in the page cache, as a restart on the same machine finds
+   them (target <= 0.5, the same tokens), and dropped from it: read from the disk itself, beside
+   the disk's own time to read as many bytes on as many threads, which bounds it.
 
     python -m ops.bench.kv_tiers --model llama-3.1-8b --json docs/results/kv-tiers-llama-3.1-8b.json
     python -m ops.bench.kv_tiers --model toy-llama --device cpu --kv-blocks 64 --chats 4 --context-tokens 256 --user-tokens 32 \\
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ops.bench.checkpoint import random_checkpoint
-from ops.bench.load import drop_from_page_cache
+from ops.bench.disk_reads import cold_read_s, drop_from_page_cache
 from ops.bench.records import KvTierFigures, Row
 from ops.bench.report import Report, run_identity
 from ops.bench.shapes import SHAPES
@@ -154,9 +154,11 @@ def serve(work: Path, name: str, checkpoint: Path, flags: list[str]) -> RunningS
 def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], args, vocab: int, drop: bool):
     """The server started again on the data dir of the last (`drop`: the disk tier's files out of
     the page cache first): the TTFT of `prompt`, of one as long never seen, the blocks read from
-    disk, and `prompt`'s greedy output."""
+    disk, `prompt`'s greedy output; with `drop`, the disk's own time to read as many bytes cold, and
+    those bytes."""
+    files = sorted(path for path in (work / "disk").rglob("*") if path.is_file())
     if drop:
-        drop_from_page_cache([path for path in (work / "disk").rglob("*") if path.is_file()])
+        drop_from_page_cache(files)
     server = serve(work, "on", checkpoint, flags)
     try:
         warm_up = tokens(np.random.default_rng(args.seed + 6 + drop), args.restart_tokens, vocab)
@@ -164,10 +166,12 @@ def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], a
         restored_s, output = asyncio.run(on(server, lambda c: c.generate(prompt, args.answer_tokens)))
         other = tokens(np.random.default_rng(args.seed + 4 + drop), args.restart_tokens, vocab)
         recompute_s, _ = asyncio.run(on(server, lambda c: c.generate(other, args.answer_tokens)))
-        fetched = asyncio.run(on(server, lambda c: c.cache()))["tiers"]["disk"]["hits"]
+        disk = asyncio.run(on(server, lambda c: c.cache()))["tiers"]["disk"]
     finally:
         server.stop()
-    return restored_s, recompute_s, fetched, output
+    fetched = disk["hits"]
+    size = fetched * disk["bytes"] // max(disk["blocks"], 1)  # the blocks are of one size
+    return restored_s, recompute_s, fetched, output, (cold_read_s(files, size) if drop else 0.0), size
 
 
 def run(args) -> Report:
@@ -218,6 +222,8 @@ def run(args) -> Report:
         restart_recompute_ttft_s=[r[1] for r in restarts],
         restart_fetched_blocks=[r[2] for r in restarts],
         restart_same_tokens=all(r[3] == before for r in restarts),
+        restart_disk_read_s=restarts[1][4],
+        restart_disk_read_bytes=restarts[1][5],
     )
     add_rows(report, figures, args)
     report.details.kv_tiers = figures
@@ -259,17 +265,25 @@ def add_rows(report: Report, f: KvTierFigures, args) -> None:
             ">= 0.98",
         )
     )
+    # The target is the restart's as a SIGTERM and a start on the same machine leave it: the page
+    # cache keeps the files. Without it the disk's own read rate bounds the restore, shown beside it.
     for k, cache in enumerate(("kept", "dropped")):
         restored, recomputed = f.restart_ttft_s[k], f.restart_recompute_ttft_s[k]
+        bound = f"recompute of a prompt as long: {recomputed * 1e3:.1f} ms"
+        if cache == "dropped":
+            size, read_s = f.restart_disk_read_bytes, f.restart_disk_read_s
+            amount = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+            bound += f"; the disk's own read of those {amount}: {read_s * 1e3:.1f} ms"
+            bound += f" ({size / read_s / 1e9:.2f} GB/s)" if read_s else ""
         report.add(
             Row(
                 f"restart: TTFT of a {args.restart_tokens}-token prompt after a whole-server restart, "
                 f"page cache {cache}",
                 f"{restored * 1e3:.1f} ms ({f.restart_fetched_blocks[k]} blocks from disk); "
                 f"greedy tokens {'equal' if f.restart_same_tokens else 'differ from'} the first run's",
-                f"recompute of a prompt as long: {recomputed * 1e3:.1f} ms",
+                bound,
                 f"{restored / recomputed:.3f}",
-                "<= 0.5",
+                "<= 0.5" if cache == "kept" else "",
             )
         )
 

@@ -10,45 +10,21 @@
 """
 
 import argparse
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from gpu.config import ModelConfig
-from gpu.safetensors_stream import CHUNK_BYTES
 from gpu.weights import checkpoint_files, load_model, random_model
 from ops.bench.ceilings import median_seconds
 from ops.bench.checkpoint import write_checkpoint
+from ops.bench.disk_reads import drop_from_page_cache, read_seconds
 from ops.bench.records import Row
 from ops.bench.report import Report
 from ops.bench.shapes import SHAPES
 
 GB = 1e9
-
-
-def drop_from_page_cache(files: list[Path]) -> None:
-    """Evicts the files' pages (clean once synced; no privileges needed), so the next read of them
-    comes from the disk."""
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def read_seconds(files: list[Path]) -> float:
-    """One sequential pass over the files in reads of the loader's size, as `cat` would do it."""
-    chunk = memoryview(bytearray(CHUNK_BYTES))
-    started = time.perf_counter()
-    for file in files:
-        with open(file, "rb", buffering=0) as f:
-            while f.readinto(chunk):
-                pass
-    return time.perf_counter() - started
 
 
 def load_seconds(model_dir: Path, config: ModelConfig, device: torch.device) -> float:

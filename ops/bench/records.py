@@ -213,6 +213,9 @@ class KvTierFigures(msgspec.Struct, kw_only=True):
     restart_recompute_ttft_s: list[float]
     restart_fetched_blocks: list[int]
     restart_same_tokens: bool  # greedy output after each restart equals the one before
+    # The disk's own read of the bytes the restore read, page cache dropped (ops.bench.kv_tiers.cold_read_s).
+    restart_disk_read_s: float = 0.0
+    restart_disk_read_bytes: int = 0
 
 
 class RunIdentity(msgspec.Struct):

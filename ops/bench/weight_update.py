@@ -40,7 +40,7 @@ from gpu.config import ModelConfig
 from gpu.weights import checkpoint_files, random_model
 from kernel.nats_server import free_port
 from ops.bench.checkpoint import write_checkpoint
-from ops.bench.load import drop_from_page_cache, read_seconds
+from ops.bench.disk_reads import drop_from_page_cache, read_seconds
 from ops.bench.records import Row, StreamsThroughUpdate, WeightUpdateFigures
 from ops.bench.report import Report, run_identity
 from ops.bench.shapes import SHAPES
