@@ -33,9 +33,11 @@ def read_seconds(files: list[Path]) -> float:
     return time.perf_counter() - started
 
 
-def cold_read_s(files: list[Path], size: int) -> float:
-    """The disk's own time to read `size` bytes of the block files out of the page cache, on as many
-    threads as the disk tier reads with: what a restore that finds them there cannot go below."""
+def cold_read_s(directory: Path, size: int) -> float:
+    """The disk's own time to read `size` bytes of the files under `directory` out of the page
+    cache, on as many threads as the disk tier reads with: what a restore that finds them there
+    cannot go below. Listed now: a server that ran since may have replaced some."""
+    files = sorted(path for path in directory.rglob("*") if path.is_file())
     drop_from_page_cache(files)
     chosen, total = [], 0
     for file in files:

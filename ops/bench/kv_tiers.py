@@ -156,9 +156,8 @@ def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], a
     the page cache first): the TTFT of `prompt`, of one as long never seen, the blocks read from
     disk, `prompt`'s greedy output; with `drop`, the disk's own time to read as many bytes cold, and
     those bytes."""
-    files = sorted(path for path in (work / "disk").rglob("*") if path.is_file())
     if drop:
-        drop_from_page_cache(files)
+        drop_from_page_cache([path for path in (work / "disk").rglob("*") if path.is_file()])
     server = serve(work, "on", checkpoint, flags)
     try:
         warm_up = tokens(np.random.default_rng(args.seed + 6 + drop), args.restart_tokens, vocab)
@@ -171,7 +170,7 @@ def restart(work: Path, checkpoint: Path, flags: list[str], prompt: list[int], a
         server.stop()
     fetched = disk["hits"]
     size = fetched * disk["bytes"] // max(disk["blocks"], 1)  # the blocks are of one size
-    return restored_s, recompute_s, fetched, output, (cold_read_s(files, size) if drop else 0.0), size
+    return restored_s, recompute_s, fetched, output, (cold_read_s(work / "disk", size) if drop else 0.0), size
 
 
 def run(args) -> Report:
