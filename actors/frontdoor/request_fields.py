@@ -147,11 +147,25 @@ def decode_body(body: bytes, struct_type: type[Body]) -> Body | Error:
     except msgspec.ValidationError as exc:
         if "got `float`" in str(exc):
             return _decode_integral(body, struct_type)
-        return validation_error(str(exc))
+        return _with_choices(validation_error(str(exc)), struct_type)
     except msgspec.DecodeError as exc:
         return invalid(f"The request body is not valid JSON: {exc}")
     except RecursionError:
         return invalid("The request body is nested too deeply")
+
+
+def _with_choices(error: Error, struct_type: type[Body]) -> Error:
+    """A value outside a top-level field's choices: the error lists them."""
+    if "Invalid enum value" not in error.message or not error.param:
+        return error
+    fields = msgspec.inspect.type_info(struct_type).fields
+    kind = next((f.type for f in fields if f.encode_name == error.param), None)
+    options = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+    choices = [v for t in options if isinstance(t, msgspec.inspect.LiteralType) for v in t.values]
+    if not choices:
+        return error
+    listed = ", ".join(repr(choice) for choice in choices)
+    return Error(error.code, f"{error.message} (one of {listed})", param=error.param)
 
 
 def _decode_integral(body: bytes, struct_type: type[Body]) -> Body | Error:

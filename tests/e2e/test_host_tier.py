@@ -91,6 +91,7 @@ def test_each_tier_shows_what_it_holds_and_served_and_a_flush_empties_it(server)
     settle(server)
     refused = httpx.post(f"{server.base_url}/admin/flush_cache", json={"tier": "tape"}, timeout=10)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tier"
+    assert "(one of 'all', 'disk', 'gpu', 'host')" in refused.json()["error"]["message"]
     assert set(flush(server, "all")) == {"gpu", "host", "disk"}
     assert files() == [] and all(tier["blocks"] == 0 for tier in cache_report(server)["tiers"].values())
     recomputed = complete(server, prompt(MORE_TOPICS[-2]))
