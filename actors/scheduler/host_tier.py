@@ -80,6 +80,8 @@ class HostTier:
         weights, whose blocks the disk tier keeps across restarts."""
         self.lasting = generation == 0
         weights = self.fingerprint if generation == 0 else f"{self.fingerprint}@{generation}/{self.nonce}"
+        # The fingerprint ("weights|dtype", ExecutorInfo's) hashes every file of the model dir: the
+        # tokenizer and chat template are among them, and the KV dtype is in it, hence the "-".
         self.key = namespace_key(weights, self.fingerprint, "-", self.block_size, LAYOUT)
         self.flush()
 
