@@ -40,6 +40,8 @@ SGLANG_NAMES = {  # our fields, as SGLang's clients name them
     "stop_token_ids": "sampling_params.stop_token_ids",
     "stop": "sampling_params.stop",
     "stop_regex": "sampling_params.stop_regex",
+    "session_id": "session_params.id",
+    "session_parent": "session_params.rid",
 }
 
 

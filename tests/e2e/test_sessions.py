@@ -133,7 +133,7 @@ def test_a_closed_or_unknown_session_is_not_found(server, client):
             client.completions.create(model="demo", prompt="Hello", max_tokens=2, extra_body={"session_id": gone})
         body = {"text": "Hello", "session_params": {"id": gone}}
         response = httpx.post(f"{server.base_url}/generate", json=body, timeout=30)
-        assert response.status_code == 404
+        assert response.status_code == 404 and response.json()["error"]["param"] == "session_params.id"
         response = close_session(server, gone)
         assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
 
