@@ -28,14 +28,18 @@ async def open_connection(
     async def on_error(exc: Exception) -> None:
         log.warning("bus_error", error=repr(exc))
 
+    client: Client | None = None
+
     async def on_disconnect() -> None:
+        if client is not None and client.is_closed:
+            return  # closed by us (close_connection), not lost: nothing to warn of
         log.warning("bus_disconnected")
 
     async def on_reconnected() -> None:
         log.info("bus_reconnected")
         await on_reconnect()
 
-    return await nats.connect(
+    client = await nats.connect(
         url,
         name=name,
         allow_reconnect=True,
@@ -47,11 +51,14 @@ async def open_connection(
         reconnected_cb=on_reconnected,
         **auth,
     )
+    return client
 
 
 async def close_connection(nc: Client) -> None:
     """Drains the connection (what was published goes out, subscriptions finish their messages),
-    or closes it at once where draining fails."""
+    or closes it at once where draining fails. Closing it again does nothing."""
+    if nc.is_closed:
+        return
     try:
         await nc.drain()
     except (TimeoutError, nats.errors.Error):

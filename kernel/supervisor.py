@@ -47,6 +47,7 @@ class Supervisor:
         self.config = config
         self.data_dir = Path(config.supervision.data_dir).resolve()
         self.nats: EmbeddedNats | None = None
+        self.bus: Bus | None = None  # the heartbeats' connection
         self.children: dict[str, ChildProcess] = {}
         self.budgets: dict[str, RestartBudget] = {}
         self.stopping = False
@@ -84,7 +85,7 @@ class Supervisor:
             )
         own_credentials = self._credentials_file("supervisor")
         credentials = bus_auth.load_credentials(own_credentials) if own_credentials else None
-        bus = await Bus.connect(self.config.bus.nats_url, name="supervisor", credentials=credentials)
+        self.bus = bus = await Bus.connect(self.config.bus.nats_url, name="supervisor", credentials=credentials)
         await bus.subscribe(Subjects(self.config.bus.namespace).all_heartbeats, Heartbeat, self._on_heartbeat)
         bus.on_reconnect(self._after_bus_outage)
         try:
@@ -213,6 +214,8 @@ class Supervisor:
         for name, _ in reversed(self._child_names()):
             if name in self.children:
                 await self.children[name].stop(STOP_TIMEOUT_S)
+        if self.bus is not None:  # before its server goes, which it would otherwise take for an outage
+            await self.bus.close()
         if self.nats:
             await self.nats.stop()
         # The host tier's memory outlives the processes that map it (so a restarted executor or

@@ -296,3 +296,7 @@ def test_sigterm_stops_everything_in_order(own_server):
     assert not any(alive(pid) for pid in [*pids.values(), nats_pid])
     order = [e["actor"] for e in own_server.events[before_stop:] if e.get("event") == "actor_stopped"]
     assert order == list(reversed(actors))
+    time.sleep(0.5)  # the log reader's last lines
+    # A stop is no outage: the actors closing their own connections warn of nothing, nor does the supervisor.
+    warned = [e["event"] for e in own_server.events[before_stop:] if e.get("level") in ("warning", "error")]
+    assert warned == []
