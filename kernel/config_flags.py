@@ -127,6 +127,8 @@ def _check(field: msgspec.structs.FieldInfo, value: Any) -> Any:
         if choices := _choices(field.type):
             raise ValueError(f"invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})") from None
         reason = str(exc)
+        if isinstance(value, str):  # every flag and environment value is text: "got `str`" says nothing
+            reason = reason.removesuffix(", got `str`")
         raise ValueError(f"invalid value: {value!r} ({reason[0].lower()}{reason[1:]})") from None
 
 
