@@ -39,7 +39,8 @@ async def cache_tier(nats_url, tmp_path):
         started.set()  # the first beat follows `start`, which subscribed
 
     await scheduler.subscribe(Subjects().heartbeat("cache_tier"), Heartbeat, on_heartbeat)
-    actor = CacheTierActor(config, await Bus.connect(nats_url, "cache_tier"), argparse.Namespace())
+    actor_bus = await Bus.connect(nats_url, "cache_tier")
+    actor = CacheTierActor(config, actor_bus, argparse.Namespace())
     stop = asyncio.Event()
     running = asyncio.create_task(actor.run_until_stopped(stop))
     try:
@@ -48,6 +49,7 @@ async def cache_tier(nats_url, tmp_path):
     finally:
         stop.set()
         await running
+        await actor_bus.close()  # else it reconnects for ever to the test's stopped nats-server
         await scheduler.close()
         segment.close()
         segment.unlink()
