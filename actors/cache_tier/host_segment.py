@@ -43,13 +43,13 @@ class NoRoom(ValueError):
     """The segment does not fit in what /dev/shm has free."""
 
 
-def segment_prefix(data_dir: str) -> str:
+def segment_prefix(data_dir: str | os.PathLike) -> str:
     """The start of the names of one data dir's host segments (one per KV geometry)."""
     digest = hashlib.blake2b(os.path.realpath(data_dir).encode(), digest_size=8).hexdigest()
     return f"kvhost-{digest}-"
 
 
-def remove_segments(data_dir: str) -> list[str]:
+def remove_segments(data_dir: str | os.PathLike) -> list[str]:
     """Unlinks the data dir's host segments, once no process of its server maps them (their memory
     goes with the last mapping); returns their names. A new server does not reindex a segment's
     contents, so one left behind would only hold memory."""

@@ -15,11 +15,12 @@ import threading
 import pytest
 
 from actors.cache_tier.actor import DEFAULT_DIR
+from actors.cache_tier.host_segment import remove_segments  # what a server that did not stop cleanly left
 from actors.scheduler.disk_tier import FETCH_PIECE_BLOCKS
 from gpu.model_builder import build_model_dir
 from ops.local_server import start_server
 from schemas.admin_weights import UpdateFromDisk, WeightsUpdated
-from tests.e2e.tier_requests import cache_report, complete, host_segments, prompt, remove_segments, settle
+from tests.e2e.tier_requests import cache_report, complete, host_segments, prompt, settle
 from tests.e2e.weights_client import Reference, ask, generate
 from tests.full_disk import small_tmpfs
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from actors.cache_tier.host_segment import remove_segments  # what a server that did not stop cleanly left
 from actors.scheduler.session_records import restored_session
 from actors.snapshot.session_store import UNREADABLE_DIR, decode_file, encode_file
 from ops.local_server import RunningServer, start_server
 from schemas.requests import Tenant
 from schemas.snapshot import SessionRecord, TurnRecord
-from tests.e2e.tier_requests import remove_segments
 
 FLAGS = ("--num-kv-blocks", "256", "--host-kv-blocks", "64", "--disk-kv-gb", "1")
 TURNS = [list(range(300, 340)), list(range(700, 711)), list(range(900, 917))]  # each turn's new tokens

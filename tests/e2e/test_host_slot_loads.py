@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from actors.cache_tier.host_segment import remove_segments  # what a server that did not stop cleanly left
 from ops.local_server import start_server
-from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments, settle
+from tests.e2e.tier_requests import cache_report, complete, prompt, settle
 
 HOST_SLOTS = 16  # a prompt below fills 13: a fetch of another needs most of that prompt's slots
 FLAGS = ("--num-kv-blocks", "64", "--host-kv-blocks", str(HOST_SLOTS), "--disk-kv-gb", "1")

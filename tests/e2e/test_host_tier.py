@@ -10,8 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.cache_tier.actor import DEFAULT_DIR
+from actors.cache_tier.host_segment import remove_segments  # what a server that did not stop cleanly left
 from ops.local_server import start_server
-from tests.e2e.tier_requests import cache_report, complete, prompt, remove_segments, settle
+from tests.e2e.tier_requests import cache_report, complete, prompt, settle
 
 POOL_BLOCKS = 24  # 384 tokens of 16: room for about two of the prompts below (13 whole blocks each)
 HOST_SLOTS = 64  # room for about five

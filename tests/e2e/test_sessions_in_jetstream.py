@@ -6,10 +6,11 @@ restarted, and its earlier turns come from the first server's chains instead of 
 import asyncio
 
 from actors.cache_tier.actor import DEFAULT_DIR
+from actors.cache_tier.host_segment import remove_segments  # what a server that did not stop cleanly left
 from kernel.nats_server import EmbeddedNats
 from ops.local_server import start_server
 from tests.e2e.test_durable_sessions import TURNS, open_session, turn_output, turn_reply
-from tests.e2e.tier_requests import cache_report, remove_segments, settle
+from tests.e2e.tier_requests import cache_report, settle
 
 FLAGS = ("--num-kv-blocks", "128", "--host-kv-blocks", "64", "--disk-kv-gb", "1")
 

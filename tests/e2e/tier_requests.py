@@ -40,9 +40,3 @@ def settle(server) -> dict:
 
 def host_segments(data_dir: Path) -> list[Path]:
     return list(SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"))
-
-
-def remove_segments(data_dir: Path) -> None:
-    """What a server that did not stop cleanly (a test that failed) left."""
-    for segment in host_segments(data_dir):
-        segment.unlink()

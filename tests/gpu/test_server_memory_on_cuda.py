@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from actors.cache_tier.host_segment import SHM_DIR, segment_prefix
+from actors.cache_tier.host_segment import remove_segments
 from ops.local_server import start_server
 from tests.devices import needs_cuda
 from tests.over_http import generate_over_http, random_prompts
@@ -77,8 +77,7 @@ def tiered(tmp_path_factory, model_dir):
     running = serve(data_dir, model_dir, "--num-kv-blocks", str(POOL_BLOCKS), "--host-kv-blocks", "96")
     yield running
     running.stop()
-    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
-        segment.unlink()
+    remove_segments(data_dir)
 
 
 async def test_a_prefix_evicted_from_the_pool_comes_back_from_the_host(tiered, model_dir, hf_greedy):
@@ -101,8 +100,7 @@ def disk_tiered(tmp_path_factory, model_dir):
     running = serve(data_dir, model_dir, *flags)
     yield running
     running.stop()
-    for segment in SHM_DIR.glob(f"{segment_prefix(str(data_dir))}*"):
-        segment.unlink()
+    remove_segments(data_dir)
 
 
 async def test_a_prefix_gone_from_the_pool_and_the_host_comes_back_from_disk(disk_tiered, model_dir, hf_greedy):
